@@ -1,0 +1,42 @@
+# ferry_add_library(NAME <folder> SRCS ... HDRS ... DEPS ... PRIVATE_DEPS ...)
+#
+# Makes the library ferry_<folder>, aliased ferry::<folder>, modelled on Abseil's
+# absl_cc_library. HDRS are public headers, installed under include/<folder>/ and
+# included from the repo root ("tensor/tensor.h"). A dependency is PUBLIC (DEPS)
+# only when a public header includes it; everything else goes in PRIVATE_DEPS.
+function(ferry_add_library)
+  cmake_parse_arguments(FAL "" "NAME" "SRCS;HDRS;DEPS;PRIVATE_DEPS" ${ARGN})
+  set(_t ferry_${FAL_NAME})
+  add_library(${_t} STATIC ${FAL_SRCS})
+  add_library(ferry::${FAL_NAME} ALIAS ${_t})
+  set_target_properties(${_t} PROPERTIES EXPORT_NAME ${FAL_NAME})
+  target_sources(${_t} PUBLIC FILE_SET HEADERS BASE_DIRS ${PROJECT_SOURCE_DIR} FILES ${FAL_HDRS})
+  target_compile_features(${_t} PUBLIC cxx_std_20)
+  target_link_libraries(${_t} PUBLIC ${FAL_DEPS} PRIVATE ${FAL_PRIVATE_DEPS} ferry_warnings ferry_sanitize)
+  if(FERRY_SANITIZE)
+    # Consumers of a sanitized static library need the runtime at link time.
+    target_link_options(${_t} INTERFACE -fsanitize=${FERRY_SANITIZE})
+  endif()
+  if(FERRY_INSTALL)
+    install(TARGETS ${_t} EXPORT ferryTargets
+      ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+      FILE_SET HEADERS DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/ferry)
+  endif()
+endfunction()
+
+# ferry_add_test(NAME <name> SRCS ... DEPS ... LABELS ... [TIMEOUT s])
+#
+# One gtest executable, every test discovered by gtest_discover_tests with the
+# given ctest LABELS and a TIMEOUT (default 60 s), so a hang is a failure.
+function(ferry_add_test)
+  cmake_parse_arguments(FAT "" "NAME;TIMEOUT" "SRCS;DEPS;LABELS" ${ARGN})
+  if(NOT FAT_TIMEOUT)
+    set(FAT_TIMEOUT 60)
+  endif()
+  add_executable(${FAT_NAME} ${FAT_SRCS})
+  target_link_libraries(${FAT_NAME} PRIVATE ${FAT_DEPS} ferry_testing GTest::gmock GTest::gtest_main
+    ferry_warnings ferry_sanitize)
+  gtest_discover_tests(${FAT_NAME}
+    PROPERTIES LABELS "${FAT_LABELS}" TIMEOUT ${FAT_TIMEOUT}
+    DISCOVERY_TIMEOUT 60)
+endfunction()

@@ -1,0 +1,94 @@
+// File: tensor/cuda.h
+//
+// CudaRuntime: the one small interface through which ferry touches CUDA memory,
+// copies, streams and events. Everything above tensor/ goes through it, so the
+// staging path of DESIGN.md ("Moving CUDA tensors") can run on a real GPU, or in tests
+// on HostBackedCudaRuntime (tensor/host_backed_cuda.h), whose "CUDA devices" are
+// host memory.
+//
+//   CudaRuntime& cuda = cuda_runtime();
+//   if (cuda.device_count() == 0) std::cerr << cuda.unavailable_reason();
+//
+// Which runtime is installed: a build with CUDA uses the CUDA runtime API, where any
+// error from cudaGetDeviceCount (no driver, say) counts as zero devices; a build
+// without CUDA has zero devices. set_cuda_runtime() replaces either.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "tensor/device.h"
+
+namespace ferry {
+
+// A CUDA stream on one device. A null handle is that device's default stream.
+struct CudaStream {
+  int device = 0;
+  void* handle = nullptr;
+};
+
+// A CUDA event on one device.
+struct CudaEvent {
+  int device = 0;
+  void* handle = nullptr;
+};
+
+// Thread-safe: every method may be called from any thread. Copies are asynchronous
+// with respect to the host only where the implementation says so; a caller orders
+// work with streams and events, and waits with synchronize().
+class CudaRuntime {
+ public:
+  virtual ~CudaRuntime() = default;
+
+  // Number of usable devices; 0 when there is no GPU, no driver or no CUDA build.
+  virtual int device_count() = 0;
+  // Why device_count() is 0, in words fit for an error or a test skip; empty otherwise.
+  virtual std::string unavailable_reason() = 0;
+
+  // Device memory; the caller owns it and frees it with deallocate on the same device.
+  virtual absl::StatusOr<void*> allocate(int device, size_t bytes) = 0;
+  virtual void deallocate(int device, void* ptr) = 0;
+  // Page-locked host memory for staging; freed with deallocate_pinned.
+  virtual absl::StatusOr<void*> allocate_pinned(size_t bytes) = 0;
+  virtual void deallocate_pinned(void* ptr) = 0;
+
+  // Copies `bytes` from src (on src_device) to dst (on dst_device), enqueued on `stream`.
+  // The caller keeps both buffers alive until the stream has passed the copy.
+  virtual absl::Status copy_async(void* dst, Device dst_device, const void* src, Device src_device,
+                                  size_t bytes, CudaStream stream) = 0;
+
+  virtual absl::StatusOr<CudaStream> create_stream(int device) = 0;
+  virtual void destroy_stream(CudaStream stream) = 0;
+  // Blocks the calling thread until all work on `stream` is done.
+  virtual absl::Status synchronize(CudaStream stream) = 0;
+
+  virtual absl::StatusOr<CudaEvent> create_event(int device) = 0;
+  virtual void destroy_event(CudaEvent event) = 0;
+  // Marks the point in `stream` that `event` completes at.
+  virtual absl::Status record(CudaEvent event, CudaStream stream) = 0;
+  // Makes later work on `stream` wait for `event`, without blocking the host.
+  virtual absl::Status wait(CudaStream stream, CudaEvent event) = 0;
+  // Blocks the calling thread until `event` has completed.
+  virtual absl::Status synchronize(CudaEvent event) = 0;
+};
+
+// The process's runtime. Thread-safe. Tensors keep the runtime that allocated them
+// alive, so replacing it never strands memory.
+std::shared_ptr<CudaRuntime> cuda_runtime();
+
+// Installs `runtime` as the process's runtime and returns the previous one. Meant for
+// tests (HostBackedCudaRuntime) and for embedding a custom allocator; call it before
+// creating CUDA tensors that should use it.
+std::shared_ptr<CudaRuntime> set_cuda_runtime(std::shared_ptr<CudaRuntime> runtime);
+
+// The runtime built into this binary (real CUDA, or the no-device runtime).
+std::shared_ptr<CudaRuntime> make_default_cuda_runtime();
+
+// OK when `device` is the CPU or a CUDA device the process's runtime has; otherwise an
+// error saying which device was asked for and how many there are (and why none).
+absl::Status check_device_available(Device device);
+
+}  // namespace ferry

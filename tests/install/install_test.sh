@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# usage: install_test.sh CMAKE BUILD_DIR CONSUMER_SRC WORK_DIR
+set -euo pipefail
+cmake=$1 build=$2 consumer=$3 work=$4
+rm -rf "$work"
+mkdir -p "$work"
+"$cmake" --install "$build" --prefix "$work/prefix" >"$work/install.log"
+test -f "$work/prefix/lib/cmake/ferry/ferryConfig.cmake"
+test -f "$work/prefix/lib/cmake/ferry/ferryConfigVersion.cmake"
+test -f "$work/prefix/include/ferry/tensor/tensor.h"
+"$cmake" -S "$consumer" -B "$work/build" -G Ninja -DCMAKE_PREFIX_PATH="$work/prefix" >"$work/configure.log"
+"$cmake" --build "$work/build" >"$work/build.log"
+out=$("$work/build/consumer")
+echo "$out"
+test "$out" = "consumer: Tensor(float32, [2, 2], cpu) sum 20"
+# A version the install cannot satisfy must be refused.
+if "$cmake" -S "$consumer" -B "$work/build-v" -G Ninja -DCMAKE_PREFIX_PATH="$work/prefix" \
+     -DFERRY_WANTED_VERSION=99.0 >"$work/configure-v.log" 2>&1; then
+  echo "find_package(ferry 99.0) unexpectedly succeeded" >&2
+  exit 1
+fi
+echo "install test passed"

@@ -1,0 +1,112 @@
+#include "tests/testing/multi_process.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <filesystem>
+#include <thread>
+
+#include "gtest/gtest.h"
+
+namespace ferry::testing {
+
+std::string ProcessResult::describe() const {
+  std::string s = "rank " + std::to_string(rank) + ": ";
+  if (timed_out) return s + "did not finish before the deadline (killed)";
+  if (exited) return s + "exited with code " + std::to_string(exit_code);
+  return s + "killed by signal " + std::to_string(term_signal) + " (" + strsignal(term_signal) + ")";
+}
+
+std::vector<ProcessResult> run_processes(int n, const std::function<void(int rank)>& body,
+                                         std::chrono::milliseconds timeout) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < n; ++rank) {
+    pid_t pid = fork();
+    if (pid < 0) {
+      ADD_FAILURE() << "fork failed";
+      break;
+    }
+    if (pid == 0) {
+      int code = 0;
+      try {
+        body(rank);
+        code = ::testing::Test::HasFailure() ? 1 : 0;
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "rank %d: uncaught exception: %s\n", rank, e.what());
+        code = 2;
+      } catch (...) {
+        std::fprintf(stderr, "rank %d: uncaught non-standard exception\n", rank);
+        code = 2;
+      }
+      std::fflush(stdout);
+      std::fflush(stderr);
+      // _exit: the child must not run the parent's atexit handlers or gtest's teardown.
+      _exit(code);
+    }
+    pids.push_back(pid);
+  }
+
+  std::vector<ProcessResult> results(pids.size());
+  std::vector<bool> done(pids.size(), false);
+  size_t remaining = pids.size();
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (remaining > 0) {
+    for (size_t i = 0; i < pids.size(); ++i) {
+      if (done[i]) continue;
+      int status = 0;
+      pid_t r = waitpid(pids[i], &status, WNOHANG);
+      if (r == pids[i]) {
+        done[i] = true;
+        --remaining;
+        results[i].rank = static_cast<int>(i);
+        if (WIFEXITED(status)) {
+          results[i].exited = true;
+          results[i].exit_code = WEXITSTATUS(status);
+        } else if (WIFSIGNALED(status)) {
+          results[i].term_signal = WTERMSIG(status);
+        }
+      }
+    }
+    if (remaining == 0) break;
+    if (std::chrono::steady_clock::now() > deadline) {
+      for (size_t i = 0; i < pids.size(); ++i) {
+        if (done[i]) continue;
+        kill(pids[i], SIGKILL);
+        waitpid(pids[i], nullptr, 0);
+        results[i].rank = static_cast<int>(i);
+        results[i].timed_out = true;
+        results[i].term_signal = SIGKILL;
+      }
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return results;
+}
+
+void expect_all_succeed(const std::vector<ProcessResult>& results) {
+  for (const ProcessResult& r : results) {
+    EXPECT_TRUE(r.exited && r.exit_code == 0) << r.describe();
+  }
+}
+
+TempDir::TempDir() {
+  std::string pattern = (std::filesystem::temp_directory_path() / "ferry-test-XXXXXX").string();
+  if (mkdtemp(pattern.data()) == nullptr) {
+    ADD_FAILURE() << "mkdtemp failed";
+  }
+  path_ = pattern;
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
+}  // namespace ferry::testing
