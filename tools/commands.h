@@ -1,8 +1,8 @@
-// Subcommands of the `ferry` tool. Exit codes are shared by all of them:
-// 0 success, 1 the operation failed, 2 bad usage.
+// Subcommands of the `ferry` tool. Each lives in its own tools/*_command.cc and adds
+// itself with FERRY_REGISTER_COMMAND; main() runs whichever one the user named.
+// Exit codes are shared by all subcommands: 0 success, 1 the operation failed,
+// 2 bad usage.
 #pragma once
-
-#include <functional>
 
 namespace CLI {
 class App;
@@ -14,16 +14,26 @@ inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailed = 1;
 inline constexpr int kExitUsage = 2;
 
-// Collects the exit code of whichever subcommand ran (CLI11 callbacks return void).
-class CommandRegistry {
+// Where a subcommand's callback leaves its exit code (CLI11 callbacks return void).
+class ExitCode {
  public:
-  void set_exit_code(int code) { code_ = code; }
-  int exit_code() const { return code_; }
+  void set(int code) { code_ = code; }
+  int get() const { return code_; }
 
  private:
   int code_ = kExitOk;
 };
 
-void add_version_command(CLI::App& app, CommandRegistry& registry);
+// Adds one subcommand (and its options and callback) to `app`.
+using AddCommand = void (*)(CLI::App& app, ExitCode& exit_code);
+
+// Called at static-initialization time by FERRY_REGISTER_COMMAND. The tool's own
+// object files are linked whole, so these registrations are never dropped.
+bool register_command(AddCommand add);
+// Adds every registered subcommand to `app`.
+void add_all_commands(CLI::App& app, ExitCode& exit_code);
 
 }  // namespace ferry::tools
+
+#define FERRY_REGISTER_COMMAND(fn) \
+  [[maybe_unused]] static const bool ferry_command_registered_##fn = ::ferry::tools::register_command(&fn)

@@ -1,21 +1,39 @@
-// The `ferry` command-line tool: the project's one binary. Each subcommand lives in
-// its own file and adds itself to the app through tools/commands.h.
-#include <cstdio>
+// The `ferry` command-line tool: the project's one binary.
+#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "tools/commands.h"
 
+namespace ferry::tools {
+namespace {
+std::vector<AddCommand>& commands() {
+  static std::vector<AddCommand> list;
+  return list;
+}
+}  // namespace
+
+bool register_command(AddCommand add) {
+  commands().push_back(add);
+  return true;
+}
+
+void add_all_commands(CLI::App& app, ExitCode& exit_code) {
+  for (AddCommand add : commands()) add(app, exit_code);
+}
+
+}  // namespace ferry::tools
+
 int main(int argc, char** argv) {
   CLI::App app{"ferry: RPC for distributed tensor programs in C++"};
   app.require_subcommand(1);
-  ferry::tools::CommandRegistry registry;
-  ferry::tools::add_version_command(app, registry);
+  ferry::tools::ExitCode exit_code;
+  ferry::tools::add_all_commands(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    // CLI11 prints help with code 0; every other parse error is bad usage: exit 2.
+    // CLI11 reports --help as a "parse error" with code 0; everything else is bad usage.
     int code = app.exit(e);
-    return code == 0 ? 0 : ferry::tools::kExitUsage;
+    return code == 0 ? ferry::tools::kExitOk : ferry::tools::kExitUsage;
   }
-  return registry.exit_code();
+  return exit_code.get();
 }

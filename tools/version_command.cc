@@ -5,10 +5,11 @@
 #include "tools/commands.h"
 
 namespace ferry::tools {
+namespace {
 
-void add_version_command(CLI::App& app, CommandRegistry& registry) {
+void add_version_command(CLI::App& app, ExitCode& exit_code) {
   CLI::App* cmd = app.add_subcommand("version", "Print ferry's version and the CUDA devices it sees");
-  cmd->callback([&registry] {
+  cmd->callback([&exit_code] {
     std::shared_ptr<CudaRuntime> cuda = cuda_runtime();
     std::printf("ferry %s\n", FERRY_VERSION);
     int n = cuda->device_count();
@@ -17,8 +18,12 @@ void add_version_command(CLI::App& app, CommandRegistry& registry) {
     } else {
       std::printf("cuda devices: 0 (%s)\n", cuda->unavailable_reason().c_str());
     }
-    registry.set_exit_code(kExitOk);
+    exit_code.set(kExitOk);
   });
 }
+
+}  // namespace
+
+FERRY_REGISTER_COMMAND(add_version_command);
 
 }  // namespace ferry::tools
