@@ -50,7 +50,8 @@ class Store {
   // returns the new value. A key holding a non-counter value is kInvalidArgument.
   virtual absl::StatusOr<int64_t> add(std::string_view key, int64_t delta) = 0;
   // Atomically: if `key` holds `expected` (or is missing and `expected` is empty), sets
-  // it to `desired`. Returns the value the key holds afterwards (desired on success).
+  // it to `desired`. Returns the value the key holds afterwards (desired on success;
+  // empty when the key is missing and `expected` was not empty, which sets nothing).
   virtual absl::StatusOr<Bytes> compare_set(std::string_view key, const Bytes& expected, const Bytes& desired) = 0;
   // Whether every key exists, without waiting.
   virtual absl::StatusOr<bool> check(const std::vector<std::string>& keys) = 0;
