@@ -1,0 +1,82 @@
+// File: agents/rpc_agent.h
+//
+// RpcAgent: what moves messages between the workers of a job. It sends a request to
+// a worker and hands back a future of the reply; it receives requests and runs them
+// through the request handler it was given at construction (the rpc layer's function
+// registry), on its own pool of worker threads. Agents never call up into rpc/.
+//
+//   std::shared_ptr<RpcAgent> agent = ...;   // e.g. TensorPipeAgent::create(...)
+//   Future<Message> reply = agent->send(agent->worker_info("worker1")->id, std::move(request));
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "base/future.h"
+#include "serialization/message.h"
+
+namespace ferry {
+
+// A worker of the group: its unique name and its id (its rank in a static group).
+struct WorkerInfo {
+  std::string name;
+  int id = -1;
+
+  friend bool operator==(const WorkerInfo&, const WorkerInfo&) = default;
+  template <class Archive>
+  void serialize(Archive& ar) {
+    ar(name, id);
+  }
+};
+
+// Runs one request and returns its reply (kResponse or kError). Called on one of the
+// agent's worker threads, never on a transport thread; may block (a user function
+// runs inside it) and may be called concurrently from several threads.
+using RequestHandler = std::function<Message(const Message& request, const WorkerInfo& from)>;
+
+// Thread-safe: every method may be called from any thread.
+class RpcAgent {
+ public:
+  virtual ~RpcAgent() = default;
+
+  // Sends `message` (a kRequest) to worker `to` and returns a future of its reply.
+  // The future completes on a transport thread with the kResponse message, or with an
+  // error status: the remote error (kError reply), kDeadlineExceeded after `timeout`
+  // (none: the agent's default; zero: no timeout), kUnavailable when the peer is lost
+  // (at once, not at the timeout), kCancelled when the agent shuts down first,
+  // kNotFound for an unknown worker id. The message's id is assigned by the agent.
+  virtual Future<Message> send(int to, Message message,
+                               std::optional<std::chrono::milliseconds> timeout = std::nullopt) = 0;
+
+  virtual const WorkerInfo& self() const = 0;
+  // kNotFound when no worker has that name / id.
+  virtual absl::StatusOr<WorkerInfo> worker_info(std::string_view name) const = 0;
+  virtual absl::StatusOr<WorkerInfo> worker_info(int id) const = 0;
+  virtual std::vector<WorkerInfo> worker_infos() const = 0;
+
+  // The default per-call timeout (zero: none).
+  virtual std::chrono::milliseconds default_timeout() const = 0;
+
+  // Waits until every worker of the group has called join and no worker has calls in
+  // flight (this worker keeps serving requests meanwhile). Errors: kDeadlineExceeded
+  // after `timeout`, kUnavailable if the store is lost.
+  virtual absl::Status join(std::chrono::milliseconds timeout) = 0;
+  // Waits until this worker's own calls in flight are done.
+  virtual absl::Status sync(std::chrono::milliseconds timeout) = 0;
+  // Stops the agent: pending calls fail with kCancelled, threads are joined. Idempotent.
+  // A graceful shutdown calls join() first.
+  virtual void shutdown() = 0;
+
+  // Counters for debugging: calls in flight, pool size, requests served, ...
+  virtual std::map<std::string, std::string> debug_info() const = 0;
+};
+
+}  // namespace ferry

@@ -1,0 +1,62 @@
+#include "agents/thread_pool.h"
+
+namespace ferry::internal {
+
+ThreadPool::ThreadPool(int threads) {
+  threads_.reserve(static_cast<size_t>(threads));
+  for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { run(); });
+}
+
+ThreadPool::~ThreadPool() { shutdown(); }
+
+bool ThreadPool::post(std::function<void()> task) {
+  bool wake;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return false;
+    tasks_.push_back(std::move(task));
+    wake = idle_ > 0;
+  }
+  // Skip the futex call when every thread is busy: one will find the task when done.
+  if (wake) cv_.notify_one();
+  return true;
+}
+
+void ThreadPool::shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_ && threads_.empty()) return;
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  for (std::thread& t : threads_) {
+    if (t.joinable()) t.join();
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  threads_.clear();
+}
+
+size_t ThreadPool::queued() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return tasks_.size();
+}
+
+void ThreadPool::run() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    if (tasks_.empty()) {
+      if (stopping_) return;
+      ++idle_;
+      cv_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
+      --idle_;
+      continue;
+    }
+    std::function<void()> task = std::move(tasks_.front());
+    tasks_.pop_front();
+    lock.unlock();
+    task();
+    lock.lock();
+  }
+}
+
+}  // namespace ferry::internal

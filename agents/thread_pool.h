@@ -1,0 +1,47 @@
+// File: agents/thread_pool.h
+//
+// ThreadPool: a fixed set of threads running queued tasks in FIFO order. Agents run
+// user functions here, never on transport threads.
+//
+//   ThreadPool pool(4);
+//   pool.post([] { work(); });
+//   pool.shutdown();   // runs what is queued, then joins
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace ferry::internal {
+
+// Thread-safe. The destructor calls shutdown().
+class ThreadPool {
+ public:
+  explicit ThreadPool(int threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  // Queues `task`; returns false (and drops it) after shutdown().
+  bool post(std::function<void()> task);
+  // Finishes the queued tasks, then joins the threads. Idempotent. Must not be called
+  // from a pool thread.
+  void shutdown();
+  int size() const { return static_cast<int>(threads_.size()); }
+  size_t queued() const;
+
+ private:
+  void run();
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> tasks_;
+  bool stopping_ = false;
+  int idle_ = 0;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace ferry::internal

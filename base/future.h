@@ -1,0 +1,224 @@
+// File: base/future.h
+//
+// Future<T> and Promise<T>: a value of type T (or an error) that arrives later,
+// completed exactly once with absl::StatusOr<T>. The agents layer completes
+// Future<Message> with replies; the rpc layer turns those into typed Future<R> for
+// users.
+//
+//   Promise<int> promise;
+//   Future<int> future = promise.get_future();
+//   Future<std::string> text = future.then([](const absl::StatusOr<int>& v) {
+//     return absl::StrCat(*v);                         // runs when the int arrives
+//   });
+//   promise.set_value(7);
+//   std::string s = text.wait();                       // "7"; throws RpcError on error
+//
+// Threads: then() and add_callback() callbacks run on the thread that completes the
+// future (for an RPC reply, a transport thread), or inline in the caller when the
+// future is already complete. Callbacks must be short and must not block: hand long
+// work to your own thread. Callbacks run with no lock held.
+#pragma once
+
+#include <chrono>
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "base/status.h"
+
+namespace ferry {
+
+template <typename T>
+class Future;
+template <typename T>
+class Promise;
+
+namespace internal {
+
+template <typename T>
+struct IsStatusOr : std::false_type {};
+template <typename T>
+struct IsStatusOr<absl::StatusOr<T>> : std::true_type {
+  using value_type = T;
+};
+
+// The shared state of a promise and its futures. Thread-safe.
+template <typename T>
+class FutureState {
+ public:
+  using Callback = std::function<void(const absl::StatusOr<T>&)>;
+
+  // Returns false when already complete (the second completion is dropped).
+  bool complete(absl::StatusOr<T> result) {
+    std::vector<Callback> callbacks;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (result_.has_value()) return false;
+      result_.emplace(std::move(result));
+      callbacks.swap(callbacks_);
+      ready_.store(true, std::memory_order_release);
+    }
+    cv_.notify_all();
+    for (Callback& cb : callbacks) cb(*result_);
+    return true;
+  }
+
+  void add_callback(Callback cb) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!result_.has_value()) {
+        callbacks_.push_back(std::move(cb));
+        return;
+      }
+    }
+    cb(*result_);
+  }
+
+  bool ready() const { return ready_.load(std::memory_order_acquire); }
+
+  // True when complete before the deadline.
+  bool wait(std::optional<std::chrono::milliseconds> timeout) {
+    if (ready()) return true;
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!timeout.has_value()) {
+      cv_.wait(lock, [&] { return result_.has_value(); });
+      return true;
+    }
+    return cv_.wait_for(lock, *timeout, [&] { return result_.has_value(); });
+  }
+
+  // Precondition: ready(). The result never changes once set, so no lock is needed.
+  const absl::StatusOr<T>& result() const { return *result_; }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::atomic<bool> ready_{false};
+  std::optional<absl::StatusOr<T>> result_;
+  std::vector<Callback> callbacks_;
+};
+
+}  // namespace internal
+
+// A handle to a result that arrives later. Copies share the same state. Thread-safe.
+template <typename T>
+class Future {
+ public:
+  using value_type = T;
+
+  // An invalid future (valid() is false); only assignment and valid() may be used.
+  Future() = default;
+
+  bool valid() const { return state_ != nullptr; }
+  // Whether the result has arrived.
+  bool is_ready() const { return state_->ready(); }
+
+  // Waits for the result, at most `timeout` (none: forever); kDeadlineExceeded if the
+  // timeout passes first (the call itself goes on). Never throws.
+  absl::Status wait_for(std::optional<std::chrono::milliseconds> timeout = std::nullopt) const {
+    if (!state_->wait(timeout)) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("future not complete after waiting ", timeout->count(), " ms"));
+    }
+    return state_->result().status();
+  }
+
+  // Waits for the result and returns it, or throws RpcError with its error status
+  // (or kDeadlineExceeded when `timeout` passes first).
+  T wait(std::optional<std::chrono::milliseconds> timeout = std::nullopt) const {
+    if (!state_->wait(timeout)) {
+      throw RpcError(absl::DeadlineExceededError(
+          absl::StrCat("future not complete after waiting ", timeout->count(), " ms")));
+    }
+    const absl::StatusOr<T>& r = state_->result();
+    if (!r.ok()) throw RpcError(r.status());
+    return *r;
+  }
+
+  // The result; blocks until it arrives. Never throws.
+  const absl::StatusOr<T>& result() const {
+    state_->wait(std::nullopt);
+    return state_->result();
+  }
+  // The value (throws RpcError on error); blocks until it arrives.
+  T value() const { return wait(); }
+  // The status; blocks until the result arrives.
+  absl::Status status() const { return result().status(); }
+
+  // Runs `fn(const absl::StatusOr<T>&)` when the result arrives (see the file comment
+  // for the thread). Errors reach fn too.
+  void add_callback(std::function<void(const absl::StatusOr<T>&)> fn) const {
+    state_->add_callback(std::move(fn));
+  }
+
+  // A future of fn's result: fn takes const absl::StatusOr<T>& and returns U, or
+  // absl::StatusOr<U>.
+  // An exception thrown by fn becomes the returned future's kUnknown error.
+  template <typename F>
+  auto then(F&& fn) const;
+
+ private:
+  friend class Promise<T>;
+  template <typename U>
+  friend class Future;
+  explicit Future(std::shared_ptr<internal::FutureState<T>> state) : state_(std::move(state)) {}
+
+  std::shared_ptr<internal::FutureState<T>> state_;
+};
+
+// The writing side of a Future. Thread-safe; completing twice keeps the first result.
+template <typename T>
+class Promise {
+ public:
+  Promise() : state_(std::make_shared<internal::FutureState<T>>()) {}
+
+  Future<T> get_future() const { return Future<T>(state_); }
+  // Returns false when the future was already complete.
+  bool set_value(T value) const { return state_->complete(absl::StatusOr<T>(std::move(value))); }
+  bool set_error(absl::Status status) const { return state_->complete(absl::StatusOr<T>(std::move(status))); }
+  bool set_result(absl::StatusOr<T> result) const { return state_->complete(std::move(result)); }
+  bool is_complete() const { return state_->ready(); }
+
+ private:
+  std::shared_ptr<internal::FutureState<T>> state_;
+};
+
+// A future that is already complete.
+template <typename T>
+Future<T> make_ready_future(absl::StatusOr<T> result) {
+  Promise<T> p;
+  p.set_result(std::move(result));
+  return p.get_future();
+}
+
+template <typename T>
+template <typename F>
+auto Future<T>::then(F&& fn) const {
+  using Raw = std::invoke_result_t<F, const absl::StatusOr<T>&>;
+  using U = std::conditional_t<internal::IsStatusOr<Raw>::value, typename internal::IsStatusOr<Raw>::value_type,
+                               Raw>;
+  static_assert(!std::is_void_v<U>, "then(): the continuation must return a value or a StatusOr");
+  Promise<U> promise;
+  Future<U> out = promise.get_future();
+  state_->add_callback([promise, fn = std::forward<F>(fn)](const absl::StatusOr<T>& r) mutable {
+    try {
+      promise.set_result(absl::StatusOr<U>(fn(r)));
+    } catch (const std::exception& e) {
+      promise.set_error(absl::UnknownError(absl::StrCat("then() continuation threw: ", e.what())));
+    } catch (...) {
+      promise.set_error(absl::UnknownError("then() continuation threw a non-standard exception"));
+    }
+  });
+  return out;
+}
+
+}  // namespace ferry

@@ -1,0 +1,84 @@
+#include "rpc/function_registry.h"
+
+#include <mutex>
+#include <shared_mutex>
+
+#include "absl/container/flat_hash_map.h"
+#include "base/status.h"
+#include "serialization/error.h"
+
+namespace ferry {
+
+struct FunctionRegistry::Impl {
+  mutable std::shared_mutex mu;
+  absl::flat_hash_map<std::string, std::shared_ptr<const RegisteredFunction>> functions;
+};
+
+FunctionRegistry::FunctionRegistry() : impl_(std::make_unique<Impl>()) {}
+FunctionRegistry::~FunctionRegistry() = default;
+
+FunctionRegistry& FunctionRegistry::global() {
+  static FunctionRegistry* registry = new FunctionRegistry();  // never destroyed: used until exit
+  return *registry;
+}
+
+absl::Status FunctionRegistry::add(std::string name, RegisteredFunction function) {
+  if (name.empty()) return absl::InvalidArgumentError("register_function: the name is empty");
+  std::unique_lock lock(impl_->mu);
+  auto [it, inserted] = impl_->functions.try_emplace(name, nullptr);
+  if (!inserted) {
+    return absl::AlreadyExistsError(absl::StrCat("register_function: a function named \"", name,
+                                                 "\" is already registered with signature ", it->second->signature));
+  }
+  it->second = std::make_shared<const RegisteredFunction>(std::move(function));
+  return absl::OkStatus();
+}
+
+bool FunctionRegistry::remove(std::string_view name) {
+  std::unique_lock lock(impl_->mu);
+  return impl_->functions.erase(internal::av(name)) > 0;
+}
+
+std::shared_ptr<const RegisteredFunction> FunctionRegistry::find(std::string_view name) const {
+  std::shared_lock lock(impl_->mu);
+  auto it = impl_->functions.find(internal::av(name));
+  return it == impl_->functions.end() ? nullptr : it->second;
+}
+
+Message dispatch_request(const FunctionRegistry& registry, std::string_view self_name, const Message& request) {
+  std::string self(self_name);
+  PayloadReader reader(request);
+  std::string name, signature;
+  absl::Status header = read_guarded("call header", [&] { reader(name, signature); });
+  if (!header.ok()) {
+    return make_error_message(request.id(), self, absl::InvalidArgumentError(absl::StrCat(self, ": ", header.message())));
+  }
+  std::shared_ptr<const RegisteredFunction> fn = registry.find(name);
+  if (fn == nullptr) {
+    return make_error_message(
+        request.id(), self,
+        absl::NotFoundError(absl::StrCat(self, ": no function named \"", name, "\" is registered")));
+  }
+  if (fn->signature != signature) {
+    return make_error_message(request.id(), self,
+                              absl::InvalidArgumentError(absl::StrCat(
+                                  self, ": function \"", name, "\" has signature ", fn->signature,
+                                  " but the call was made with signature ", signature)));
+  }
+  Message response(MessageType::kResponse, request.id());
+  absl::Status s;
+  try {
+    s = fn->invoke(reader, response);
+  } catch (const std::exception& e) {
+    s = absl::UnknownError(absl::StrCat("threw ", internal::demangle(typeid(e).name()), ": ", e.what()));
+  } catch (...) {
+    s = absl::UnknownError("threw a non-standard exception");
+  }
+  if (!s.ok()) {
+    return make_error_message(request.id(), self,
+                              absl::Status(s.code(), absl::StrCat(self, ": function \"", name, "\" ", s.message())));
+  }
+  return response;
+}
+
+}  // namespace ferry

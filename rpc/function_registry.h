@@ -1,0 +1,176 @@
+// File: rpc/function_registry.h
+//
+// The process-wide registry of functions other workers may call by name. Any callable
+// whose arguments and result are cereal-serializable can be registered (scalars,
+// strings, Tensor, and these nested in vector, map, optional, tuple and user structs
+// with a `serialize` method). A function may also return absl::Status (no value) or
+// absl::StatusOr<R> to fail without throwing; a function that throws fails the
+// caller's future with the remote worker's name and the exception's message.
+//
+//   FERRY_RETURN_IF_ERROR(ferry::register_function("add", [](int64_t a, int64_t b) { return a + b; }));
+//   FERRY_RETURN_IF_ERROR(ferry::register_function("scale", [](ferry::Tensor t, double s) { return t.mul(s); }));
+//
+// Every call carries the signature its caller used, e.g. "(int64, int64) -> int64";
+// a call whose signature differs from the registered one fails with both named.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "base/future.h"
+#include "serialization/message.h"
+#include "serialization/types.h"
+
+namespace ferry {
+
+// Marks a function without a result (rpc_sync<void>, or a function returning void or
+// absl::Status).
+struct Void {
+  template <class Archive>
+  void serialize(Archive&) {}
+};
+template <>
+struct TypeName<Void> {
+  static std::string get() { return "void"; }
+};
+
+namespace internal {
+
+template <typename T>
+struct CallableTraits : CallableTraits<decltype(&T::operator())> {};
+template <typename R, typename... A>
+struct CallableTraits<R (*)(A...)> {
+  using Result = R;
+  using Args = std::tuple<std::decay_t<A>...>;
+};
+template <typename R, typename... A>
+struct CallableTraits<R(A...)> : CallableTraits<R (*)(A...)> {};
+template <typename C, typename R, typename... A>
+struct CallableTraits<R (C::*)(A...)> : CallableTraits<R (*)(A...)> {};
+template <typename C, typename R, typename... A>
+struct CallableTraits<R (C::*)(A...) const> : CallableTraits<R (*)(A...)> {};
+template <typename C, typename R, typename... A>
+struct CallableTraits<R (C::*)(A...) noexcept> : CallableTraits<R (*)(A...)> {};
+template <typename C, typename R, typename... A>
+struct CallableTraits<R (C::*)(A...) const noexcept> : CallableTraits<R (*)(A...)> {};
+
+// The value type a function's result travels as: R, or U for StatusOr<U>, or Void.
+template <typename R>
+struct WireResult {
+  using type = R;
+};
+template <>
+struct WireResult<void> {
+  using type = Void;
+};
+template <>
+struct WireResult<absl::Status> {
+  using type = Void;
+};
+template <typename U>
+struct WireResult<absl::StatusOr<U>> {
+  using type = U;
+};
+
+template <typename Tuple>
+struct TupleSignature;
+template <typename... A>
+struct TupleSignature<std::tuple<A...>> {
+  static const std::string& get() { return signature<A...>(); }
+};
+
+// "(int64, int64) -> int64".
+template <typename R, typename... Args>
+std::string call_signature() {
+  return signature<Args...>() + " -> " + TypeName<R>::get();
+}
+
+}  // namespace internal
+
+// A registered function with its types erased. `invoke` reads the arguments from
+// `args` (positioned after the call header) and writes the result into `response`.
+struct RegisteredFunction {
+  std::string signature;
+  std::function<absl::Status(PayloadReader& args, Message& response)> invoke;
+};
+
+// Thread-safe: registration and lookup may happen from any thread at any time.
+class FunctionRegistry {
+ public:
+  // The registry the free functions and every agent of this process use.
+  static FunctionRegistry& global();
+
+  // Errors: kAlreadyExists when `name` is taken; kInvalidArgument for an empty name.
+  absl::Status add(std::string name, RegisteredFunction function);
+  // Removes `name`; returns whether it was there.
+  bool remove(std::string_view name);
+  // The function, or null. The pointer stays valid until the name is removed.
+  std::shared_ptr<const RegisteredFunction> find(std::string_view name) const;
+
+  FunctionRegistry();
+  ~FunctionRegistry();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Wraps `fn` for the registry.
+template <typename F>
+RegisteredFunction make_registered_function(F fn) {
+  using Traits = internal::CallableTraits<std::decay_t<F>>;
+  using Result = typename Traits::Result;
+  using Args = typename Traits::Args;
+  using Wire = typename internal::WireResult<Result>::type;
+  RegisteredFunction out;
+  out.signature = internal::TupleSignature<Args>::get() + " -> " + TypeName<Wire>::get();
+  out.invoke = [fn = std::move(fn)](PayloadReader& reader, Message& response) mutable -> absl::Status {
+    Args args;
+    absl::Status decoded = read_guarded("arguments", [&] {
+      std::apply([&](auto&... a) { (reader(a), ...); }, args);
+      if (reader.remaining() != 0) {
+        throw cereal::Exception(absl::StrCat(reader.remaining(), " unexpected bytes after the arguments"));
+      }
+    });
+    if (!decoded.ok()) return decoded;
+    PayloadWriter writer(response);
+    if constexpr (std::is_void_v<Result>) {
+      std::apply(fn, std::move(args));
+      writer(Void{});
+    } else if constexpr (std::is_same_v<Result, absl::Status>) {
+      absl::Status s = std::apply(fn, std::move(args));
+      if (!s.ok()) return absl::Status(s.code(), absl::StrCat("failed: ", s.message()));
+      writer(Void{});
+    } else if constexpr (internal::IsStatusOr<Result>::value) {
+      Result r = std::apply(fn, std::move(args));
+      if (!r.ok()) return absl::Status(r.status().code(), absl::StrCat("failed: ", r.status().message()));
+      writer(*r);
+    } else {
+      writer(std::apply(fn, std::move(args)));
+    }
+    return absl::OkStatus();
+  };
+  return out;
+}
+
+// Registers `fn` under `name` in the process's registry. Errors: kAlreadyExists when
+// the name is taken.
+template <typename F>
+[[nodiscard]] absl::Status register_function(std::string name, F fn) {
+  return FunctionRegistry::global().add(std::move(name), make_registered_function(std::move(fn)));
+}
+
+// Runs the request `request` against `registry` on behalf of worker `self_name` and
+// returns the reply: a kResponse, or a kError naming this worker (unknown function,
+// signature mismatch, undecodable arguments, a thrown exception or an error status).
+// Never throws.
+Message dispatch_request(const FunctionRegistry& registry, std::string_view self_name, const Message& request);
+
+}  // namespace ferry

@@ -1,0 +1,74 @@
+#include "serialization/archive.h"
+
+#include "base/status.h"
+
+namespace ferry::internal {
+namespace {
+
+// How a tensor is stored in a payload.
+enum class TensorForm : uint8_t { kUndefined = 0, kInline = 1, kTable = 2 };
+
+constexpr uint32_t kMaxDims = 64;
+
+}  // namespace
+
+void save_tensor(PayloadWriter& ar, const Tensor& t) {
+  if (!t.defined()) {
+    ar(static_cast<uint8_t>(TensorForm::kUndefined));
+    return;
+  }
+  bool inline_bytes = t.device().is_cpu() && t.nbytes() <= ar.inline_threshold();
+  ar(static_cast<uint8_t>(inline_bytes ? TensorForm::kInline : TensorForm::kTable), static_cast<uint8_t>(t.dtype()),
+     static_cast<uint32_t>(t.shape().size()));
+  ar.save_binary(t.shape().data(), t.shape().size() * sizeof(int64_t));
+  if (inline_bytes) {
+    ar.save_binary(t.data(), t.nbytes());
+  } else {
+    ar(static_cast<uint32_t>(ar.table().size()));
+    ar.table().push_back(t);
+  }
+}
+
+void load_tensor(PayloadReader& ar, Tensor& t) {
+  uint8_t form = 0;
+  ar(form);
+  if (form == static_cast<uint8_t>(TensorForm::kUndefined)) {
+    t = Tensor();
+    return;
+  }
+  if (form != static_cast<uint8_t>(TensorForm::kInline) && form != static_cast<uint8_t>(TensorForm::kTable)) {
+    throw cereal::Exception(absl::StrCat("tensor has unknown form ", form));
+  }
+  uint8_t dtype = 0;
+  uint32_t ndim = 0;
+  ar(dtype, ndim);
+  if (!is_valid_dtype(dtype)) throw cereal::Exception(absl::StrCat("tensor has invalid dtype ", dtype));
+  if (ndim > kMaxDims) throw cereal::Exception(absl::StrCat("tensor has ", ndim, " dimensions (at most 64)"));
+  std::vector<int64_t> shape(ndim);
+  ar.load_binary(shape.data(), ndim * sizeof(int64_t));
+  if (form == static_cast<uint8_t>(TensorForm::kInline)) {
+    absl::StatusOr<Tensor> out = Tensor::empty(std::move(shape), static_cast<DType>(dtype));
+    if (!out.ok()) throw cereal::Exception(std::string(out.status().message()));
+    ar.check_size(out->nbytes(), 1);
+    ar.load_binary(out->data(), out->nbytes());
+    t = *std::move(out);
+    return;
+  }
+  uint32_t index = 0;
+  ar(index);
+  if (index >= ar.table().size()) {
+    throw cereal::Exception(absl::StrCat("tensor table index ", index, " out of range (", ar.table().size(),
+                                         " tensors received)"));
+  }
+  const Tensor& buffer = ar.table()[index];
+  absl::StatusOr<Tensor> out = Tensor::from_blob(buffer.storage(), std::move(shape), static_cast<DType>(dtype),
+                                                 buffer.device());
+  if (!out.ok()) throw cereal::Exception(std::string(out.status().message()));
+  if (out->nbytes() != buffer.nbytes()) {
+    throw cereal::Exception(absl::StrCat("tensor ", index, " declares ", out->nbytes(), " bytes but ",
+                                         buffer.nbytes(), " were received"));
+  }
+  t = *std::move(out);
+}
+
+}  // namespace ferry::internal

@@ -1,0 +1,56 @@
+#include "serialization/message.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace ferry {
+
+const char* message_type_name(MessageType type) {
+  switch (type) {
+    case MessageType::kRequest: return "request";
+    case MessageType::kResponse: return "response";
+    case MessageType::kError: return "error";
+  }
+  return "unknown";
+}
+
+std::string Message::seal() {
+  char* h = buffer_.data();
+  std::memcpy(h, &kMagic, 2);
+  h[2] = static_cast<char>(kVersion);
+  h[3] = static_cast<char>(type_);
+  std::memset(h + 4, 0, 4);
+  std::memcpy(h + 8, &id_, 8);
+  std::string out = std::move(buffer_);
+  buffer_.assign(kHeaderSize, '\0');
+  return out;
+}
+
+absl::StatusOr<Message> Message::parse(std::string wire, std::vector<Tensor> tensors) {
+  if (wire.size() < kHeaderSize) {
+    return absl::DataLossError(absl::StrCat("message of ", wire.size(), " bytes is shorter than its ",
+                                            kHeaderSize, "-byte header"));
+  }
+  uint16_t magic = 0;
+  std::memcpy(&magic, wire.data(), 2);
+  if (magic != kMagic) {
+    return absl::DataLossError(absl::StrCat("message has magic 0x", absl::Hex(magic), ", expected 0x",
+                                            absl::Hex(kMagic), ": not a ferry message"));
+  }
+  uint8_t version = static_cast<uint8_t>(wire[2]);
+  if (version != kVersion) {
+    return absl::FailedPreconditionError(absl::StrCat("message has wire version ", version, ", this ferry speaks ",
+                                                      kVersion));
+  }
+  uint8_t type = static_cast<uint8_t>(wire[3]);
+  if (type < 1 || type > 3) return absl::DataLossError(absl::StrCat("message has unknown type ", type));
+  uint64_t id = 0;
+  std::memcpy(&id, wire.data() + 8, 8);
+  Message m(static_cast<MessageType>(type), id);
+  m.buffer_ = std::move(wire);
+  m.tensors_ = std::move(tensors);
+  return m;
+}
+
+}  // namespace ferry

@@ -1,0 +1,74 @@
+// File: serialization/message.h
+//
+// Message: what one RPC hop carries — a type, a call id, a payload of bytes (a cereal
+// archive, see serialization/archive.h) and a table of tensors that travel out of
+// band. A Message maps onto exactly one TensorPipe message: its buffer() is the
+// TensorPipe metadata (a small header, then the payload), its tensors() the
+// TensorPipe tensors.
+//
+//   Message m(MessageType::kRequest, /*id=*/7);
+//   PayloadWriter w(m);
+//   w(std::string("echo"), tensor);
+//   std::string wire = m.seal();                    // header written in place
+//   absl::StatusOr<Message> back = Message::parse(std::move(wire), {});
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "tensor/tensor.h"
+
+namespace ferry {
+
+enum class MessageType : uint8_t {
+  kRequest = 1,   // a call: function name, signature, arguments
+  kResponse = 2,  // a call's result
+  kError = 3,     // a call's failure: origin worker, status code, message
+};
+
+const char* message_type_name(MessageType type);
+
+// A value type: cheap to move; copying shares the tensors' storage. Thread-compatible.
+class Message {
+ public:
+  // Wire header: magic (2 bytes), version (1), type (1), reserved (4), id (8).
+  static constexpr size_t kHeaderSize = 16;
+  static constexpr uint16_t kMagic = 0xFE77;
+  static constexpr uint8_t kVersion = 1;
+
+  Message() : Message(MessageType::kRequest, 0) {}
+  Message(MessageType type, uint64_t id) : type_(type), id_(id), buffer_(kHeaderSize, '\0') {}
+
+  MessageType type() const { return type_; }
+  void set_type(MessageType type) { type_ = type; }
+  uint64_t id() const { return id_; }
+  void set_id(uint64_t id) { id_ = id; }
+
+  // The header space followed by the payload; writers append to it.
+  std::string& buffer() { return buffer_; }
+  const std::string& buffer() const { return buffer_; }
+  // The payload without the header.
+  std::string_view payload() const {
+    return std::string_view(buffer_).substr(kHeaderSize);
+  }
+  std::vector<Tensor>& tensors() { return tensors_; }
+  const std::vector<Tensor>& tensors() const { return tensors_; }
+
+  // Writes the header into the buffer and hands the buffer out (the message keeps
+  // only its tensors). No copy is made.
+  std::string seal();
+  // Rebuilds a message from a sealed buffer and the received tensors. Errors: a
+  // buffer shorter than the header, a wrong magic or version, an unknown type.
+  static absl::StatusOr<Message> parse(std::string wire, std::vector<Tensor> tensors);
+
+ private:
+  MessageType type_;
+  uint64_t id_;
+  std::string buffer_;
+  std::vector<Tensor> tensors_;
+};
+
+}  // namespace ferry
