@@ -404,6 +404,11 @@ void TensorPipeAgent::Impl::read_request(std::shared_ptr<ServerPipe> server) {
       return;
     }
     impl->read_request(server);
+    if (request->type() == MessageType::kPing) {
+      // Answered here: no user code runs, so the loop thread may do it.
+      impl->write(server->pipe, Message(MessageType::kResponse, request->id()), [](const tp::Error&) {});
+      return;
+    }
     if (request->type() != MessageType::kRequest) {
       FERRY_LOG(WARNING) << impl->self.name << ": ignoring a " << message_type_name(request->type())
                          << " message from " << server->from.name << " on a request pipe";
@@ -582,6 +587,15 @@ Future<Message> TensorPipeAgent::send(int to, Message message, std::optional<std
                                                        "\" failed: ", error.what())));
   });
   return future;
+}
+
+absl::Status TensorPipeAgent::ping_all(std::chrono::milliseconds timeout) {
+  std::vector<Future<Message>> replies;
+  for (int id = 0; id < static_cast<int>(impl_->peers.size()); ++id) {
+    replies.push_back(send(id, Message(MessageType::kPing, 0), timeout));
+  }
+  for (const Future<Message>& reply : replies) FERRY_RETURN_IF_ERROR(reply.status());
+  return absl::OkStatus();
 }
 
 const WorkerInfo& TensorPipeAgent::self() const { return impl_->self; }

@@ -30,6 +30,7 @@
 
 #include "absl/status/statusor.h"
 #include "agents/rpc_agent.h"
+#include "device_maps/device_map.h"
 #include "store/store.h"
 
 namespace ferry {
@@ -45,8 +46,11 @@ struct TensorPipeAgentOptions {
   // that work here (mpt_uv only when listed).
   std::optional<std::vector<std::string>> transports;
   std::optional<std::vector<std::string>> channels;
-  // Tensors up to this size travel inside the payload.
-  size_t inline_tensor_bytes = 16 * 1024;
+  // Where this worker's CUDA tensors land on each peer, the reverse maps replies travel
+  // back on, and the devices this agent handles (from the init handler's steps 3-5).
+  DeviceMaps device_maps;
+  DeviceMaps reverse_device_maps;
+  std::vector<Device> devices;
 };
 
 // Thread-safe. Owned by shared_ptr; TensorPipe callbacks hold only weak references.
@@ -72,6 +76,10 @@ class TensorPipeAgent final : public RpcAgent {
   absl::Status sync(std::chrono::milliseconds timeout) override;
   void shutdown() override;
   std::map<std::string, std::string> debug_info() const override;
+
+  // Sends a ping to every worker (itself too) and waits for all the replies, so every
+  // pipe and channel is connected. Pings are answered by the agent, never by user code.
+  absl::Status ping_all(std::chrono::milliseconds timeout);
 
   // The transport and channel names this agent registered, in priority order.
   std::vector<std::string> transports() const;

@@ -27,6 +27,7 @@ enum class MessageType : uint8_t {
   kRequest = 1,   // a call: function name, signature, arguments
   kResponse = 2,  // a call's result
   kError = 3,     // a call's failure: origin worker, status code, message
+  kPing = 4,      // answered by the agent itself with an empty kResponse
 };
 
 const char* message_type_name(MessageType type);

@@ -1,0 +1,101 @@
+// File: backends/backend_registry.h
+//
+// The registry of RPC backends (seeds 003/002): each backend is a name, a constructor
+// of its options from typed keyword arguments, and an init handler that builds its
+// agent. TENSORPIPE is built in; users register their own the same way.
+//
+//   absl::StatusOr<BackendType> mine = register_backend("MINE", make_my_options, init_my_agent);
+//   auto options = construct_rpc_backend_options(*mine, std::chrono::seconds(30), "env://",
+//                                                {{"num_worker_threads", int64_t{4}}});
+//   auto agent = init_backend(*mine, {store, "worker0", 0, 2, **options, handler});
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "agents/rpc_agent.h"
+#include "device_maps/device_map.h"
+#include "store/store.h"
+#include "tensor/device.h"
+
+namespace ferry {
+
+inline constexpr std::chrono::milliseconds kDefaultRpcTimeout{std::chrono::seconds(60)};
+inline constexpr char kDefaultInitMethod[] = "env://";
+
+// A backend, by name. Cheap to copy.
+struct BackendType {
+  std::string name;
+
+  // The built-in TensorPipe backend.
+  static const BackendType TENSORPIPE;
+
+  friend bool operator==(const BackendType&, const BackendType&) = default;
+};
+inline const BackendType BackendType::TENSORPIPE{"TENSORPIPE"};
+
+// The options every backend has. A backend derives its own options type from it.
+class RpcBackendOptions {
+ public:
+  virtual ~RpcBackendOptions() = default;
+  // The name of the backend these options belong to ("TENSORPIPE", ...).
+  virtual std::string backend_name() const = 0;
+
+  // Default per-call timeout; zero means none.
+  std::chrono::milliseconds rpc_timeout = kDefaultRpcTimeout;
+  // Where the workers rendezvous: env://, tcp://HOST:PORT or file://PATH.
+  std::string init_method = kDefaultInitMethod;
+};
+
+// A keyword argument's value: the types backends' options are made of.
+using KwargValue = std::variant<bool, int64_t, double, std::string, std::vector<std::string>, DeviceMaps,
+                                std::vector<Device>>;
+using Kwargs = std::map<std::string, KwargValue>;
+
+// What an init handler gets. The references live until the handler returns.
+struct BackendInitArgs {
+  std::shared_ptr<Store> store;
+  std::string name;
+  int rank = 0;
+  int world_size = 0;  // 0: a dynamic group (workers join and leave)
+  const RpcBackendOptions& options;
+  RequestHandler handler;  // how the agent runs incoming requests
+};
+
+using OptionsConstructor = std::function<absl::StatusOr<std::unique_ptr<RpcBackendOptions>>(
+    std::chrono::milliseconds rpc_timeout, const std::string& init_method, const Kwargs& kwargs)>;
+using InitHandler = std::function<absl::StatusOr<std::shared_ptr<RpcAgent>>(const BackendInitArgs& args)>;
+
+// Registers a backend. Errors: kAlreadyExists "RPC backend NAME: already registered";
+// kInvalidArgument for an empty name or a missing constructor or handler. Thread-safe.
+[[nodiscard]] absl::StatusOr<BackendType> register_backend(const std::string& name, OptionsConstructor constructor,
+                                                           InitHandler handler);
+// Whether `name` is registered (built-in backends count once registered, see below).
+bool backend_registered(const std::string& name);
+// Calls `backend`'s options constructor. Errors: kNotFound for an unregistered
+// backend; the constructor's own (an unknown keyword argument is kInvalidArgument
+// naming it; a value of the wrong type names the key and both types).
+[[nodiscard]] absl::StatusOr<std::unique_ptr<RpcBackendOptions>> construct_rpc_backend_options(
+    const BackendType& backend, std::chrono::milliseconds rpc_timeout = kDefaultRpcTimeout,
+    const std::string& init_method = kDefaultInitMethod, const Kwargs& kwargs = {});
+// Calls `backend`'s init handler. Errors: kNotFound for an unregistered backend,
+// kInvalidArgument when args.options belong to another backend, and the handler's.
+[[nodiscard]] absl::StatusOr<std::shared_ptr<RpcAgent>> init_backend(const BackendType& backend,
+                                                                     const BackendInitArgs& args);
+
+// Registers TENSORPIPE (once; later calls do nothing). init_rpc calls it; call it
+// yourself before using the registry directly. Explicit, because a static library's
+// self-registering initializers are dropped by the linker.
+void register_builtin_backends();
+
+// The name of a KwargValue's type ("int64", "string", ...), for error messages.
+const char* kwarg_type_name(const KwargValue& value);
+
+}  // namespace ferry

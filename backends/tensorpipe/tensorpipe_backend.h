@@ -1,0 +1,66 @@
+// File: backends/tensorpipe/tensorpipe_backend.h
+//
+// The TENSORPIPE backend: its options type, its options constructor and its init
+// handler, which runs the static-group steps of DESIGN.md ("TENSORPIPE init handler"):
+// a Gloo process group over the store, an all-gather of every worker's device info,
+// device-map validation, reverse maps and device list, the agent, one ping round over
+// RPC so channels are connected before user traffic, and a barrier.
+//
+//   TensorPipeRpcBackendOptions options;
+//   options.num_worker_threads = 8;
+//   FERRY_RETURN_IF_ERROR(options.set_device_map("worker1", {{0, 1}}));   // cuda:0 -> cuda:1
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "backends/backend_registry.h"
+#include "device_maps/options.h"
+
+namespace ferry {
+
+// Thread-compatible.
+class TensorPipeRpcBackendOptions final : public RpcBackendOptions {
+ public:
+  std::string backend_name() const override { return BackendType::TENSORPIPE.name; }
+
+  // Threads running incoming requests.
+  int num_worker_threads = 16;
+  // Subsets of {"shm", "ibv", "uv"} and {"xth", "cma", "mpt_uv", "basic"}; unset: the
+  // defaults of agents/tensorpipe_agent.h.
+  std::optional<std::vector<std::string>> transports;
+  std::optional<std::vector<std::string>> channels;
+
+  // Where this worker's CUDA tensors land on `worker`; merged into what is there (see
+  // device_maps/options.h for the errors).
+  [[nodiscard]] absl::Status set_device_map(std::string_view worker, const DeviceMapSpec& map) {
+    return device_map_options_.set_device_map(worker, map);
+  }
+  [[nodiscard]] absl::Status set_device_map(std::string_view worker, const DeviceMap& map) {
+    return device_map_options_.set_device_map(worker, map);
+  }
+  // The devices this worker's agent handles (default: those its maps name).
+  [[nodiscard]] absl::Status set_devices(const std::vector<DeviceSpec>& devices) {
+    return device_map_options_.set_devices(devices);
+  }
+  const DeviceMaps& device_maps() const { return device_map_options_.device_maps(); }
+  const std::vector<Device>& devices() const { return device_map_options_.devices(); }
+
+ private:
+  DeviceMapOptions device_map_options_;
+};
+
+// TENSORPIPE's options constructor. Keyword arguments: num_worker_threads (int64),
+// transports, channels (vector<string>), device_maps (DeviceMaps), devices
+// (vector<Device>). Errors (kInvalidArgument): an unknown key (named, with the known
+// ones), a value of the wrong type, num_worker_threads < 1.
+absl::StatusOr<std::unique_ptr<RpcBackendOptions>> construct_tensorpipe_options(std::chrono::milliseconds rpc_timeout,
+                                                                                const std::string& init_method,
+                                                                                const Kwargs& kwargs);
+
+// TENSORPIPE's init handler (static groups: world_size > 0). When any worker fails a
+// step, every worker fails with the same error, naming the worker at fault.
+absl::StatusOr<std::shared_ptr<RpcAgent>> init_tensorpipe_backend(const BackendInitArgs& args);
+
+}  // namespace ferry

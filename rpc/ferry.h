@@ -1,0 +1,15 @@
+// File: rpc/ferry.h
+//
+// The umbrella header: everything a ferry program uses.
+//
+//   #include "rpc/ferry.h"
+#pragma once
+
+#include "backends/backend_registry.h"
+#include "backends/tensorpipe/tensorpipe_backend.h"
+#include "base/future.h"
+#include "base/status.h"
+#include "rpc/call.h"
+#include "rpc/function_registry.h"
+#include "rpc/rpc.h"
+#include "tensor/tensor.h"

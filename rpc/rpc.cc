@@ -1,0 +1,118 @@
+#include "rpc/rpc.h"
+
+#include <atomic>
+#include <mutex>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "base/logging.h"
+#include "base/status.h"
+#include "rendezvous/rendezvous.h"
+
+namespace ferry {
+namespace {
+
+// The default agent. Loaded on every call, so an atomic shared_ptr rather than a lock.
+std::atomic<std::shared_ptr<RpcAgent>>& default_slot() {
+  static std::atomic<std::shared_ptr<RpcAgent>>* slot = new std::atomic<std::shared_ptr<RpcAgent>>();
+  return *slot;
+}
+
+// Serializes init_rpc and shutdown against each other.
+std::mutex& lifecycle_mutex() {
+  static std::mutex* mu = new std::mutex();
+  return *mu;
+}
+
+std::string with_rank(const std::string& url, int rank, int world_size) {
+  std::string sep = absl::StrContains(url, "?") ? "&" : "?";
+  return absl::StrCat(url, sep, "rank=", rank, "&world_size=", world_size);
+}
+
+}  // namespace
+
+std::shared_ptr<RpcAgent> current_agent() { return default_slot().load(std::memory_order_acquire); }
+
+std::shared_ptr<RpcAgent> set_current_agent(std::shared_ptr<RpcAgent> agent) {
+  return default_slot().exchange(std::move(agent));
+}
+
+absl::Status init_rpc(const std::string& name, const BackendType& backend, int rank, int world_size,
+                      const RpcBackendOptions& options) {
+  std::lock_guard<std::mutex> lock(lifecycle_mutex());
+  if (current_agent() != nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat("init_rpc(\"", name, "\"): this process already runs worker \"",
+                                                      current_agent()->self().name, "\"; call shutdown first"));
+  }
+  if (name.empty()) return absl::InvalidArgumentError("init_rpc: the worker name is empty");
+  for (char c : name) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.' || c == ':')) {
+      return absl::InvalidArgumentError(absl::StrCat("init_rpc: worker name \"", name,
+                                                     "\" may contain only letters, digits, '_', '-', '.' and ':'"));
+    }
+  }
+  if (world_size < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("init_rpc: world_size must be at least 1, got ", world_size));
+  }
+  if (rank < 0 || rank >= world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("init_rpc: rank ", rank, " out of range for world_size ", world_size));
+  }
+  register_builtin_backends();
+  if (!backend_registered(backend.name)) {
+    return absl::NotFoundError(absl::StrCat("init_rpc: RPC backend ", backend.name, ": not registered"));
+  }
+  if (options.backend_name() != backend.name) {
+    return absl::InvalidArgumentError(absl::StrCat("init_rpc: backend ", backend.name, " got options of backend ",
+                                                   options.backend_name()));
+  }
+  std::chrono::milliseconds timeout =
+      options.rpc_timeout.count() > 0 ? options.rpc_timeout : std::chrono::milliseconds(std::chrono::minutes(5));
+  FERRY_ASSIGN_OR_RETURN(RendezvousResult rdzv, rendezvous(with_rank(options.init_method, rank, world_size), timeout));
+  if (rdzv.rank != rank || rdzv.world_size != world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("init_rpc: rendezvous through ", options.init_method,
+                                                   " gave rank ", rdzv.rank, " of ", rdzv.world_size,
+                                                   ", but init_rpc was asked for rank ", rank, " of ", world_size));
+  }
+  RequestHandler handler = [name](const Message& request, const WorkerInfo&) {
+    return dispatch_request(FunctionRegistry::global(), name, request);
+  };
+  BackendInitArgs args{rdzv.store, name, rank, world_size, options, std::move(handler)};
+  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<RpcAgent> agent, init_backend(backend, args));
+  set_current_agent(std::move(agent));
+  return absl::OkStatus();
+}
+
+absl::Status init_rpc(const std::string& name, int rank, int world_size, const TensorPipeRpcBackendOptions& options) {
+  return init_rpc(name, BackendType::TENSORPIPE, rank, world_size, options);
+}
+
+absl::Status shutdown(bool graceful, std::chrono::milliseconds timeout) {
+  std::lock_guard<std::mutex> lock(lifecycle_mutex());
+  std::shared_ptr<RpcAgent> agent = current_agent();
+  if (agent == nullptr) return absl::FailedPreconditionError("shutdown: no worker is running in this process");
+  absl::Status joined = graceful ? agent->join(timeout) : absl::OkStatus();
+  set_current_agent(nullptr);
+  agent->shutdown();
+  return joined;
+}
+
+namespace internal {
+std::shared_ptr<RpcAgent> default_agent() {
+  std::shared_ptr<RpcAgent> agent = current_agent();
+  if (agent == nullptr) {
+    throw RpcError(absl::FailedPreconditionError("no worker is running in this process; call init_rpc first"));
+  }
+  return agent;
+}
+}  // namespace internal
+
+WorkerInfo get_worker_info() { return internal::default_agent()->self(); }
+
+WorkerInfo get_worker_info(std::string_view name) {
+  return value_or_throw(internal::default_agent()->worker_info(name));
+}
+
+std::vector<WorkerInfo> get_worker_infos() { return internal::default_agent()->worker_infos(); }
+
+}  // namespace ferry
