@@ -14,6 +14,7 @@
 #include "store/hash_store.h"
 #include "store/prefix_store.h"
 #include "store/store.h"
+#include "store/tcp_store.h"
 #include "tests/testing/multi_process.h"
 #include "tests/testing/status_matchers.h"
 
@@ -43,6 +44,14 @@ std::vector<StoreKind> store_kinds() {
        }},
       {"PrefixStore", [](const std::string&) -> absl::StatusOr<std::shared_ptr<Store>> {
          return std::make_shared<PrefixStore>("pre", std::make_shared<HashStore>());
+       }},
+      {"TCPStore", [](const std::string&) -> absl::StatusOr<std::shared_ptr<Store>> {
+         TCPStoreOptions options;
+         options.host = "127.0.0.1";
+         options.port = 0;
+         options.is_server = true;
+         options.timeout = 10s;
+         return TCPStore::create(options);
        }},
   };
 }

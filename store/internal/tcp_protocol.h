@@ -1,0 +1,144 @@
+// TCPStore's wire protocol, shared by the libuv server and the blocking client.
+// Internal: not installed.
+//
+// Every message is a frame: a little-endian u32 length, then that many body bytes.
+// A request body is an opcode byte and its fields; a response body is a status code
+// byte (absl::StatusCode), then a message string when the code is not OK, else the
+// op's result. Strings and byte values are a u32 length and the bytes; integers are
+// little-endian. The first request on a connection must be kHello (magic, version,
+// whether this connection counts as a worker); the server answers with its version
+// or an error, and closes the connection on a mismatch. Requests on one connection are
+// answered in order; a blocking request (get, wait, multi_get) carries its timeout and
+// the server answers it with kDeadlineExceeded itself when it passes.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "store/store.h"
+
+namespace ferry::internal::tcp_store {
+
+inline constexpr uint32_t kMagic = 0x53595246;  // "FRYS" on the wire
+inline constexpr uint32_t kProtocolVersion = 1;
+inline constexpr size_t kFrameHeaderBytes = 4;
+
+enum class Op : uint8_t {
+  kHello = 1,
+  kSet = 2,
+  kGet = 3,
+  kAdd = 4,
+  kCompareSet = 5,
+  kCheck = 6,
+  kWait = 7,
+  kDeleteKey = 8,
+  kNumKeys = 9,
+  kMultiGet = 10,
+  kMultiSet = 11,
+};
+
+// The op's name for logs and errors ("get"), or "unknown op N".
+std::string op_name(uint8_t op);
+
+// Appends little-endian fields to a frame; the frame's length is filled in by finish().
+class Writer {
+ public:
+  Writer() : buf_(kFrameHeaderBytes, 0) {}
+  Writer& u8(uint8_t v) {
+    buf_.push_back(v);
+    return *this;
+  }
+  Writer& u32(uint32_t v) { return raw_le(v, 4); }
+  Writer& u64(uint64_t v) { return raw_le(v, 8); }
+  Writer& i64(int64_t v) { return raw_le(static_cast<uint64_t>(v), 8); }
+  Writer& bytes(const void* data, size_t n) {
+    u32(static_cast<uint32_t>(n));
+    const uint8_t* p = static_cast<const uint8_t*>(data);
+    buf_.insert(buf_.end(), p, p + n);
+    return *this;
+  }
+  Writer& str(std::string_view s) { return bytes(s.data(), s.size()); }
+  Writer& bytes(const Bytes& b) { return bytes(b.data(), b.size()); }
+  // The whole frame, header included; leaves the writer empty.
+  Bytes finish() {
+    uint32_t n = static_cast<uint32_t>(buf_.size() - kFrameHeaderBytes);
+    for (int i = 0; i < 4; ++i) buf_[i] = static_cast<uint8_t>(n >> (8 * i));
+    return std::move(buf_);
+  }
+  size_t body_size() const { return buf_.size() - kFrameHeaderBytes; }
+
+ private:
+  Writer& raw_le(uint64_t v, int n) {
+    for (int i = 0; i < n; ++i) buf_.push_back(static_cast<uint8_t>(v >> (8 * i)));
+    return *this;
+  }
+  Bytes buf_;
+};
+
+// Reads fields from a frame body. Every read fails (returns false) past the end, so a
+// truncated message is detected, never read beyond.
+class Reader {
+ public:
+  Reader(const uint8_t* data, size_t size) : p_(data), end_(data + size) {}
+  bool u8(uint8_t* v) {
+    if (left() < 1) return false;
+    *v = *p_++;
+    return true;
+  }
+  bool u32(uint32_t* v) {
+    uint64_t x;
+    if (!raw_le(&x, 4)) return false;
+    *v = static_cast<uint32_t>(x);
+    return true;
+  }
+  bool u64(uint64_t* v) { return raw_le(v, 8); }
+  bool i64(int64_t* v) {
+    uint64_t x;
+    if (!raw_le(&x, 8)) return false;
+    *v = static_cast<int64_t>(x);
+    return true;
+  }
+  bool str(std::string* s) {
+    uint32_t n;
+    if (!u32(&n) || left() < n) return false;
+    s->assign(reinterpret_cast<const char*>(p_), n);
+    p_ += n;
+    return true;
+  }
+  bool bytes(Bytes* b) {
+    uint32_t n;
+    if (!u32(&n) || left() < n) return false;
+    b->assign(p_, p_ + n);
+    p_ += n;
+    return true;
+  }
+  // A count of following items, each at least `min_item_bytes` long: rejects counts
+  // the remaining bytes cannot hold, so a hostile count cannot make us reserve memory.
+  bool count(uint32_t* n, size_t min_item_bytes) {
+    return u32(n) && static_cast<uint64_t>(*n) * min_item_bytes <= left();
+  }
+  size_t left() const { return static_cast<size_t>(end_ - p_); }
+  bool done() const { return p_ == end_; }
+
+ private:
+  bool raw_le(uint64_t* v, int n) {
+    if (left() < static_cast<size_t>(n)) return false;
+    uint64_t x = 0;
+    for (int i = 0; i < n; ++i) x |= static_cast<uint64_t>(p_[i]) << (8 * i);
+    p_ += n;
+    *v = x;
+    return true;
+  }
+  const uint8_t* p_;
+  const uint8_t* end_;
+};
+
+inline uint32_t read_frame_length(const uint8_t* p) {
+  return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 | static_cast<uint32_t>(p[2]) << 16 |
+         static_cast<uint32_t>(p[3]) << 24;
+}
+
+}  // namespace ferry::internal::tcp_store

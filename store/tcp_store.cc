@@ -1,0 +1,489 @@
+// TCPStore's client: blocking sockets, one per call in flight, pooled.
+#include "store/tcp_store.h"
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "base/logging.h"
+#include "base/status.h"
+#include "store/internal/store_util.h"
+#include "store/internal/tcp_protocol.h"
+
+namespace ferry {
+
+using internal::av;
+using namespace internal::tcp_store;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// A server that vanished is retried this long before a call fails with kUnavailable;
+// long enough to ride out a restart, short enough not to look like a hang.
+constexpr auto kReconnectWindow = std::chrono::milliseconds(1000);
+constexpr auto kFirstRetry = std::chrono::milliseconds(10);
+constexpr auto kMaxRetry = std::chrono::milliseconds(500);
+// Time a blocking request's answer may lag behind its own timeout (the server
+// answers a timeout itself, so this only covers the network and a busy server).
+constexpr auto kResponseGrace = std::chrono::milliseconds(5000);
+// Answers above this are treated as a corrupt stream.
+constexpr uint32_t kMaxResponseBytes = 1u << 31;
+// Idle connections kept for reuse; more concurrent calls open (and later close) more.
+constexpr size_t kMaxIdleConnections = 16;
+
+int remaining_ms(Clock::time_point deadline) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  return static_cast<int>(std::clamp<int64_t>(left, 0, INT32_MAX));
+}
+
+// An error from the server's answer, or kInternal for a code that is not one.
+absl::Status status_from_wire(uint8_t code, std::string message) {
+  if (code > static_cast<uint8_t>(absl::StatusCode::kUnauthenticated)) {
+    return absl::InternalError(absl::StrCat("store server answered with unknown status code ", code, ": ", message));
+  }
+  return absl::Status(static_cast<absl::StatusCode>(code), message);
+}
+
+}  // namespace
+
+// A connection's socket; closed by the destructor.
+struct Socket {
+  explicit Socket(int fd) : fd(fd) {}
+  ~Socket() {
+    if (fd >= 0) ::close(fd);
+  }
+  Socket(const Socket&) = delete;
+  Socket& operator=(const Socket&) = delete;
+  int fd;
+};
+
+class TCPStore::Client {
+ public:
+  Client(std::string host, uint16_t port, std::chrono::milliseconds timeout, uint32_t max_message_bytes)
+      : host_(std::move(host)),
+        port_(port),
+        address_(absl::StrCat(host_, ":", port_)),
+        timeout_(timeout),
+        max_message_bytes_(max_message_bytes) {}
+
+  const std::string& host() const { return host_; }
+  uint16_t port() const { return port_; }
+
+  // Connects the first connection, retrying until `deadline`; it counts as a worker.
+  absl::Status connect_first(Clock::time_point deadline) {
+    FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Socket> s, connect(deadline, /*is_worker=*/true, /*first=*/true));
+    release(std::move(s));
+    return absl::OkStatus();
+  }
+
+  // Sends `request` and returns the answer's body after the status byte. `wait` is how
+  // long the server may take before answering (a blocking request's timeout).
+  absl::StatusOr<Bytes> call(Bytes request, std::string_view what, std::chrono::milliseconds wait) {
+    // Caught here: the server would only close the connection, which reads as a lost server.
+    if (request.size() - kFrameHeaderBytes > max_message_bytes_) {
+      return absl::InvalidArgumentError(absl::StrCat("TCPStore ", av(what), ": request of ",
+                                                     request.size() - kFrameHeaderBytes,
+                                                     " bytes exceeds the limit of ", max_message_bytes_, " bytes"));
+    }
+    std::unique_ptr<Socket> s = acquire();
+    if (s == nullptr) {
+      auto connected = connect(Clock::now() + std::min(kReconnectWindow, timeout_), false, false);
+      if (!connected.ok()) {
+        return absl::UnavailableError(absl::StrCat("TCPStore ", av(what), ": store server at ", address_,
+                                                   " is unreachable: ", connected.status().message()));
+      }
+      s = *std::move(connected);
+    }
+    absl::Status sent = send_all(s->fd, request);
+    if (!sent.ok()) return lost(what, sent);
+    auto deadline = Clock::now() + wait + kResponseGrace;
+    auto answer = receive(s->fd, deadline);
+    if (!answer.ok()) {
+      if (answer.status().code() == absl::StatusCode::kDeadlineExceeded) {
+        // The answer may still come; the connection is out of step, so drop it.
+        return absl::DeadlineExceededError(absl::StrCat("TCPStore ", av(what), ": no answer from store server at ",
+                                                        address_, " within ",
+                                                        std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                            wait + kResponseGrace)
+                                                            .count(),
+                                                        " ms"));
+      }
+      return lost(what, answer.status());
+    }
+    release(std::move(s));
+    Bytes body = *std::move(answer);
+    if (body.empty()) return absl::InternalError(absl::StrCat("TCPStore ", av(what), ": empty answer from server"));
+    if (body[0] != 0) {
+      Reader r(body.data() + 1, body.size() - 1);
+      std::string message;
+      if (!r.str(&message)) message = "(no message)";
+      return status_from_wire(body[0], std::move(message));
+    }
+    body.erase(body.begin());
+    return body;
+  }
+
+  void close_all() {
+    absl::MutexLock lock(&mu_);
+    idle_.clear();
+  }
+
+ private:
+  std::unique_ptr<Socket> acquire() {
+    absl::MutexLock lock(&mu_);
+    if (idle_.empty()) return nullptr;
+    std::unique_ptr<Socket> s = std::move(idle_.back());
+    idle_.pop_back();
+    return s;
+  }
+
+  void release(std::unique_ptr<Socket> s) {
+    absl::MutexLock lock(&mu_);
+    if (idle_.size() < kMaxIdleConnections) idle_.push_back(std::move(s));
+  }
+
+  // The call's connection broke: the server is probably gone, so its idle siblings
+  // are stale too. The next call reconnects.
+  absl::Status lost(std::string_view what, const absl::Status& why) {
+    close_all();
+    return absl::UnavailableError(absl::StrCat("TCPStore ", av(what), ": lost connection to store server at ",
+                                               address_, ": ", why.message()));
+  }
+
+  absl::StatusOr<std::unique_ptr<Socket>> connect(Clock::time_point deadline, bool is_worker, bool first) {
+    auto start = Clock::now();
+    auto pause = kFirstRetry;
+    std::string last_error;
+    while (true) {
+      auto s = connect_once(deadline, is_worker);
+      if (s.ok()) return s;
+      // A server that speaks another protocol will not start speaking ours.
+      if (s.status().code() == absl::StatusCode::kFailedPrecondition) return s.status();
+      last_error = std::string(s.status().message());
+      auto now = Clock::now();
+      if (now >= deadline) break;
+      std::this_thread::sleep_for(std::min<Clock::duration>(pause, deadline - now));
+      pause = std::min(pause * 2, kMaxRetry);
+    }
+    std::string text = absl::StrCat("timed out after ", internal::elapsed_since(start).count(),
+                                    " ms connecting to store server at ", address_, " (last error: ", last_error, ")");
+    return first ? absl::DeadlineExceededError(text) : absl::UnavailableError(text);
+  }
+
+  absl::StatusOr<std::unique_ptr<Socket>> connect_once(Clock::time_point deadline, bool is_worker) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICSERV;
+    addrinfo* res = nullptr;
+    int gai = ::getaddrinfo(host_.c_str(), std::to_string(port_).c_str(), &hints, &res);
+    if (gai != 0) return absl::UnavailableError(absl::StrCat("cannot resolve ", host_, ": ", ::gai_strerror(gai)));
+    std::string error = "no address";
+    std::unique_ptr<Socket> s;
+    for (addrinfo* ai = res; ai != nullptr && s == nullptr; ai = ai->ai_next) {
+      auto candidate = std::make_unique<Socket>(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, 0));
+      if (candidate->fd < 0) {
+        error = std::strerror(errno);
+        continue;
+      }
+      absl::Status c = connect_with_deadline(candidate->fd, ai->ai_addr, ai->ai_addrlen, deadline);
+      if (c.ok()) {
+        s = std::move(candidate);
+      } else {
+        error = std::string(c.message());
+      }
+    }
+    ::freeaddrinfo(res);
+    if (s == nullptr) return absl::UnavailableError(error);
+    int one = 1;
+    ::setsockopt(s->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    // Handshake: magic, version, whether this connection counts as a worker.
+    Bytes hello = Writer()
+                      .u8(static_cast<uint8_t>(Op::kHello))
+                      .u32(kMagic)
+                      .u32(kProtocolVersion)
+                      .u8(is_worker ? 1 : 0)
+                      .finish();
+    FERRY_RETURN_IF_ERROR(send_all(s->fd, hello));
+    auto answer = receive(s->fd, std::max(deadline, Clock::now() + kResponseGrace));
+    if (!answer.ok()) return absl::UnavailableError(absl::StrCat("handshake failed: ", answer.status().message()));
+    Reader r(answer->data(), answer->size());
+    uint8_t code = 0;
+    uint32_t version = 0;
+    if (!r.u8(&code)) return absl::UnavailableError("handshake failed: empty answer");
+    if (code != 0) {
+      std::string message;
+      r.str(&message);
+      return absl::FailedPreconditionError(absl::StrCat("store server at ", address_, " refused the handshake: ",
+                                                        message));
+    }
+    if (!r.u32(&version) || version != kProtocolVersion) {
+      return absl::FailedPreconditionError(absl::StrCat("store server at ", address_, " speaks protocol version ",
+                                                        version, ", this client ", kProtocolVersion));
+    }
+    return s;
+  }
+
+  static absl::Status connect_with_deadline(int fd, const sockaddr* addr, socklen_t len, Clock::time_point deadline) {
+    int flags = ::fcntl(fd, F_GETFL, 0);
+    ::fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+    int rc = ::connect(fd, addr, len);
+    if (rc != 0 && errno != EINPROGRESS) return absl::UnavailableError(std::strerror(errno));
+    if (rc != 0) {
+      pollfd p{fd, POLLOUT, 0};
+      int n;
+      do {
+        n = ::poll(&p, 1, std::max(remaining_ms(deadline), 1));
+      } while (n < 0 && errno == EINTR);
+      if (n == 0) return absl::UnavailableError("connect timed out");
+      int err = 0;
+      socklen_t err_len = sizeof(err);
+      ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &err_len);
+      if (err != 0) return absl::UnavailableError(std::strerror(err));
+    }
+    ::fcntl(fd, F_SETFL, flags);
+    return absl::OkStatus();
+  }
+
+  static absl::Status send_all(int fd, const Bytes& data) {
+    size_t done = 0;
+    while (done < data.size()) {
+      ssize_t n = ::send(fd, data.data() + done, data.size() - done, MSG_NOSIGNAL);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return absl::UnavailableError(absl::StrCat("send failed: ", std::strerror(errno)));
+      }
+      done += static_cast<size_t>(n);
+    }
+    return absl::OkStatus();
+  }
+
+  // Reads exactly n bytes, or fails: kDeadlineExceeded at the deadline, kUnavailable
+  // when the server closed the connection or the socket failed.
+  static absl::Status read_exact(int fd, uint8_t* out, size_t n, Clock::time_point deadline) {
+    size_t done = 0;
+    while (done < n) {
+      pollfd p{fd, POLLIN, 0};
+      int ready = ::poll(&p, 1, remaining_ms(deadline));
+      if (ready < 0) {
+        if (errno == EINTR) continue;
+        return absl::UnavailableError(absl::StrCat("poll failed: ", std::strerror(errno)));
+      }
+      if (ready == 0) return absl::DeadlineExceededError("no answer in time");
+      ssize_t got = ::recv(fd, out + done, n - done, 0);
+      if (got == 0) return absl::UnavailableError("the server closed the connection");
+      if (got < 0) {
+        if (errno == EINTR || errno == EAGAIN) continue;
+        return absl::UnavailableError(absl::StrCat("receive failed: ", std::strerror(errno)));
+      }
+      done += static_cast<size_t>(got);
+    }
+    return absl::OkStatus();
+  }
+
+  static absl::StatusOr<Bytes> receive(int fd, Clock::time_point deadline) {
+    uint8_t header[kFrameHeaderBytes];
+    FERRY_RETURN_IF_ERROR(read_exact(fd, header, sizeof(header), deadline));
+    uint32_t len = read_frame_length(header);
+    if (len > kMaxResponseBytes) return absl::UnavailableError(absl::StrCat("answer of ", len, " bytes is corrupt"));
+    Bytes body(len);
+    FERRY_RETURN_IF_ERROR(read_exact(fd, body.data(), len, deadline));
+    return body;
+  }
+
+  const std::string host_;
+  const uint16_t port_;
+  const std::string address_;
+  const std::chrono::milliseconds timeout_;
+  const uint64_t max_message_bytes_;
+
+  absl::Mutex mu_;
+  std::vector<std::unique_ptr<Socket>> idle_ ABSL_GUARDED_BY(mu_);
+};
+
+// TCPStore
+
+absl::StatusOr<std::unique_ptr<TCPStore>> TCPStore::create(std::string host, uint16_t port, bool is_server,
+                                                            std::optional<int> world_size,
+                                                            std::chrono::milliseconds timeout) {
+  TCPStoreOptions options;
+  options.host = std::move(host);
+  options.port = port;
+  options.is_server = is_server;
+  options.world_size = world_size;
+  options.timeout = timeout;
+  return create(options);
+}
+
+absl::StatusOr<std::unique_ptr<TCPStore>> TCPStore::create(const TCPStoreOptions& options) {
+  if (options.world_size && *options.world_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TCPStore: world_size must be at least 1, got ", *options.world_size));
+  }
+  if (!options.is_server && options.port == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TCPStore: a client needs the server's port, got port 0 for host '", options.host, "'"));
+  }
+  auto deadline = Clock::now() + options.timeout;
+  std::unique_ptr<TCPStoreServer> server;
+  std::string connect_host = options.host;
+  uint16_t port = options.port;
+  if (options.is_server) {
+    TCPStoreServerOptions server_options;
+    server_options.host = options.host;
+    server_options.port = options.port;
+    server_options.max_message_bytes = options.max_message_bytes;
+    FERRY_ASSIGN_OR_RETURN(server, TCPStoreServer::create(server_options));
+    port = server->port();
+    // The server may listen on every interface; its own client uses loopback.
+    if (connect_host.empty() || connect_host == "0.0.0.0") connect_host = "127.0.0.1";
+    if (connect_host == "::") connect_host = "::1";
+  }
+  auto client = std::make_unique<Client>(connect_host, port, options.timeout, options.max_message_bytes);
+  FERRY_RETURN_IF_ERROR(client->connect_first(deadline));
+  if (server != nullptr && options.world_size && options.wait_for_workers) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    FERRY_RETURN_IF_ERROR(server->wait_for_workers(*options.world_size, std::max(left, std::chrono::milliseconds(0))));
+  }
+  return std::unique_ptr<TCPStore>(new TCPStore(std::move(server), std::move(client), options.timeout));
+}
+
+TCPStore::TCPStore(std::unique_ptr<TCPStoreServer> server, std::unique_ptr<Client> client,
+                   std::chrono::milliseconds timeout)
+    : Store(timeout), server_(std::move(server)), client_(std::move(client)) {}
+
+TCPStore::~TCPStore() {
+  client_.reset();
+  if (server_) server_->shutdown();
+}
+
+const std::string& TCPStore::host() const { return client_->host(); }
+uint16_t TCPStore::port() const { return client_->port(); }
+
+namespace {
+Writer request(Op op) {
+  Writer w;
+  w.u8(static_cast<uint8_t>(op));
+  return w;
+}
+Writer& put_keys(Writer& w, const std::vector<std::string>& keys) {
+  w.u32(static_cast<uint32_t>(keys.size()));
+  for (const std::string& k : keys) w.str(k);
+  return w;
+}
+uint64_t to_wire(std::chrono::milliseconds t) { return static_cast<uint64_t>(std::max<int64_t>(t.count(), 0)); }
+absl::Status malformed_answer(std::string_view what) {
+  return absl::InternalError(absl::StrCat("TCPStore ", av(what), ": malformed answer from the store server"));
+}
+}  // namespace
+
+absl::Status TCPStore::set(std::string_view key, const Bytes& value) {
+  Writer w = request(Op::kSet);
+  w.str(key).bytes(value);
+  return client_->call(std::move(w).finish(), "set", timeout()).status();
+}
+
+absl::StatusOr<Bytes> TCPStore::get(std::string_view key, std::optional<std::chrono::milliseconds> timeout) {
+  auto t = effective(timeout);
+  Writer w = request(Op::kGet);
+  w.str(key).u64(to_wire(t));
+  FERRY_ASSIGN_OR_RETURN(Bytes body, client_->call(std::move(w).finish(), "get", t));
+  Reader r(body.data(), body.size());
+  Bytes value;
+  if (!r.bytes(&value) || !r.done()) return malformed_answer("get");
+  return value;
+}
+
+absl::StatusOr<int64_t> TCPStore::add(std::string_view key, int64_t delta) {
+  Writer w = request(Op::kAdd);
+  w.str(key).i64(delta);
+  FERRY_ASSIGN_OR_RETURN(Bytes body, client_->call(std::move(w).finish(), "add", timeout()));
+  Reader r(body.data(), body.size());
+  int64_t value = 0;
+  if (!r.i64(&value) || !r.done()) return malformed_answer("add");
+  return value;
+}
+
+absl::StatusOr<Bytes> TCPStore::compare_set(std::string_view key, const Bytes& expected, const Bytes& desired) {
+  Writer w = request(Op::kCompareSet);
+  w.str(key).bytes(expected).bytes(desired);
+  FERRY_ASSIGN_OR_RETURN(Bytes body, client_->call(std::move(w).finish(), "compare_set", timeout()));
+  Reader r(body.data(), body.size());
+  Bytes value;
+  if (!r.bytes(&value) || !r.done()) return malformed_answer("compare_set");
+  return value;
+}
+
+absl::StatusOr<bool> TCPStore::check(const std::vector<std::string>& keys) {
+  Writer w = request(Op::kCheck);
+  put_keys(w, keys);
+  FERRY_ASSIGN_OR_RETURN(Bytes body, client_->call(std::move(w).finish(), "check", timeout()));
+  Reader r(body.data(), body.size());
+  uint8_t all = 0;
+  if (!r.u8(&all) || !r.done()) return malformed_answer("check");
+  return all != 0;
+}
+
+absl::Status TCPStore::wait(const std::vector<std::string>& keys, std::optional<std::chrono::milliseconds> timeout) {
+  auto t = effective(timeout);
+  Writer w = request(Op::kWait);
+  put_keys(w, keys).u64(to_wire(t));
+  return client_->call(std::move(w).finish(), "wait", t).status();
+}
+
+absl::StatusOr<bool> TCPStore::delete_key(std::string_view key) {
+  Writer w = request(Op::kDeleteKey);
+  w.str(key);
+  FERRY_ASSIGN_OR_RETURN(Bytes body, client_->call(std::move(w).finish(), "delete_key", timeout()));
+  Reader r(body.data(), body.size());
+  uint8_t existed = 0;
+  if (!r.u8(&existed) || !r.done()) return malformed_answer("delete_key");
+  return existed != 0;
+}
+
+absl::StatusOr<int64_t> TCPStore::num_keys() {
+  FERRY_ASSIGN_OR_RETURN(Bytes body, client_->call(request(Op::kNumKeys).finish(), "num_keys", timeout()));
+  Reader r(body.data(), body.size());
+  int64_t n = 0;
+  if (!r.i64(&n) || !r.done()) return malformed_answer("num_keys");
+  return n;
+}
+
+absl::StatusOr<std::vector<Bytes>> TCPStore::multi_get(const std::vector<std::string>& keys,
+                                                       std::optional<std::chrono::milliseconds> timeout) {
+  auto t = effective(timeout);
+  Writer w = request(Op::kMultiGet);
+  put_keys(w, keys).u64(to_wire(t));
+  FERRY_ASSIGN_OR_RETURN(Bytes body, client_->call(std::move(w).finish(), "multi_get", t));
+  Reader r(body.data(), body.size());
+  uint32_t n = 0;
+  if (!r.count(&n, 4) || n != keys.size()) return malformed_answer("multi_get");
+  std::vector<Bytes> values(n);
+  for (Bytes& v : values) {
+    if (!r.bytes(&v)) return malformed_answer("multi_get");
+  }
+  if (!r.done()) return malformed_answer("multi_get");
+  return values;
+}
+
+absl::Status TCPStore::multi_set(const std::vector<std::string>& keys, const std::vector<Bytes>& values) {
+  if (keys.size() != values.size()) return internal::multi_set_size_error(keys.size(), values.size());
+  Writer w = request(Op::kMultiSet);
+  w.u32(static_cast<uint32_t>(keys.size()));
+  for (size_t i = 0; i < keys.size(); ++i) w.str(keys[i]).bytes(values[i]);
+  return client_->call(std::move(w).finish(), "multi_set", timeout()).status();
+}
+
+}  // namespace ferry

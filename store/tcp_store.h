@@ -1,0 +1,143 @@
+// File: store/tcp_store.h
+//
+// TCPStore: a Store served over TCP, for jobs that span hosts. One process (rank 0,
+// or a standalone `ferry store serve`) runs a TCPStoreServer; every rank, rank 0
+// included, talks to it through a TCPStore client.
+//
+//   // rank 0: hosts the server in-process on a free port, and waits for 4 workers.
+//   FERRY_ASSIGN_OR_RETURN(auto store, ferry::TCPStore::create("0.0.0.0", 0, /*is_server=*/true,
+//                                                              /*world_size=*/4, std::chrono::seconds(30)));
+//   publish(store->port());
+//   // other ranks: connect, retrying until the server is up or the timeout passes.
+//   FERRY_ASSIGN_OR_RETURN(auto store, ferry::TCPStore::create(host, port, false, 4, std::chrono::seconds(30)));
+//   FERRY_ASSIGN_OR_RETURN(ferry::Bytes addr, store->get("addr/0"));
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "store/store.h"
+
+namespace ferry {
+
+// Requests (and responses) larger than this close the connection that sent them.
+inline constexpr uint32_t kDefaultMaxStoreMessageBytes = 64u << 20;
+
+struct TCPStoreServerOptions {
+  // The address to listen on: a host name or IP; "" or "0.0.0.0" for every IPv4
+  // interface, "::" for every interface.
+  std::string host = "0.0.0.0";
+  // 0 picks a free port; TCPStoreServer::port() reports it.
+  uint16_t port = 0;
+  uint32_t max_message_bytes = kDefaultMaxStoreMessageBytes;
+};
+
+// The store's server: one libuv event-loop thread serves any number of clients. A get
+// or wait whose keys are missing is parked, costing no thread, and answered when the
+// keys are set or its timeout passes. A client that sends a malformed, truncated or
+// oversized request is disconnected with a logged reason; other clients and their keys
+// are not affected.
+//
+// Thread-safe: every method may be called from any thread. Owns its loop thread, which
+// shutdown() (or the destructor) stops and joins. Creating a server makes the process
+// ignore SIGPIPE if it had the default action, so that a vanished client cannot kill
+// it while the loop writes an answer.
+class TCPStoreServer {
+ public:
+  // Binds, listens and starts the loop thread; fails if the address cannot be bound.
+  static absl::StatusOr<std::unique_ptr<TCPStoreServer>> create(const TCPStoreServerOptions& options = {});
+  ~TCPStoreServer();
+  TCPStoreServer(const TCPStoreServer&) = delete;
+  TCPStoreServer& operator=(const TCPStoreServer&) = delete;
+
+  // The host it was asked to listen on and the port it is bound to.
+  const std::string& host() const;
+  uint16_t port() const;
+
+  // How many clients have connected as workers (see TCPStoreOptions::world_size).
+  int64_t num_workers() const;
+  // Waits until at least `n` workers have connected; kDeadlineExceeded otherwise.
+  absl::Status wait_for_workers(int64_t n, std::chrono::milliseconds timeout) const;
+  // Clients connected right now.
+  int64_t num_connections() const;
+
+  // Closes every connection (their clients see kUnavailable) and joins the loop
+  // thread. Idempotent.
+  void shutdown();
+
+ private:
+  class Impl;
+  explicit TCPStoreServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+struct TCPStoreOptions {
+  // The server's address. With is_server, the address the server listens on.
+  std::string host = "127.0.0.1";
+  // With is_server, 0 picks a free port (see TCPStore::port()).
+  uint16_t port = 0;
+  // Whether this TCPStore starts the server in-process (rank 0).
+  bool is_server = false;
+  // The number of ranks that will connect, rank 0 included. With is_server and
+  // wait_for_workers, create() returns only when all of them have connected.
+  std::optional<int> world_size;
+  bool wait_for_workers = true;
+  // Default timeout of blocking operations, and how long create() keeps retrying to
+  // connect (and waiting for workers).
+  std::chrono::milliseconds timeout = Store::kDefaultTimeout;
+  // The largest request this client sends (larger ones fail with kInvalidArgument),
+  // and the in-process server's limit.
+  uint32_t max_message_bytes = kDefaultMaxStoreMessageBytes;
+};
+
+// A client of a TCPStoreServer, owning that server when it is rank 0's.
+//
+// Thread-safe: every method may be called from any thread at once; each call in flight
+// uses its own connection (idle ones are reused), so a thread blocked in get() never
+// holds up another's set(). A connection lost in the middle of a call fails that call
+// with kUnavailable (it is not retried: add is not idempotent); the next call connects
+// again, and fails with kUnavailable if the server stays unreachable. A blocking call
+// that times out fails with kDeadlineExceeded naming its keys and the time waited.
+class TCPStore final : public Store {
+ public:
+  static absl::StatusOr<std::unique_ptr<TCPStore>> create(const TCPStoreOptions& options);
+  static absl::StatusOr<std::unique_ptr<TCPStore>> create(std::string host, uint16_t port, bool is_server,
+                                                          std::optional<int> world_size,
+                                                          std::chrono::milliseconds timeout = kDefaultTimeout);
+  // Closes the client's connections, then (rank 0) shuts the server down.
+  ~TCPStore() override;
+
+  using Store::get;
+  using Store::multi_get;
+  using Store::wait;
+
+  absl::Status set(std::string_view key, const Bytes& value) override;
+  absl::StatusOr<Bytes> get(std::string_view key, std::optional<std::chrono::milliseconds> timeout) override;
+  absl::StatusOr<int64_t> add(std::string_view key, int64_t delta) override;
+  absl::StatusOr<Bytes> compare_set(std::string_view key, const Bytes& expected, const Bytes& desired) override;
+  absl::StatusOr<bool> check(const std::vector<std::string>& keys) override;
+  absl::Status wait(const std::vector<std::string>& keys, std::optional<std::chrono::milliseconds> timeout) override;
+  absl::StatusOr<bool> delete_key(std::string_view key) override;
+  absl::StatusOr<int64_t> num_keys() override;
+  absl::StatusOr<std::vector<Bytes>> multi_get(const std::vector<std::string>& keys,
+                                               std::optional<std::chrono::milliseconds> timeout) override;
+  absl::Status multi_set(const std::vector<std::string>& keys, const std::vector<Bytes>& values) override;
+
+  const std::string& host() const;
+  // The server's port (the bound one when this store started it on port 0).
+  uint16_t port() const;
+  // The in-process server on rank 0, else nullptr. Owned by this store.
+  TCPStoreServer* server() const { return server_.get(); }
+
+ private:
+  class Client;
+  TCPStore(std::unique_ptr<TCPStoreServer> server, std::unique_ptr<Client> client, std::chrono::milliseconds timeout);
+
+  std::unique_ptr<TCPStoreServer> server_;
+  std::unique_ptr<Client> client_;
+};
+
+}  // namespace ferry
