@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs the main example from a build directory (argument 1, default build).
+# Runs the main example from a build directory (argument 1, default build): a 4-process
+# model-parallel job on this host.
 set -euo pipefail
 build=${1:-build}
-exec "$build/examples/01_tensor"
+exec timeout 300 "$build/examples/02_model_parallel" 50

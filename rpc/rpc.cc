@@ -1,6 +1,7 @@
 #include "rpc/rpc.h"
 
 #include <atomic>
+#include <condition_variable>
 #include <mutex>
 
 #include "absl/strings/match.h"
@@ -23,6 +24,30 @@ std::mutex& lifecycle_mutex() {
   static std::mutex* mu = new std::mutex();
   return *mu;
 }
+
+// Opens once; wait() returns once it is open.
+class Latch {
+ public:
+  void open() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      open_ = true;
+    }
+    cv_.notify_all();
+    fast_.store(true, std::memory_order_release);
+  }
+  void wait() {
+    if (fast_.load(std::memory_order_acquire)) return;
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return open_; });
+  }
+
+ private:
+  std::atomic<bool> fast_{false};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+};
 
 std::string with_rank(const std::string& url, int rank, int world_size) {
   std::string sep = absl::StrContains(url, "?") ? "&" : "?";
@@ -74,13 +99,19 @@ absl::Status init_rpc(const std::string& name, const BackendType& backend, int r
                                                    " gave rank ", rdzv.rank, " of ", rdzv.world_size,
                                                    ", but init_rpc was asked for rank ", rank, " of ", world_size));
   }
-  RequestHandler handler = [name](const Message& request, const WorkerInfo&) {
+  // Workers finish init at slightly different times, and a user function may use the
+  // default agent (get_worker_info, nested calls): requests wait until this process
+  // has installed it.
+  auto ready = std::make_shared<Latch>();
+  RequestHandler handler = [name, ready](const Message& request, const WorkerInfo&) {
+    ready->wait();
     return dispatch_request(FunctionRegistry::global(), name, request);
   };
   BackendInitArgs args{rdzv.store, name, rank, world_size, options, std::move(handler)};
-  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<RpcAgent> agent, init_backend(backend, args));
-  set_current_agent(std::move(agent));
-  return absl::OkStatus();
+  absl::StatusOr<std::shared_ptr<RpcAgent>> agent = init_backend(backend, args);
+  if (agent.ok()) set_current_agent(*agent);
+  ready->open();
+  return agent.status();
 }
 
 absl::Status init_rpc(const std::string& name, int rank, int world_size, const TensorPipeRpcBackendOptions& options) {

@@ -310,6 +310,24 @@ absl::StatusOr<Tensor> Tensor::matmul(const Tensor& other) const {
   return out;
 }
 
+absl::StatusOr<Tensor> Tensor::transpose() const {
+  if (!defined()) return absl::FailedPreconditionError("transpose(): undefined tensor");
+  if (dim() != 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("transpose: the tensor must be 2-D, got shape ", internal::shape_string(shape_)));
+  }
+  const int64_t rows = shape_[0], cols = shape_[1];
+  FERRY_ASSIGN_OR_RETURN(Tensor a, on_host(*this));
+  FERRY_ASSIGN_OR_RETURN(Tensor out, empty({cols, rows}, dtype_, Device::cpu()));
+  const size_t elem = dtype_size(dtype_);
+  const char* src = static_cast<const char*>(a.data());
+  char* dst = static_cast<char*>(out.data());
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t j = 0; j < cols; ++j) std::memcpy(dst + (j * rows + i) * elem, src + (i * cols + j) * elem, elem);
+  }
+  return out.to(device_);
+}
+
 std::string Tensor::to_string() const {
   if (!defined()) return "Tensor(undefined)";
   return absl::StrCat("Tensor(", dtype_name(dtype_), ", ", internal::shape_string(shape_), ", ",

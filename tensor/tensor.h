@@ -104,6 +104,8 @@ class Tensor {
   absl::StatusOr<Tensor> mul(double scalar) const;
   // Matrix product of two 2-D CPU tensors of the same floating or integer dtype.
   absl::StatusOr<Tensor> matmul(const Tensor& other) const;
+  // The transpose of a 2-D tensor, in new storage.
+  absl::StatusOr<Tensor> transpose() const;
 
   // "Tensor(float32, [2, 3], cpu)".
   std::string to_string() const;

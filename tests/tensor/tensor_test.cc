@@ -126,6 +126,15 @@ TEST(Tensor, Matmul) {
   EXPECT_THAT(*ic.to_vector<int64_t>(), ElementsAre(7, 10, 15, 22));
 }
 
+TEST(Tensor, Transpose) {
+  FERRY_ASSERT_OK_AND_ASSIGN(Tensor a, Tensor::from_values<int16_t>({1, 2, 3, 4, 5, 6}, {2, 3}));
+  FERRY_ASSERT_OK_AND_ASSIGN(Tensor t, a.transpose());
+  EXPECT_EQ(t.shape(), (std::vector<int64_t>{3, 2}));
+  EXPECT_THAT(*t.to_vector<int16_t>(), ElementsAre(1, 4, 2, 5, 3, 6));
+  EXPECT_THAT(Tensor::from_vector<float>({1}).transpose(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("must be 2-D, got shape [1]")));
+}
+
 TEST(Tensor, EqualityComparesDtypeShapeAndBits) {
   Tensor a = Tensor::from_vector<int32_t>({1, 2, 3, 4});
   FERRY_ASSERT_OK_AND_ASSIGN(Tensor a2, a.reshape({2, 2}));
