@@ -36,6 +36,9 @@ std::string sockaddr_to_string(const sockaddr* sa) {
   return sa->sa_family == AF_INET6 ? absl::StrCat("[", host, "]:", port) : absl::StrCat(host, ":", port);
 }
 
+// Handshakes of every protocol version fit in this; anything longer is not one.
+constexpr uint32_t kMaxHandshakeBytes = 256;
+
 Bytes ok_response() { return Writer().u8(0).finish(); }
 
 Bytes error_response(const absl::Status& status) {
@@ -309,6 +312,12 @@ void TCPStoreServer::Impl::process(Connection* conn) {
     size_t avail = conn->in.size() - conn->in_pos;
     if (avail < kFrameHeaderBytes) break;
     uint32_t len = read_frame_length(conn->in.data() + conn->in_pos);
+    if (!conn->greeted && len > kMaxHandshakeBytes) {
+      // Most likely some other protocol (an HTTP probe, a port scanner): say so.
+      close(conn, absl::StrCat("not a ferry store client: its first message claims ", len,
+                               " bytes, a handshake has at most ", kMaxHandshakeBytes));
+      return;
+    }
     if (len > options_.max_message_bytes) {
       close(conn, absl::StrCat("request of ", len, " bytes exceeds the limit of ", options_.max_message_bytes,
                                " bytes"));
