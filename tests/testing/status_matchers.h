@@ -34,6 +34,9 @@ MATCHER_P2(StatusIs, code, message_matcher,
          ::testing::Matches(::testing::Matcher<std::string>(message_matcher))(std::string(s.message()));
 }
 
+// StatusIs(code): any message.
+inline auto StatusIs(absl::StatusCode code) { return StatusIs(code, ::testing::A<std::string>()); }
+
 MATCHER(IsOk, "is OK") {
   const absl::Status& s = ::ferry::testing::get_status(arg);
   *result_listener << "status is " << s.ToString();

@@ -1,0 +1,171 @@
+#include <cstring>
+
+#include "gtest/gtest.h"
+#include "serialization/error.h"
+#include "serialization/message.h"
+#include "serialization/types.h"
+#include "tests/testing/status_matchers.h"
+
+namespace ferry {
+namespace {
+
+using ::ferry::testing::StatusIs;
+using ::testing::HasSubstr;
+
+struct Point {
+  int32_t x = 0;
+  double y = 0;
+  std::vector<std::string> tags;
+  template <class Archive>
+  void serialize(Archive& ar) {
+    ar(x, y, tags);
+  }
+  friend bool operator==(const Point&, const Point&) = default;
+};
+
+// Seals and re-parses, as the transport would.
+Message over_the_wire(Message m) {
+  std::vector<Tensor> tensors = m.tensors();
+  std::string wire = m.seal();
+  absl::StatusOr<Message> back = Message::parse(std::move(wire), std::move(tensors));
+  EXPECT_TRUE(back.ok()) << back.status();
+  return *std::move(back);
+}
+
+TEST(Message, HeaderRoundTrips) {
+  Message m(MessageType::kError, 0x0123456789abcdefULL);
+  m.buffer() += "payload";
+  Message back = over_the_wire(std::move(m));
+  EXPECT_EQ(back.type(), MessageType::kError);
+  EXPECT_EQ(back.id(), 0x0123456789abcdefULL);
+  EXPECT_EQ(back.payload(), "payload");
+}
+
+TEST(Message, RejectsBadHeaders) {
+  EXPECT_THAT(Message::parse("short", {}), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("shorter than its 16-byte header")));
+  std::string garbage(32, 'x');
+  EXPECT_THAT(Message::parse(garbage, {}), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("not a ferry message")));
+  Message m(MessageType::kRequest, 1);
+  std::string wire = m.seal();
+  wire[2] = 9;
+  EXPECT_THAT(Message::parse(wire, {}), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("wire version 9")));
+  wire[2] = Message::kVersion;
+  wire[3] = 77;
+  EXPECT_THAT(Message::parse(wire, {}), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("unknown type 77")));
+}
+
+TEST(Payload, ValuesOfEveryKindRoundTrip) {
+  Message m(MessageType::kResponse, 1);
+  std::map<std::string, std::optional<std::tuple<int64_t, bool>>> nested = {{"a", std::make_tuple(int64_t{5}, true)},
+                                                                           {"b", std::nullopt}};
+  Point p{3, 2.5, {"u", "v"}};
+  {
+    PayloadWriter w(m);
+    w(int8_t{-1}, uint64_t{1} << 60, 1.5f, std::string("hello"), nested, p);
+  }
+  Message back = over_the_wire(std::move(m));
+  auto v = read_payload<int8_t, uint64_t, float, std::string, decltype(nested), Point>(back);
+  ASSERT_OK(v.status());
+  EXPECT_EQ(std::get<0>(*v), -1);
+  EXPECT_EQ(std::get<1>(*v), uint64_t{1} << 60);
+  EXPECT_EQ(std::get<2>(*v), 1.5f);
+  EXPECT_EQ(std::get<3>(*v), "hello");
+  EXPECT_EQ(std::get<4>(*v), nested);
+  EXPECT_EQ(std::get<5>(*v), p);
+}
+
+TEST(Payload, SmallTensorsInlineLargeOnesInTheTable) {
+  Tensor small = Tensor::from_vector<float>({1, 2, 3});
+  Tensor large = *Tensor::zeros({kDefaultInlineTensorBytes / 4 + 1}, DType::kFloat32);
+  Message m(MessageType::kRequest, 1);
+  {
+    PayloadWriter w(m);
+    w(small, large, Tensor());
+  }
+  ASSERT_EQ(m.tensors().size(), 1u);
+  EXPECT_EQ(m.tensors()[0].data(), large.data()) << "a table tensor must not be copied";
+  Message back = over_the_wire(std::move(m));
+  auto v = read_payload<Tensor, Tensor, Tensor>(back);
+  ASSERT_OK(v.status());
+  EXPECT_TRUE(std::get<0>(*v).equal(small));
+  EXPECT_TRUE(std::get<1>(*v).equal(large));
+  EXPECT_FALSE(std::get<2>(*v).defined());
+}
+
+TEST(Payload, TruncatedOrHostileInputIsAnErrorNotACrash) {
+  Message m(MessageType::kResponse, 1);
+  {
+    PayloadWriter w(m);
+    w(std::string("hello world"), int64_t{7});
+  }
+  std::string wire = m.seal();
+  // Every truncation point decodes to an error.
+  for (size_t cut = Message::kHeaderSize; cut < wire.size(); ++cut) {
+    Message part = *Message::parse(wire.substr(0, cut), {});
+    EXPECT_THAT((read_payload<std::string, int64_t>(part)), StatusIs(absl::StatusCode::kInvalidArgument)) << cut;
+  }
+  // A huge declared string length does not allocate: it exceeds the bytes present.
+  Message hostile(MessageType::kResponse, 1);
+  uint64_t huge = uint64_t{1} << 62;
+  hostile.buffer().append(reinterpret_cast<const char*>(&huge), 8);
+  EXPECT_THAT(read_payload<std::string>(hostile),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("declares 4611686018427387904 elements")));
+  // Trailing bytes are reported.
+  Message extra = *Message::parse(wire + "zz", {});
+  EXPECT_THAT((read_payload<std::string, int64_t>(extra)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("2 unexpected bytes")));
+  // A bool byte that is neither 0 nor 1.
+  Message bad_bool(MessageType::kResponse, 1);
+  bad_bool.buffer().push_back(7);
+  EXPECT_THAT(read_payload<bool>(bad_bool), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("invalid bool")));
+}
+
+TEST(Payload, BadTensorRecordsAreErrors) {
+  Tensor large = *Tensor::zeros({64 * 1024}, DType::kUInt8);
+  Message m(MessageType::kResponse, 1);
+  {
+    PayloadWriter w(m);
+    w(large);
+  }
+  std::string wire = m.seal();
+  // The tensor table is missing.
+  EXPECT_THAT(read_payload<Tensor>(*Message::parse(wire, {})),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tensor table index 0 out of range (0 tensors")));
+  // The received buffer has the wrong size.
+  Tensor wrong = *Tensor::zeros({10}, DType::kUInt8);
+  EXPECT_THAT(read_payload<Tensor>(*Message::parse(wire, {wrong})),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("declares 65536 bytes but 10 were received")));
+  // An invalid dtype byte.
+  std::string bad = wire;
+  bad[Message::kHeaderSize + 1] = 42;
+  EXPECT_THAT(read_payload<Tensor>(*Message::parse(bad, {large})),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("invalid dtype 42")));
+  // A negative dimension.
+  std::string neg = wire;
+  int64_t minus = -5;
+  std::memcpy(neg.data() + Message::kHeaderSize + 6, &minus, 8);
+  EXPECT_THAT(read_payload<Tensor>(*Message::parse(neg, {large})),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("negative dimension")));
+}
+
+TEST(ErrorMessage, CarriesCodeAndText) {
+  Message m = make_error_message(9, "worker3", absl::NotFoundError("worker3: no function named \"f\""));
+  EXPECT_EQ(m.type(), MessageType::kError);
+  EXPECT_EQ(m.id(), 9u);
+  Message back = over_the_wire(std::move(m));
+  EXPECT_THAT(error_from_message(back), StatusIs(absl::StatusCode::kNotFound, "worker3: no function named \"f\""));
+  Message broken(MessageType::kError, 1);
+  broken.buffer() += "\x01";
+  EXPECT_THAT(error_from_message(broken), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("error payload")));
+}
+
+TEST(Signature, NamesTypes) {
+  EXPECT_EQ((signature<int64_t, const std::string&, std::vector<Tensor>>()), "(int64, string, vector<Tensor>)");
+  EXPECT_EQ((signature<std::map<std::string, std::optional<double>>, std::tuple<int8_t, bool>>()),
+            "(map<string, optional<float64>>, tuple<int8, bool>)");
+  EXPECT_EQ(signature<>(), "()");
+  EXPECT_EQ(signature<Point>(), "(ferry::(anonymous namespace)::Point)");
+}
+
+}  // namespace
+}  // namespace ferry
