@@ -1,0 +1,71 @@
+// File: process_group/internal/header.h
+//
+// The small fixed-size header every rank contributes before a collective moves any
+// data. All ranks all-gather their headers and run the same check over the same
+// headers, so a mismatch (another collective, shape, dtype, root or reduce op), or a
+// rank whose own arguments were rejected, fails every rank at once with one message
+// instead of a hang or undefined behaviour inside Gloo.
+//
+//   CollectiveHeader h = make_header(CollectiveKind::kAllReduce, &tensor, 0, ReduceOp::kSum, absl::OkStatus());
+//   std::vector<CollectiveHeader> all = ...;   // all-gathered
+//   FERRY_RETURN_IF_ERROR(check_headers(all, local_error));
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "process_group/process_group.h"
+#include "tensor/tensor.h"
+
+namespace ferry::internal {
+
+enum class CollectiveKind : uint8_t {
+  kBroadcast = 1,
+  kAllReduce = 2,
+  kReduce = 3,
+  kAllGather = 4,
+  kGather = 5,
+  kScatter = 6,
+  kBarrier = 7,
+  kAllGatherBytes = 8,
+};
+const char* collective_name(CollectiveKind kind);
+
+// Trivially copyable; travels as raw bytes between ranks of one build.
+struct CollectiveHeader {
+  static constexpr uint32_t kMagic = 0x46505247;  // "FPRG"
+  static constexpr int kMaxDims = 8;
+  static constexpr size_t kMaxError = 160;
+
+  uint32_t magic = kMagic;
+  uint8_t kind = 0;
+  uint8_t dtype = 0;
+  uint8_t reduce_op = 0;
+  uint8_t has_error = 0;
+  int32_t root = 0;
+  int32_t ndim = 0;
+  int64_t numel = 0;
+  uint64_t shape_hash = 0;
+  int64_t dims[kMaxDims] = {};
+  char error[kMaxError] = {};
+};
+static_assert(sizeof(CollectiveHeader) == 256);
+
+// The header for this rank. `tensor` may be null (barrier, bytes); for
+// kAllGatherBytes, `numel` carries the byte count instead. A non-OK `local_error` is
+// carried (truncated) so the other ranks can say which rank failed and why.
+CollectiveHeader make_header(CollectiveKind kind, const Tensor* tensor, int root, ReduceOp op,
+                             const absl::Status& local_error, int64_t numel = 0);
+
+// The outcome every rank reaches from the same headers (index = group rank). A rank
+// whose own arguments failed gets its own error back; the others get an error naming
+// the first such rank. Otherwise fields that must agree are compared with rank 0's.
+absl::Status check_headers(const std::vector<CollectiveHeader>& headers, const absl::Status& local_error);
+
+// "[4, 3]"; for more than kMaxDims dimensions, the first ones and a count.
+std::string header_shape_string(const CollectiveHeader& h);
+
+}  // namespace ferry::internal
