@@ -13,6 +13,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "agents/buffer_pool.h"
 #include "agents/thread_pool.h"
 #include "base/logging.h"
 #include "base/status.h"
@@ -37,6 +38,10 @@ struct Choice {
 constexpr Choice kTransports[] = {{"shm", 200, true}, {"ibv", 100, true}, {"uv", 0, true}};
 constexpr Choice kChannels[] = {{"xth", 1400, true}, {"cma", 1200, true}, {"mpt_uv", 800, false}, {"basic", 0, true}};
 constexpr int kMptLanes = 2;
+// Receive buffers at least this large come from the agent's BufferPool; smaller ones
+// are cheap to allocate and rarely page-fault.
+constexpr size_t kPooledBufferBytes = 64 * 1024;
+constexpr size_t kMaxCachedReceiveBytes = size_t{512} << 20;
 
 std::string tp_error_string(const tp::Error& error) { return error.what(); }
 
@@ -133,6 +138,7 @@ struct TensorPipeAgent::Impl : std::enable_shared_from_this<TensorPipeAgent::Imp
   std::vector<std::shared_ptr<tp::Pipe>> server_pipes;  // guarded by server_mu
 
   std::unique_ptr<internal::ThreadPool> pool;
+  std::shared_ptr<internal::BufferPool> buffers = internal::BufferPool::create(kMaxCachedReceiveBytes);
   std::thread timer;
   std::mutex timer_mu;
   std::condition_variable timer_cv;
@@ -161,9 +167,18 @@ struct TensorPipeAgent::Impl : std::enable_shared_from_this<TensorPipeAgent::Imp
   void read_message(const std::shared_ptr<tp::Pipe>& pipe, Done done);
 };
 
+namespace {
+absl::StatusOr<Tensor> receive_buffer(const std::shared_ptr<internal::BufferPool>& pool, size_t length) {
+  if (length < kPooledBufferBytes) return Tensor::empty({static_cast<int64_t>(length)}, DType::kUInt8);
+  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<void> storage, pool->get(length));
+  return Tensor::from_blob(std::move(storage), {static_cast<int64_t>(length)}, DType::kUInt8);
+}
+}  // namespace
+
 template <typename Done>
 void TensorPipeAgent::Impl::read_message(const std::shared_ptr<tp::Pipe>& pipe, Done done) {
-  pipe->readDescriptor([pipe, done = std::move(done)](const tp::Error& error, tp::Descriptor descriptor) mutable {
+  pipe->readDescriptor([pipe, pool = buffers, done = std::move(done)](const tp::Error& error,
+                                                                      tp::Descriptor descriptor) mutable {
     if (error) {
       done(absl::UnavailableError(tp_error_string(error)));
       return;
@@ -173,7 +188,7 @@ void TensorPipeAgent::Impl::read_message(const std::shared_ptr<tp::Pipe>& pipe, 
     buffers.reserve(descriptor.tensors.size());
     allocation.tensors.reserve(descriptor.tensors.size());
     for (const tp::Descriptor::Tensor& t : descriptor.tensors) {
-      absl::StatusOr<Tensor> buffer = Tensor::empty({static_cast<int64_t>(t.length)}, DType::kUInt8);
+      absl::StatusOr<Tensor> buffer = receive_buffer(pool, t.length);
       if (!buffer.ok()) {
         // Out of memory: the pipe cannot skip the bytes, so it is unusable from here.
         FERRY_LOG(ERROR) << "cannot allocate a " << t.length << "-byte receive buffer: " << buffer.status();
@@ -697,6 +712,8 @@ std::map<std::string, std::string> TensorPipeAgent::debug_info() const {
       {"requests_served", std::to_string(impl.requests_served.load())},
       {"num_worker_threads", std::to_string(impl.pool ? impl.pool->size() : 0)},
       {"queued_requests", std::to_string(impl.pool ? impl.pool->queued() : 0)},
+      {"receive_buffer_hits", std::to_string(impl.buffers->hits())},
+      {"receive_buffer_misses", std::to_string(impl.buffers->misses())},
       {"transports", absl::StrJoin(impl.transport_names, ",")},
       {"channels", absl::StrJoin(impl.channel_names, ",")},
   };
