@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "agents/buffer_pool.h"
+#include "agents/cuda_staging.h"
 #include "agents/thread_pool.h"
 #include "base/logging.h"
 #include "base/status.h"
@@ -156,7 +157,14 @@ struct TensorPipeAgent::Impl : std::enable_shared_from_this<TensorPipeAgent::Imp
   void accept_next();
   void read_request(std::shared_ptr<ServerPipe> server);
   void read_reply(Peer* peer);
-  void write(const std::shared_ptr<tp::Pipe>& pipe, Message message, std::function<void(const tp::Error&)> done);
+  // Sends `message` on `pipe`; CUDA tensors go through `map` (towards `peer`). Errors
+  // (nothing is sent): a CUDA tensor the map cannot place.
+  absl::Status write(const std::shared_ptr<tp::Pipe>& pipe, Message message, const DeviceMap* map,
+                     std::string_view peer, std::function<void(const tp::Error&)> done);
+  const DeviceMap* map_towards(const DeviceMaps& maps, const std::string& peer) const {
+    auto it = maps.find(peer);
+    return it == maps.end() ? nullptr : &it->second;
+  }
   void complete(Peer* peer, uint64_t id, absl::StatusOr<Message> result);
   void fail_peer(Peer* peer, absl::Status status);
   void run_timer();
@@ -180,11 +188,13 @@ void TensorPipeAgent::Impl::read_message(const std::shared_ptr<tp::Pipe>& pipe, 
   pipe->readDescriptor([pipe, pool = buffers, done = std::move(done)](const tp::Error& error,
                                                                       tp::Descriptor descriptor) mutable {
     if (error) {
-      done(absl::UnavailableError(tp_error_string(error)));
+      done(absl::UnavailableError(tp_error_string(error)), absl::OkStatus());
       return;
     }
     tp::Allocation allocation;
     std::vector<Tensor> buffers;
+    std::vector<std::string> targets;
+    targets.reserve(descriptor.tensors.size());
     buffers.reserve(descriptor.tensors.size());
     allocation.tensors.reserve(descriptor.tensors.size());
     for (const tp::Descriptor::Tensor& t : descriptor.tensors) {
@@ -193,39 +203,46 @@ void TensorPipeAgent::Impl::read_message(const std::shared_ptr<tp::Pipe>& pipe, 
         // Out of memory: the pipe cannot skip the bytes, so it is unusable from here.
         FERRY_LOG(ERROR) << "cannot allocate a " << t.length << "-byte receive buffer: " << buffer.status();
         pipe->close();
-        done(buffer.status());
+        done(buffer.status(), absl::OkStatus());
         return;
       }
       allocation.tensors.push_back(tp::Allocation::Tensor{tp::CpuBuffer{buffer->data()}});
+      targets.push_back(t.metadata);
       buffers.push_back(*std::move(buffer));
     }
     pipe->read(std::move(allocation), [metadata = std::move(descriptor.metadata), buffers = std::move(buffers),
-                                       done = std::move(done)](const tp::Error& error) mutable {
+                                       targets = std::move(targets), done = std::move(done)](const tp::Error& error) mutable {
       if (error) {
-        done(absl::UnavailableError(tp_error_string(error)));
+        done(absl::UnavailableError(tp_error_string(error)), absl::OkStatus());
         return;
       }
-      done(Message::parse(std::move(metadata), std::move(buffers)));
+      // A buffer that cannot land on its device fails this message only, not the pipe.
+      absl::Status landed = internal::land_incoming(buffers, targets);
+      done(Message::parse(std::move(metadata), std::move(buffers)), landed);
     });
   });
 }
 
-void TensorPipeAgent::Impl::write(const std::shared_ptr<tp::Pipe>& pipe, Message message,
-                                  std::function<void(const tp::Error&)> done) {
+absl::Status TensorPipeAgent::Impl::write(const std::shared_ptr<tp::Pipe>& pipe, Message message, const DeviceMap* map,
+                                          std::string_view peer, std::function<void(const tp::Error&)> done) {
   tp::Message out;
   std::vector<Tensor> tensors = std::move(message.tensors());
+  std::vector<std::string> targets;
+  FERRY_RETURN_IF_ERROR(internal::stage_outgoing(tensors, targets, map, peer));
   out.metadata = message.seal();
   out.tensors.reserve(tensors.size());
-  for (const Tensor& t : tensors) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
     tp::Message::Tensor tt;
-    tt.buffer = tp::CpuBuffer{t.data()};
-    tt.length = t.nbytes();
+    tt.buffer = tp::CpuBuffer{tensors[i].data()};
+    tt.length = tensors[i].nbytes();
+    tt.metadata = std::move(targets[i]);
     out.tensors.push_back(std::move(tt));
   }
   // The tensors' storage must live until TensorPipe is done with it.
   pipe->write(std::move(out), [tensors = std::move(tensors), done = std::move(done)](const tp::Error& error) {
     done(error);
   });
+  return absl::OkStatus();
 }
 
 absl::Status TensorPipeAgent::Impl::start() {
@@ -406,7 +423,7 @@ void TensorPipeAgent::Impl::accept_next() {
 void TensorPipeAgent::Impl::read_request(std::shared_ptr<ServerPipe> server) {
   std::weak_ptr<Impl> weak = weak_from_this();
   std::shared_ptr<tp::Pipe> pipe = server->pipe;
-  read_message(pipe, [weak, server = std::move(server)](absl::StatusOr<Message> request) mutable {
+  read_message(pipe, [weak, server = std::move(server)](absl::StatusOr<Message> request, absl::Status landed) mutable {
     std::shared_ptr<Impl> impl = weak.lock();
     if (!impl) return;
     if (!request.ok()) {
@@ -421,7 +438,8 @@ void TensorPipeAgent::Impl::read_request(std::shared_ptr<ServerPipe> server) {
     impl->read_request(server);
     if (request->type() == MessageType::kPing) {
       // Answered here: no user code runs, so the loop thread may do it.
-      impl->write(server->pipe, Message(MessageType::kResponse, request->id()), [](const tp::Error&) {});
+      (void)impl->write(server->pipe, Message(MessageType::kResponse, request->id()), nullptr, server->from.name,
+                        [](const tp::Error&) {});
       return;
     }
     if (request->type() != MessageType::kRequest) {
@@ -429,25 +447,38 @@ void TensorPipeAgent::Impl::read_request(std::shared_ptr<ServerPipe> server) {
                          << " message from " << server->from.name << " on a request pipe";
       return;
     }
-    impl->pool->post([weak, server, request = *std::move(request)]() {
+    impl->pool->post([weak, server, landed, request = *std::move(request)]() {
       std::shared_ptr<Impl> impl = weak.lock();
       if (!impl) return;
-      Message reply = impl->handler(request, server->from);
+      Message reply = landed.ok() ? impl->handler(request, server->from)
+                                  : make_error_message(request.id(), impl->self.name,
+                                                       absl::Status(landed.code(), absl::StrCat(impl->self.name, ": ",
+                                                                                                landed.message())));
       reply.set_id(request.id());
       impl->requests_served.fetch_add(1, std::memory_order_relaxed);
-      impl->write(server->pipe, std::move(reply), [weak, from = server->from.name](const tp::Error& error) {
+      auto done = [weak, from = server->from.name](const tp::Error& error) {
         std::shared_ptr<Impl> impl = weak.lock();
         if (error && impl && !impl->shut_down.load()) {
           FERRY_LOG(INFO) << impl->self.name << ": reply to " << from << " not delivered: " << error.what();
         }
-      });
+      };
+      const DeviceMap* map = impl->map_towards(impl->options.reverse_device_maps, server->from.name);
+      absl::Status sent = impl->write(server->pipe, std::move(reply), map, server->from.name, done);
+      if (!sent.ok()) {
+        // The result holds a tensor that cannot travel back: the caller gets why.
+        (void)impl->write(server->pipe,
+                          make_error_message(request.id(), impl->self.name,
+                                             absl::Status(sent.code(), absl::StrCat(impl->self.name, ": the reply ",
+                                                                                    "cannot be sent: ", sent.message()))),
+                          nullptr, server->from.name, done);
+      }
     });
   });
 }
 
 void TensorPipeAgent::Impl::read_reply(Peer* peer) {
   std::weak_ptr<Impl> weak = weak_from_this();
-  read_message(peer->pipe, [weak, peer](absl::StatusOr<Message> reply) {
+  read_message(peer->pipe, [weak, peer](absl::StatusOr<Message> reply, absl::Status landed) {
     std::shared_ptr<Impl> impl = weak.lock();
     if (!impl) return;
     if (!reply.ok()) {
@@ -465,7 +496,9 @@ void TensorPipeAgent::Impl::read_reply(Peer* peer) {
     }
     impl->read_reply(peer);
     uint64_t id = reply->id();
-    if (reply->type() == MessageType::kError) {
+    if (!landed.ok()) {
+      impl->complete(peer, id, landed);
+    } else if (reply->type() == MessageType::kError) {
       impl->complete(peer, id, error_from_message(*reply));
     } else if (reply->type() == MessageType::kResponse) {
       impl->complete(peer, id, *std::move(reply));
@@ -593,14 +626,17 @@ Future<Message> TensorPipeAgent::send(int to, Message message, std::optional<std
   impl.in_flight.fetch_add(1, std::memory_order_relaxed);
   if (t.count() > 0) impl.with_deadline.fetch_add(1, std::memory_order_relaxed);
   std::weak_ptr<Impl> weak = impl_;
-  impl.write(peer->pipe, std::move(message), [weak, peer, id](const tp::Error& error) {
-    if (!error) return;
-    std::shared_ptr<Impl> impl = weak.lock();
-    if (!impl) return;
-    impl->complete(peer, id,
-                   absl::UnavailableError(absl::StrCat("sending to worker \"", peer->info.name,
-                                                       "\" failed: ", error.what())));
-  });
+  absl::Status sent = impl.write(peer->pipe, std::move(message), impl.map_towards(impl.options.device_maps, peer->info.name),
+                                 peer->info.name, [weak, peer, id](const tp::Error& error) {
+                                   if (!error) return;
+                                   std::shared_ptr<Impl> impl = weak.lock();
+                                   if (!impl) return;
+                                   impl->complete(peer, id,
+                                                  absl::UnavailableError(absl::StrCat("sending to worker \"",
+                                                                                      peer->info.name,
+                                                                                      "\" failed: ", error.what())));
+                                 });
+  if (!sent.ok()) impl.complete(peer, id, sent);
   return future;
 }
 
