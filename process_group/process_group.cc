@@ -261,7 +261,7 @@ class ProcessGroup::Impl {
     op->header = internal::make_header(CollectiveKind::kBroadcast, &host, static_cast<int>(op->seq), ReduceOp::kSum,
                                        absl::OkStatus());
     op->header.kind = kP2PKind;
-    FERRY_RETURN_IF_ERROR(guarded(name, [&] {
+    absl::Status posted = guarded(name, [&] {
       op->header_buf = context_->createUnboundBuffer(&op->header, sizeof(CollectiveHeader));
       if (!register_buffer(op->header_buf.get())) return cancelled(name);
       op->header_buf->send(dst, p2p_header_slot(tag));
@@ -271,7 +271,11 @@ class ProcessGroup::Impl {
         op->data_buf->send(dst, p2p_data_slot(tag, op->seq));
       }
       return absl::OkStatus();
-    }));
+    });
+    if (!posted.ok()) {
+      op->release(*this);
+      return posted;
+    }
     return [this, op, name]() -> absl::Status {
       absl::Status s = guarded(name, [&] {
         FERRY_RETURN_IF_ERROR(wait_send(name, op->header_buf.get()));
@@ -288,7 +292,7 @@ class ProcessGroup::Impl {
   absl::StatusOr<std::function<absl::StatusOr<int>()>> post_recv(const std::string& name, const Tensor& tensor,
                                                                  std::optional<int> src, uint32_t tag) {
     auto op = std::make_shared<P2POp>();
-    FERRY_RETURN_IF_ERROR(guarded(name, [&] {
+    absl::Status posted = guarded(name, [&] {
       op->header_buf = context_->createUnboundBuffer(&op->header, sizeof(CollectiveHeader));
       if (!register_buffer(op->header_buf.get())) return cancelled(name);
       if (src.has_value()) {
@@ -301,7 +305,11 @@ class ProcessGroup::Impl {
         op->header_buf->recv(others, p2p_header_slot(tag));
       }
       return absl::OkStatus();
-    }));
+    });
+    if (!posted.ok()) {
+      op->release(*this);
+      return posted;
+    }
     return [this, op, name, tensor, tag]() -> absl::StatusOr<int> {
       int sender = -1;
       absl::Status s = guarded(name, [&] { return finish_recv(name, *op, tensor, tag, &sender); });
