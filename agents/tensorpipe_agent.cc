@@ -411,7 +411,7 @@ void TensorPipeAgent::Impl::accept_next() {
     server->pipe = pipe;
     const std::string& remote = pipe->getRemoteName();
     auto it = impl->ids_by_name.find(remote);
-    server->from = WorkerInfo{remote, it == impl->ids_by_name.end() ? -1 : it->second};
+    server->from = WorkerInfo{remote.empty() ? "(unnamed peer)" : remote, it == impl->ids_by_name.end() ? -1 : it->second};
     {
       std::lock_guard<std::mutex> lock(impl->server_mu);
       impl->server_pipes.push_back(pipe);
@@ -753,6 +753,12 @@ std::map<std::string, std::string> TensorPipeAgent::debug_info() const {
       {"transports", absl::StrJoin(impl.transport_names, ",")},
       {"channels", absl::StrJoin(impl.channel_names, ",")},
   };
+}
+
+std::map<std::string, std::string> TensorPipeAgent::addresses() const {
+  std::map<std::string, std::string> out;
+  for (const std::string& t : impl_->transport_names) out[t] = impl_->listener->url(t);
+  return out;
 }
 
 std::vector<std::string> TensorPipeAgent::transports() const { return impl_->transport_names; }

@@ -66,7 +66,8 @@ class TensorPipeAgent final : public RpcAgent {
                                                                   RequestHandler handler);
   ~TensorPipeAgent() override;
 
-  Future<Message> send(int to, Message message, std::optional<std::chrono::milliseconds> timeout) override;
+  Future<Message> send(int to, Message message,
+                       std::optional<std::chrono::milliseconds> timeout = std::nullopt) override;
   const WorkerInfo& self() const override;
   absl::StatusOr<WorkerInfo> worker_info(std::string_view name) const override;
   absl::StatusOr<WorkerInfo> worker_info(int id) const override;
@@ -80,6 +81,9 @@ class TensorPipeAgent final : public RpcAgent {
   // Sends a ping to every worker (itself too) and waits for all the replies, so every
   // pipe and channel is connected. Pings are answered by the agent, never by user code.
   absl::Status ping_all(std::chrono::milliseconds timeout);
+
+  // The URL this agent listens on, per transport ("uv" -> "tcp://127.0.0.1:41234").
+  std::map<std::string, std::string> addresses() const;
 
   // The transport and channel names this agent registered, in priority order.
   std::vector<std::string> transports() const;

@@ -1,0 +1,142 @@
+// TensorPipeAgent in one process: several agents side by side, and a raw TensorPipe
+// client sending what a ferry worker never would.
+#include "agents/tensorpipe_agent.h"
+
+#include <future>
+#include <thread>
+
+#include <tensorpipe/tensorpipe.h>
+
+#include "gtest/gtest.h"
+#include "serialization/error.h"
+#include "store/hash_store.h"
+#include "tests/testing/status_matchers.h"
+
+namespace ferry {
+namespace {
+
+using ::ferry::testing::StatusIs;
+using ::testing::HasSubstr;
+
+// Replies with the request's payload and tensors, from the worker named `name`.
+RequestHandler echo_handler(std::string name) {
+  return [name](const Message& request, const WorkerInfo& from) {
+    Message reply(MessageType::kResponse, request.id());
+    reply.buffer() += std::string(request.payload()) + " from " + from.name + " via " + name;
+    reply.tensors() = request.tensors();
+    return reply;
+  };
+}
+
+std::vector<std::shared_ptr<TensorPipeAgent>> start_group(int n, TensorPipeAgentOptions options = {}) {
+  auto store = std::make_shared<HashStore>(std::chrono::seconds(20));
+  std::vector<std::future<absl::StatusOr<std::shared_ptr<TensorPipeAgent>>>> starting;
+  for (int r = 0; r < n; ++r) {
+    starting.push_back(std::async(std::launch::async, [=] {
+      std::string name = "a" + std::to_string(r);
+      return TensorPipeAgent::create(store, name, r, n, options, echo_handler(name));
+    }));
+  }
+  std::vector<std::shared_ptr<TensorPipeAgent>> agents;
+  for (auto& f : starting) {
+    auto agent = f.get();
+    EXPECT_TRUE(agent.ok()) << agent.status();
+    if (agent.ok()) agents.push_back(*agent);
+  }
+  return agents;
+}
+
+TEST(TensorPipeAgent, SeveralAgentsInOneProcess) {
+  auto agents = start_group(3);
+  ASSERT_EQ(agents.size(), 3u);
+  for (auto& from : agents) {
+    for (int to = 0; to < 3; ++to) {
+      Message m(MessageType::kRequest, 0);
+      m.buffer() += "hi";
+      m.tensors().push_back(*Tensor::zeros({100000}, DType::kUInt8));
+      absl::StatusOr<Message> reply = from->send(to, std::move(m)).result();
+      ASSERT_OK(reply.status());
+      EXPECT_EQ(reply->payload(), "hi from " + from->self().name + " via a" + std::to_string(to));
+      ASSERT_EQ(reply->tensors().size(), 1u);
+      EXPECT_EQ(reply->tensors()[0].nbytes(), 100000u);
+    }
+  }
+  EXPECT_THAT(agents[0]->send(7, Message()).result(), StatusIs(absl::StatusCode::kNotFound, HasSubstr("id 7")));
+  EXPECT_THAT(agents[0]->worker_info("zz"), StatusIs(absl::StatusCode::kNotFound, HasSubstr("\"zz\"")));
+  EXPECT_EQ(agents[1]->worker_info("a2")->id, 2);
+  EXPECT_EQ(agents[1]->worker_infos().size(), 3u);
+  std::vector<std::thread> joiners;
+  for (auto& a : agents) joiners.emplace_back([&a] { EXPECT_OK(a->join(std::chrono::seconds(20))); });
+  for (auto& t : joiners) t.join();
+  for (auto& a : agents) a->shutdown();
+  EXPECT_THAT(agents[0]->send(1, Message()).result(), StatusIs(absl::StatusCode::kCancelled));
+}
+
+TEST(TensorPipeAgent, RejectsBadOptions) {
+  auto store = std::make_shared<HashStore>();
+  TensorPipeAgentOptions options;
+  options.transports = std::vector<std::string>{"carrier-pigeon"};
+  EXPECT_THAT(TensorPipeAgent::create(store, "a0", 0, 1, options, echo_handler("a0")),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("unknown transport \"carrier-pigeon\" (expected one of: shm, ibv, uv)")));
+  options = {};
+  options.channels = std::vector<std::string>{"telepathy"};
+  EXPECT_THAT(TensorPipeAgent::create(store, "a0", 0, 1, options, echo_handler("a0")),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unknown channel \"telepathy\"")));
+  options = {};
+  options.num_worker_threads = 0;
+  EXPECT_THAT(TensorPipeAgent::create(store, "a0", 0, 1, options, echo_handler("a0")),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("num_worker_threads must be at least 1")));
+  EXPECT_THAT(TensorPipeAgent::create(store, "a0", 1, 1, {}, echo_handler("a0")),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rank 1 out of range")));
+  EXPECT_THAT(TensorPipeAgent::create(store, "", 0, 1, {}, echo_handler("")),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("empty")));
+}
+
+TEST(TensorPipeAgent, DuplicateNamesAndMissingPeersAreErrors) {
+  auto store = std::make_shared<HashStore>();
+  TensorPipeAgentOptions options;
+  options.init_timeout = std::chrono::milliseconds(300);
+  // Rank 1 never shows up.
+  EXPECT_THAT(TensorPipeAgent::create(store, "a0", 0, 2, options, echo_handler("a0")),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("waiting for every worker to publish")));
+  auto twin_store = std::make_shared<HashStore>(std::chrono::seconds(20));
+  auto first = std::async(std::launch::async,
+                          [&] { return TensorPipeAgent::create(twin_store, "same", 0, 2, {}, echo_handler("same")); });
+  auto second = TensorPipeAgent::create(twin_store, "same", 1, 2, {}, echo_handler("same"));
+  EXPECT_THAT(second, StatusIs(absl::StatusCode::kInvalidArgument,
+                               HasSubstr("worker name \"same\" is used by both rank 0 and rank 1")));
+  EXPECT_THAT(first.get(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("used by both")));
+}
+
+TEST(TensorPipeAgent, GarbageFromARawClientClosesOnlyThatPipe) {
+  auto agents = start_group(1);
+  ASSERT_EQ(agents.size(), 1u);
+  std::string url = agents[0]->addresses().at("uv");
+
+  auto context = std::make_shared<tensorpipe::Context>();
+  context->registerTransport(0, "uv", tensorpipe::transport::uv::create());
+  context->registerChannel(0, "basic", tensorpipe::channel::basic::create());
+  std::shared_ptr<tensorpipe::Pipe> pipe = context->connect(url);
+  tensorpipe::Message garbage;
+  garbage.metadata = "this is not a ferry message at all";
+  std::promise<bool> closed;
+  pipe->write(std::move(garbage), [](const tensorpipe::Error&) {});
+  pipe->readDescriptor([&](const tensorpipe::Error& error, tensorpipe::Descriptor) { closed.set_value(bool(error)); });
+  auto verdict = closed.get_future();
+  ASSERT_EQ(verdict.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_TRUE(verdict.get()) << "the agent should close a pipe that sends garbage";
+
+  // The agent still serves everyone else.
+  Message m(MessageType::kRequest, 0);
+  m.buffer() += "still";
+  absl::StatusOr<Message> reply = agents[0]->send(0, std::move(m)).result();
+  ASSERT_OK(reply.status());
+  EXPECT_EQ(reply->payload(), "still from a0 via a0");
+  context->close();
+  context->join();
+  agents[0]->shutdown();
+}
+
+}  // namespace
+}  // namespace ferry
