@@ -1,5 +1,5 @@
 // process_group_bench: all_reduce and all_gather bandwidth of ProcessGroup between N
-// processes on this host (loopback), from 1 KiB to 64 MiB.
+// processes on this host (loopback, 127.0.0.1), from 1 KiB to 64 MiB.
 //
 //   process_group_bench --world-size 4 [--min-bytes 1024] [--max-bytes 67108864]
 //
@@ -8,6 +8,11 @@
 // tensor; the all_gather output, world_size x each rank's input). time is the slowest
 // rank's mean per operation; algbw = bytes / time; busbw scales algbw by what each
 // rank must move: 2(n-1)/n for all_reduce, (n-1)/n for all_gather.
+//
+// Each size is also run on raw Gloo (its own context over the same store and
+// interface, the same algorithms, no ferry layer), interleaved with ferry's runs so
+// that load on the machine hits both alike: the gap is ferry's overhead (the
+// cross-rank argument check, the hop to the group's worker thread).
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,8 +27,14 @@
 #include <string>
 #include <vector>
 
+#include "gloo/allgather.h"
+#include "gloo/allreduce.h"
+#include "gloo/rendezvous/context.h"
+#include "gloo/transport/tcp/device.h"
 #include "process_group/process_group.h"
 #include "store/file_store.h"
+#include "store/gloo_store.h"
+#include "store/prefix_store.h"
 
 namespace {
 
@@ -60,19 +71,44 @@ void check(const absl::Status& s) {
   }
 }
 
+void sum_floats(void* out, const void* a, const void* b, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    static_cast<float*>(out)[i] = static_cast<const float*>(a)[i] + static_cast<const float*>(b)[i];
+  }
+}
+
 int run_rank(const Options& options, const std::string& dir, int rank) {
-  if (std::getenv("FERRY_SOCKET_IFNAME") == nullptr) setenv("FERRY_SOCKET_IFNAME", "lo", 1);
-  absl::StatusOr<std::unique_ptr<ferry::FileStore>> store = ferry::FileStore::create(dir + "/store");
-  check(store.status());
+  absl::StatusOr<std::unique_ptr<ferry::FileStore>> opened = ferry::FileStore::create(dir + "/store");
+  check(opened.status());
+  std::shared_ptr<ferry::Store> store(*std::move(opened));
+  ferry::ProcessGroupOptions pg_options;
+  pg_options.address = "127.0.0.1";
   absl::StatusOr<std::unique_ptr<ferry::ProcessGroup>> created =
-      ferry::ProcessGroup::create(std::shared_ptr<ferry::Store>(*std::move(store)), rank, options.world_size,
-                                  std::chrono::seconds(120));
+      ferry::ProcessGroup::create(store, rank, options.world_size, std::chrono::seconds(120), pg_options);
   check(created.status());
   ferry::ProcessGroup& group = **created;
   const int n = options.world_size;
+
+  // The baseline: a bare Gloo context on the same interface.
+  std::shared_ptr<gloo::rendezvous::Context> raw;
+  try {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = "127.0.0.1";
+    auto device = gloo::transport::tcp::CreateDevice(attr);
+    raw = std::make_shared<gloo::rendezvous::Context>(rank, n);
+    raw->setTimeout(std::chrono::seconds(120));
+    ferry::GlooStore gloo_store(std::make_shared<ferry::PrefixStore>("bench/raw_gloo", store));
+    raw->connectFullMesh(gloo_store, device);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "process_group_bench: raw Gloo setup failed: %s\n", e.what());
+    return 3;
+  }
+  uint32_t raw_tag = 0;
+
   if (rank == 0) {
     std::printf("# ferry process_group_bench: %d processes on loopback (Gloo TCP), float32\n", n);
-    std::printf("| op | bytes | time (us) | algbw (GB/s) | busbw (GB/s) |\n|---|---:|---:|---:|---:|\n");
+    std::printf("| op | bytes | ferry time (us) | Gloo time (us) | ferry busbw (GB/s) | Gloo busbw (GB/s) |\n"
+                "|---|---:|---:|---:|---:|---:|\n");
   }
   for (const char* op_name : {"all_reduce", "all_gather"}) {
     const bool reduce = std::strcmp(op_name, "all_reduce") == 0;
@@ -83,14 +119,48 @@ int run_rank(const Options& options, const std::string& dir, int rank) {
       const int iterations = static_cast<int>(std::clamp<int64_t>((int64_t{512} << 20) / bytes, 5, 200));
       ferry::Tensor input = *ferry::Tensor::zeros({in_elems}, ferry::DType::kFloat32);
       ferry::Tensor output = *ferry::Tensor::zeros({in_elems * n}, ferry::DType::kFloat32);
-      double seconds = reduce ? time_op(group, iterations, [&] { check(group.all_reduce(input)); })
-                              : time_op(group, iterations, [&] { check(group.all_gather_into_tensor(output, input)); });
+      auto ferry_op = [&] {
+        if (reduce) {
+          check(group.all_reduce(input));
+        } else {
+          check(group.all_gather_into_tensor(output, input));
+        }
+      };
+      auto run_gloo = [&] {
+        if (reduce) {
+          gloo::AllreduceOptions opts(raw);
+          opts.setOutput(input.data_ptr<float>(), static_cast<size_t>(in_elems));
+          opts.setReduceFunction(&sum_floats);
+          opts.setTag(raw_tag++);
+          gloo::allreduce(opts);
+        } else {
+          gloo::AllgatherOptions opts(raw);
+          opts.setInput(input.data_ptr<float>(), static_cast<size_t>(in_elems));
+          opts.setOutput(output.data_ptr<float>(), static_cast<size_t>(in_elems * n));
+          opts.setTag(raw_tag++);
+          gloo::allgather(opts);
+        }
+      };
+      auto gloo_op = [&] {
+        try {
+          run_gloo();
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "process_group_bench: Gloo: %s\n", e.what());
+          std::exit(3);
+        }
+      };
+      // Interleaved halves, so a burst of load elsewhere hits both alike.
+      const int half = std::max(1, iterations / 2);
+      double ferry_s = 0, gloo_s = 0;
+      for (int round = 0; round < 2; ++round) {
+        ferry_s += time_op(group, half, ferry_op) / 2;
+        gloo_s += time_op(group, half, gloo_op) / 2;
+      }
       const double moved = static_cast<double>(reduce ? in_elems * 4 : in_elems * 4 * n);
-      const double algbw = moved / seconds / 1e9;
       const double factor = reduce ? 2.0 * (n - 1) / n : static_cast<double>(n - 1) / n;
       if (rank == 0) {
-        std::printf("| %s | %s | %.1f | %.3f | %.3f |\n", op_name, human(static_cast<int64_t>(moved)).c_str(),
-                    seconds * 1e6, algbw, algbw * factor);
+        std::printf("| %s | %s | %.1f | %.1f | %.3f | %.3f |\n", op_name, human(static_cast<int64_t>(moved)).c_str(),
+                    ferry_s * 1e6, gloo_s * 1e6, moved / ferry_s / 1e9 * factor, moved / gloo_s / 1e9 * factor);
         std::fflush(stdout);
       }
     }
