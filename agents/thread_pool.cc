@@ -2,7 +2,7 @@
 
 namespace ferry::internal {
 
-ThreadPool::ThreadPool(int threads) {
+ThreadPool::ThreadPool(int threads, std::chrono::microseconds spin) : spin_(spin) {
   threads_.reserve(static_cast<size_t>(threads));
   for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { run(); });
 }
@@ -15,6 +15,7 @@ bool ThreadPool::post(std::function<void()> task) {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return false;
     tasks_.push_back(std::move(task));
+    queued_.store(tasks_.size(), std::memory_order_release);
     wake = idle_ > 0;
   }
   // Skip the futex call when every thread is busy: one will find the task when done.
@@ -46,6 +47,15 @@ void ThreadPool::run() {
   for (;;) {
     if (tasks_.empty()) {
       if (stopping_) return;
+      if (spin_.count() > 0) {
+        lock.unlock();
+        auto until = std::chrono::steady_clock::now() + spin_;
+        while (queued_.load(std::memory_order_acquire) == 0 && std::chrono::steady_clock::now() < until) {
+          __builtin_ia32_pause();
+        }
+        lock.lock();
+        if (!tasks_.empty() || stopping_) continue;
+      }
       ++idle_;
       cv_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
       --idle_;
@@ -53,6 +63,7 @@ void ThreadPool::run() {
     }
     std::function<void()> task = std::move(tasks_.front());
     tasks_.pop_front();
+    queued_.store(tasks_.size(), std::memory_order_release);
     lock.unlock();
     task();
     lock.lock();

@@ -8,6 +8,8 @@
 //   pool.shutdown();   // runs what is queued, then joins
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -20,7 +22,9 @@ namespace ferry::internal {
 // Thread-safe. The destructor calls shutdown().
 class ThreadPool {
  public:
-  explicit ThreadPool(int threads);
+  // `spin` is how long an idle thread polls for new work before sleeping: waking a
+  // sleeping thread costs several microseconds, polling costs a core while it lasts.
+  explicit ThreadPool(int threads, std::chrono::microseconds spin = std::chrono::microseconds(0));
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
@@ -36,6 +40,8 @@ class ThreadPool {
  private:
   void run();
 
+  const std::chrono::microseconds spin_;
+  std::atomic<size_t> queued_{0};  // tasks_.size(), readable without the lock
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> tasks_;
