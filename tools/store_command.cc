@@ -1,0 +1,228 @@
+// `ferry store`: run a standalone TCPStore server, or poke at one.
+//
+//   ferry store serve --host 0.0.0.0 --port 29500     # prints "listening on 0.0.0.0:29500"
+//   ferry store set  --addr 10.0.0.1:29500 KEY VALUE
+//   ferry store get  --addr 10.0.0.1:29500 KEY [--timeout-ms 5000]
+//   ferry store add  --addr 10.0.0.1:29500 KEY DELTA
+//   ferry store wait --addr 10.0.0.1:29500 KEY... [--timeout-ms 5000]
+//   ferry store keys --addr 10.0.0.1:29500
+//
+// Exit codes as every subcommand: 0 done, 1 the operation failed (timeout, unreachable
+// server), 2 bad usage.
+#include <signal.h>
+
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/numbers.h"
+#include "store/tcp_store.h"
+#include "tools/commands.h"
+
+namespace ferry::tools {
+namespace {
+
+// Options shared by the client subcommands.
+struct ClientOptions {
+  std::string addr;
+  int64_t timeout_ms = 10000;
+};
+
+// Splits "HOST:PORT" or "[V6]:PORT"; false when it is neither.
+bool split_addr(const std::string& addr, std::string* host, uint16_t* port) {
+  size_t colon = addr.rfind(':');
+  if (colon == std::string::npos || colon == 0) return false;
+  std::string h = addr.substr(0, colon);
+  if (h.size() >= 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
+  int p = 0;
+  if (h.empty() || !absl::SimpleAtoi(addr.substr(colon + 1), &p) || p < 1 || p > 65535) return false;
+  *host = h;
+  *port = static_cast<uint16_t>(p);
+  return true;
+}
+
+void fail(const char* op, const absl::Status& status) {
+  std::fprintf(stderr, "ferry store %s: %s\n", op, status.ToString().c_str());
+}
+
+// Connects per the options, or reports why not and sets the exit code.
+std::unique_ptr<TCPStore> connect(const char* op, const ClientOptions& options, ExitCode& exit_code) {
+  std::string host;
+  uint16_t port = 0;
+  if (!split_addr(options.addr, &host, &port)) {
+    std::fprintf(stderr, "ferry store %s: --addr must be HOST:PORT with a port in 1..65535, got '%s'\n", op,
+                 options.addr.c_str());
+    exit_code.set(kExitUsage);
+    return nullptr;
+  }
+  if (options.timeout_ms < 0) {
+    std::fprintf(stderr, "ferry store %s: --timeout-ms must not be negative, got %lld\n", op,
+                 static_cast<long long>(options.timeout_ms));
+    exit_code.set(kExitUsage);
+    return nullptr;
+  }
+  auto store = TCPStore::create(host, port, false, std::nullopt, std::chrono::milliseconds(options.timeout_ms));
+  if (!store.ok()) {
+    fail(op, store.status());
+    exit_code.set(kExitFailed);
+    return nullptr;
+  }
+  return *std::move(store);
+}
+
+CLI::App* add_client_command(CLI::App* parent, const char* name, const char* help, ClientOptions& options) {
+  CLI::App* cmd = parent->add_subcommand(name, help);
+  cmd->add_option("--addr", options.addr, "The store server, HOST:PORT")->required();
+  cmd->add_option("--timeout-ms", options.timeout_ms, "How long to wait, connecting included (ms)")
+      ->capture_default_str();
+  return cmd;
+}
+
+int serve(const std::string& host, int port) {
+  if (port < 0 || port > 65535) {
+    std::fprintf(stderr, "ferry store serve: --port must be in 0..65535, got %d\n", port);
+    return kExitUsage;
+  }
+  // Block the stop signals before the server's thread exists, so it inherits the mask
+  // and this thread alone takes them, in sigwait below.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  TCPStoreServerOptions options;
+  options.host = host;
+  options.port = static_cast<uint16_t>(port);
+  auto server = TCPStoreServer::create(options);
+  if (!server.ok()) {
+    fail("serve", server.status());
+    return kExitFailed;
+  }
+  bool v6 = host.find(':') != std::string::npos;
+  std::printf("listening on %s%s%s:%u\n", v6 ? "[" : "", host.c_str(), v6 ? "]" : "", (*server)->port());
+  std::fflush(stdout);
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  (*server)->shutdown();
+  std::fprintf(stderr, "ferry store serve: stopped by %s\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+  return kExitOk;
+}
+
+void add_store_command(CLI::App& app, ExitCode& exit_code) {
+  CLI::App* store = app.add_subcommand("store", "Run a TCPStore server or use one");
+  store->require_subcommand(1);
+
+  // serve
+  {
+    struct ServeOptions {
+      std::string host = "0.0.0.0";
+      int port = 0;
+    };
+    auto options = std::make_shared<ServeOptions>();
+    CLI::App* cmd = store->add_subcommand("serve", "Run a store server until SIGINT or SIGTERM");
+    cmd->add_option("--host", options->host, "Address to listen on")->capture_default_str();
+    cmd->add_option("--port", options->port, "Port to listen on (0 picks a free one)")->capture_default_str();
+    cmd->callback([options, &exit_code] { exit_code.set(serve(options->host, options->port)); });
+  }
+
+  // set KEY VALUE
+  {
+    auto options = std::make_shared<ClientOptions>();
+    auto args = std::make_shared<std::vector<std::string>>();
+    CLI::App* cmd = add_client_command(store, "set", "Set KEY to VALUE", *options);
+    cmd->add_option("key_value", *args, "KEY VALUE")->required()->expected(2);
+    cmd->callback([options, args, &exit_code] {
+      auto s = connect("set", *options, exit_code);
+      if (!s) return;
+      absl::Status status = s->set((*args)[0], to_bytes((*args)[1]));
+      if (!status.ok()) {
+        fail("set", status);
+        exit_code.set(kExitFailed);
+      }
+    });
+  }
+
+  // get KEY
+  {
+    auto options = std::make_shared<ClientOptions>();
+    auto key = std::make_shared<std::string>();
+    CLI::App* cmd = add_client_command(store, "get", "Print KEY's value, waiting for it up to the timeout", *options);
+    cmd->add_option("key", *key, "KEY")->required();
+    cmd->callback([options, key, &exit_code] {
+      auto s = connect("get", *options, exit_code);
+      if (!s) return;
+      auto value = s->get(*key, std::chrono::milliseconds(options->timeout_ms));
+      if (!value.ok()) {
+        fail("get", value.status());
+        exit_code.set(kExitFailed);
+        return;
+      }
+      std::fwrite(value->data(), 1, value->size(), stdout);
+      std::fputc('\n', stdout);
+    });
+  }
+
+  // add KEY DELTA
+  {
+    auto options = std::make_shared<ClientOptions>();
+    auto key = std::make_shared<std::string>();
+    auto delta = std::make_shared<int64_t>(0);
+    CLI::App* cmd = add_client_command(store, "add", "Add DELTA to the counter KEY and print the result", *options);
+    cmd->add_option("key", *key, "KEY")->required();
+    cmd->add_option("delta", *delta, "DELTA (an integer; put -- before a negative one)")->required();
+    cmd->callback([options, key, delta, &exit_code] {
+      auto s = connect("add", *options, exit_code);
+      if (!s) return;
+      auto value = s->add(*key, *delta);
+      if (!value.ok()) {
+        fail("add", value.status());
+        exit_code.set(kExitFailed);
+        return;
+      }
+      std::printf("%lld\n", static_cast<long long>(*value));
+    });
+  }
+
+  // wait KEY...
+  {
+    auto options = std::make_shared<ClientOptions>();
+    auto keys = std::make_shared<std::vector<std::string>>();
+    CLI::App* cmd = add_client_command(store, "wait", "Wait until every KEY is set", *options);
+    cmd->add_option("keys", *keys, "KEY...")->required();
+    cmd->callback([options, keys, &exit_code] {
+      auto s = connect("wait", *options, exit_code);
+      if (!s) return;
+      absl::Status status = s->wait(*keys, std::chrono::milliseconds(options->timeout_ms));
+      if (!status.ok()) {
+        fail("wait", status);
+        exit_code.set(kExitFailed);
+      }
+    });
+  }
+
+  // keys
+  {
+    auto options = std::make_shared<ClientOptions>();
+    CLI::App* cmd = add_client_command(store, "keys", "Print how many keys the store holds", *options);
+    cmd->callback([options, &exit_code] {
+      auto s = connect("keys", *options, exit_code);
+      if (!s) return;
+      auto n = s->num_keys();
+      if (!n.ok()) {
+        fail("keys", n.status());
+        exit_code.set(kExitFailed);
+        return;
+      }
+      std::printf("%lld\n", static_cast<long long>(*n));
+    });
+  }
+}
+
+}  // namespace
+
+FERRY_REGISTER_COMMAND(add_store_command);
+
+}  // namespace ferry::tools
