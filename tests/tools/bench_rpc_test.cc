@@ -1,0 +1,165 @@
+// Runs the real `ferry bench rpc --quick --json` (which forks its own pairs of worker
+// processes) and checks that the JSON it prints has every figure, each a positive
+// number, and every target evaluated; and that bad usage exits 2. It checks no speed:
+// speed is for the benchmark's readers, never for a timed test.
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/multi_process.h"
+
+namespace ferry {
+namespace {
+
+using nlohmann::json;
+using ::testing::HasSubstr;
+
+constexpr int kOk = 0;
+constexpr int kUsage = 2;
+
+std::string shell_quoted(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) {
+    if (c == '\'') {
+      out += "'\\''";
+    } else {
+      out += c;
+    }
+  }
+  return out + "'";
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+struct ToolRun {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+// Runs `ferry <args>` and captures what it printed.
+ToolRun ferry_tool(const std::vector<std::string>& args) {
+  ferry::testing::TempDir dir;
+  std::string out_path = dir.path() + "/stdout";
+  std::string err_path = dir.path() + "/stderr";
+  std::string command = shell_quoted(FERRY_BINARY);
+  for (const std::string& a : args) command += " " + shell_quoted(a);
+  command += " >" + shell_quoted(out_path) + " 2>" + shell_quoted(err_path);
+  int status = std::system(command.c_str());
+  ToolRun run;
+  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  run.out = read_file(out_path);
+  run.err = read_file(err_path);
+  return run;
+}
+
+void expect_positive(const json& parent, const std::string& key, const std::string& where) {
+  ASSERT_TRUE(parent.contains(key)) << where << ": no \"" << key << "\"";
+  ASSERT_TRUE(parent[key].is_number()) << where << "." << key << " = " << parent[key];
+  EXPECT_GT(parent[key].get<double>(), 0) << where << "." << key;
+}
+
+TEST(BenchRpc, QuickJsonHasEveryFigureAndTarget) {
+  ToolRun run = ferry_tool({"bench", "rpc", "--quick", "--json"});
+  ASSERT_EQ(run.exit_code, kOk) << "stderr: " << run.err;
+  json j;
+  ASSERT_NO_THROW(j = json::parse(run.out)) << run.out;
+
+  EXPECT_EQ(j.value("benchmark", ""), "ferry bench rpc");
+  EXPECT_EQ(j.value("mode", ""), "quick");
+  ASSERT_TRUE(j.contains("machine"));
+  expect_positive(j["machine"], "nproc", "machine");
+  EXPECT_EQ(j["machine"]["load_average_before"].size(), 3u);
+  ASSERT_TRUE(j.contains("iterations"));
+  for (const char* key : {"latency", "warmup", "echo_warmup", "repeat"}) {
+    expect_positive(j["iterations"], key, "iterations");
+  }
+  EXPECT_EQ(j["iterations"]["throughput_calls"].size(), 3u);
+  EXPECT_EQ(j["iterations"]["echo"].size(), 3u);  // 4 KiB, 64 KiB, 1 MiB
+  expect_positive(j, "seconds", "top level");
+
+  const std::vector<std::string> metrics = {
+      "small_call_rtt_median",
+      "small_call_rtt_p99",
+      "small_call_chained_rtt_median",
+      "small_call_chained_rtt_p99",
+      "tiny_tensor_rtt_median",
+      "tiny_tensor_rtt_p99",
+      "calls_per_s_outstanding_1",
+      "calls_per_s_outstanding_16",
+      "calls_per_s_outstanding_256",
+      "echo_4KiB_rtt_median",
+      "echo_4KiB_bandwidth",
+      "echo_64KiB_rtt_median",
+      "echo_64KiB_bandwidth",
+      "echo_1MiB_rtt_median",
+      "echo_1MiB_bandwidth",
+  };
+  const std::vector<std::string> targets = {"small_call_latency", "tiny_tensor_latency", "echo_bandwidth",
+                                            "calls_per_s_256_outstanding"};
+  ASSERT_TRUE(j.contains("transports"));
+  ASSERT_TRUE(j.contains("targets"));
+  for (const char* transport : {"shm", "uv"}) {
+    SCOPED_TRACE(transport);
+    ASSERT_TRUE(j["transports"].contains(transport));
+    const json& t = j["transports"][transport];
+    EXPECT_FALSE(t["channels"].empty());
+    ASSERT_TRUE(t.contains("metrics"));
+    EXPECT_EQ(t["metrics"].size(), metrics.size());
+    for (const std::string& name : metrics) {
+      std::string where = std::string(transport) + "." + name;
+      ASSERT_TRUE(t["metrics"].contains(name)) << where;
+      const json& m = t["metrics"][name];
+      expect_positive(m, "ferry", where);
+      expect_positive(m, "raw", where);
+      expect_positive(m, "ratio", where);
+      expect_positive(m, "samples", where);
+      EXPECT_NEAR(m["ratio"].get<double>(), m["ferry"].get<double>() / m["raw"].get<double>(), 1e-9) << where;
+      ASSERT_TRUE(m["units"].is_string()) << where;
+      EXPECT_FALSE(m["units"].get<std::string>().empty()) << where;
+    }
+    ASSERT_TRUE(j["targets"].contains(transport));
+    for (const std::string& name : targets) {
+      std::string where = std::string("targets.") + transport + "." + name;
+      ASSERT_TRUE(j["targets"][transport].contains(name)) << where;
+      const json& target = j["targets"][transport][name];
+      EXPECT_TRUE(target["met"].is_boolean()) << where;
+      expect_positive(target, "value", where);
+      expect_positive(target, "limit", where);
+      EXPECT_TRUE(target["description"].is_string()) << where;
+    }
+  }
+  EXPECT_TRUE(j["all_targets_met"].is_boolean());
+}
+
+TEST(BenchRpc, UnknownFlagIsBadUsage) {
+  ToolRun run = ferry_tool({"bench", "rpc", "--no-such-flag"});
+  EXPECT_EQ(run.exit_code, kUsage) << run.err;
+  EXPECT_THAT(run.err, HasSubstr("--no-such-flag"));
+}
+
+TEST(BenchRpc, UnknownTransportIsBadUsage) {
+  ToolRun run = ferry_tool({"bench", "rpc", "--transports", "shm,carrier-pigeon"});
+  EXPECT_EQ(run.exit_code, kUsage) << run.err;
+  EXPECT_THAT(run.err, HasSubstr("carrier-pigeon"));
+}
+
+TEST(BenchRpc, ZeroIterationsIsBadUsage) {
+  ToolRun run = ferry_tool({"bench", "rpc", "--iterations", "0"});
+  EXPECT_EQ(run.exit_code, kUsage) << run.err;
+}
+
+}  // namespace
+}  // namespace ferry

@@ -1,0 +1,25 @@
+// Statistics for `ferry bench rpc` (see measure.h).
+#include "tools/bench/measure.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace ferry::tools::bench {
+
+LatencyStats latency_stats(std::vector<double>& samples) {
+  LatencyStats s;
+  if (samples.empty()) return s;
+  std::sort(samples.begin(), samples.end());
+  size_t n = samples.size();
+  s.samples = static_cast<int>(n);
+  s.median_us = n % 2 == 1 ? samples[n / 2] : (samples[n / 2 - 1] + samples[n / 2]) / 2;
+  // The nearest-rank p99: with 10,000 samples, the 9,900th smallest.
+  size_t rank = static_cast<size_t>(std::ceil(0.99 * static_cast<double>(n)));
+  s.p99_us = samples[std::clamp<size_t>(rank, 1, n) - 1];
+  s.mean_us = std::accumulate(samples.begin(), samples.end(), 0.0) / static_cast<double>(n);
+  s.min_us = samples.front();
+  return s;
+}
+
+}  // namespace ferry::tools::bench

@@ -1,0 +1,136 @@
+// File: tools/bench/measure.h
+//
+// What one side of `ferry bench rpc` measures (ferry's RPC or raw TensorPipe, on one
+// transport) and the statistics it reports. Both sides fill the same SideResult, so
+// the report can put each ferry figure beside its raw figure. A SideResult crosses
+// from the measuring child process to the parent as JSON.
+//
+//   std::vector<double> us = ...;                     // one round trip per sample
+//   LatencyStats s = latency_stats(us);                // median, p99, mean
+//   nlohmann::json j = side;                           // and back: side = j.get<SideResult>()
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+
+namespace ferry::tools::bench {
+
+using Clock = std::chrono::steady_clock;
+
+inline double micros_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::micro>(b - a).count();
+}
+
+// Completion of one asynchronous step (a reply, a callback chain), waited for by
+// another thread. Reused across steps: the waiting thread resets it before starting
+// the step it will wait for; the first set() after a reset wins.
+class Waiter {
+ public:
+  void reset() {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_ = false;
+    status_ = absl::OkStatus();
+  }
+  void set(absl::Status status) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (done_) return;
+      done_ = true;
+      status_ = std::move(status);
+    }
+    cv_.notify_one();
+  }
+  // The status set, or kDeadlineExceeded naming `what` after `timeout`.
+  absl::Status wait(std::chrono::milliseconds timeout, const char* what) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_for(lock, timeout, [this] { return done_; })) {
+      return absl::DeadlineExceededError(absl::StrCat(what, ": not complete after ", timeout.count(), " ms"));
+    }
+    return status_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  absl::Status status_;
+};
+
+// Round trips in microseconds.
+struct LatencyStats {
+  int samples = 0;
+  double median_us = 0;
+  double p99_us = 0;
+  double mean_us = 0;
+  double min_us = 0;
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(LatencyStats, samples, median_us, p99_us, mean_us, min_us)
+
+// Median (mean of the two middle values for an even count), p99 (the smallest value
+// at or above 99% of the samples), mean and minimum. `samples` is reordered.
+LatencyStats latency_stats(std::vector<double>& samples);
+
+// Calls per second with `outstanding` calls kept in flight.
+struct ThroughputResult {
+  int outstanding = 0;
+  int calls = 0;
+  double seconds = 0;
+  double calls_per_s = 0;
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ThroughputResult, outstanding, calls, seconds, calls_per_s)
+
+// A tensor of `bytes` sent and echoed back. Bandwidth counts the payload both ways
+// over the median round trip, as PEERS.md does.
+struct EchoResult {
+  size_t bytes = 0;
+  LatencyStats round_trip;
+  double gb_per_s = 0;
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(EchoResult, bytes, round_trip, gb_per_s)
+
+// Everything one side measured on one transport.
+struct SideResult {
+  std::string side;       // "ferry" or "raw"
+  std::string transport;  // "shm" or "uv"
+  std::vector<std::string> channels;
+  // A call with an int64 argument and result (raw: an 8-byte message) waited for by
+  // the calling thread: one thread hand-off per call, like rpc_sync.
+  LatencyStats small_call;
+  // The same call issued from the previous call's completion callback: no hand-off.
+  LatencyStats small_call_chained;
+  // A call carrying a 4-element float32 tensor, echoed back.
+  LatencyStats tiny_tensor;
+  std::vector<ThroughputResult> throughput;
+  std::vector<EchoResult> echo;
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(SideResult, side, transport, channels, small_call, small_call_chained,
+                                   tiny_tensor, throughput, echo)
+
+// How much each measurement does; the same plan drives both sides.
+struct MeasurePlan {
+  int warmup = 1000;      // calls before each latency or throughput measurement
+  int iterations = 10000; // latency samples (small call, chained, tiny tensor)
+  std::vector<int> outstanding = {1, 16, 256};
+  std::vector<int> throughput_calls;  // per entry of `outstanding`
+  std::vector<size_t> echo_sizes;
+  std::vector<int> echo_iterations;   // per entry of `echo_sizes`
+  int echo_warmup = 3;
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(MeasurePlan, warmup, iterations, outstanding, throughput_calls, echo_sizes,
+                                   echo_iterations, echo_warmup)
+
+// The tiny tensor of the tiny-tensor call: 4 float32 elements.
+inline constexpr size_t kTinyTensorBytes = 4 * sizeof(float);
+// The raw small call's message: 8 bytes of metadata (the size of an int64 argument).
+inline constexpr size_t kSmallCallBytes = sizeof(int64_t);
+
+}  // namespace ferry::tools::bench

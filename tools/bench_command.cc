@@ -1,0 +1,87 @@
+// `ferry bench rpc`: measures ferry's RPC beside raw TensorPipe on this host and prints
+// a table (or, with --json, one JSON object for scripts/plot_bench.py and CI). The
+// measuring lives in tools/bench/; this file only parses flags and prints.
+//
+// Exit codes: 0 measured (and, with --require-targets, every target met); 1 a
+// measurement failed (or a target was missed under --require-targets); 2 bad usage.
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "tools/bench/rpc_bench.h"
+#include "tools/commands.h"
+
+namespace ferry::tools {
+namespace {
+
+struct BenchRpcFlags {
+  bool quick = false;
+  bool json = false;
+  bool require_targets = false;
+  std::vector<std::string> transports = {"shm", "uv"};
+  int iterations = 0;  // 0: the mode's default
+  int repeat = 1;
+};
+
+// `ferry bench` groups every benchmark; another *_command.cc may have added it first.
+CLI::App* bench_group(CLI::App& app) {
+  std::vector<CLI::App*> found = app.get_subcommands([](CLI::App* sub) { return sub->get_name() == "bench"; });
+  if (!found.empty()) return found.front();
+  CLI::App* bench = app.add_subcommand("bench", "Benchmarks of ferry on this machine");
+  bench->require_subcommand(1);
+  return bench;
+}
+
+void run_bench_rpc(const BenchRpcFlags& flags, ExitCode& exit_code) {
+  bench::RpcBenchOptions options;
+  options.transports = flags.transports;
+  options.quick = flags.quick;
+  if (flags.iterations > 0) options.iterations = flags.iterations;
+  options.repeat = flags.repeat;
+  absl::StatusOr<bench::RpcBenchReport> report =
+      bench::run_rpc_bench(options, [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); });
+  if (!report.ok()) {
+    std::fprintf(stderr, "ferry bench rpc: %s\n", std::string(report.status().message()).c_str());
+    exit_code.set(report.status().code() == absl::StatusCode::kInvalidArgument ? kExitUsage : kExitFailed);
+    return;
+  }
+  if (flags.json) {
+    std::printf("%s\n", bench::report_json(*report).dump(2).c_str());
+  } else {
+    std::fputs(bench::report_table(*report).c_str(), stdout);
+  }
+  bool all_met = true;
+  for (const bench::TargetResult& t : bench::evaluate_targets(*report)) all_met = all_met && t.met;
+  exit_code.set(flags.require_targets && !all_met ? kExitFailed : kExitOk);
+}
+
+void add_bench_command(CLI::App& app, ExitCode& exit_code) {
+  CLI::App* rpc = bench_group(app)->add_subcommand(
+      "rpc",
+      "Measure ferry's RPC against a raw TensorPipe ping-pong on the same transport (two processes on this host): "
+      "small-call and tiny-tensor latency, calls/s with 1, 16 and 256 outstanding, tensor echo bandwidth; "
+      "evaluate issue 7's targets");
+  // Owned by the callback, which CLI11 keeps as long as the app.
+  auto flags = std::make_shared<BenchRpcFlags>();
+  rpc->add_flag("--quick", flags->quick, "Short run for CI: a few hundred calls, echo sizes up to 1 MiB");
+  rpc->add_flag("--json", flags->json, "Print one JSON object instead of the table");
+  rpc->add_option("--transports", flags->transports, "Transports to measure, comma-separated (default: shm,uv)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"shm", "uv"}));
+  rpc->add_option("--iterations", flags->iterations,
+                  "Latency samples per figure (default 10000; --quick: 300); the other counts scale with it")
+      ->check(CLI::Range(1, 100000000));
+  rpc->add_option("--repeat", flags->repeat,
+                  "Run every measurement this many times in fresh processes and report medians (default 1)")
+      ->check(CLI::Range(1, 100));
+  rpc->add_flag("--require-targets", flags->require_targets, "Exit 1 when a target of issue 7 is missed");
+  rpc->callback([flags, &exit_code] { run_bench_rpc(*flags, exit_code); });
+}
+
+}  // namespace
+
+FERRY_REGISTER_COMMAND(add_bench_command);
+
+}  // namespace ferry::tools
