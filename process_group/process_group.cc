@@ -1171,4 +1171,6 @@ absl::StatusOr<int> ProcessGroup::recv(Tensor tensor, std::optional<int> src, ui
   return sender;
 }
 
+#undef FERRY_PG_MEMBER_OR_RETURN_WORK
+
 }  // namespace ferry

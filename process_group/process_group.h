@@ -90,9 +90,10 @@ class ProcessGroup {
 
   // Connects `rank` to the other `world_size - 1` ranks through `store`, where every
   // rank calls create() with the same world size. Blocks until all have connected,
-  // or fails after `timeout` (kDeadlineExceeded). Errors: a rank out of range or a
-  // world size < 1 (kInvalidArgument), an interface that cannot be used (see
-  // ProcessGroupOptions), a store error.
+  // or fails after `timeout` (kDeadlineExceeded; also what two processes given the
+  // same rank get). Errors: a rank out of range, a world size < 1, or a world size
+  // that differs from the first rank's (kInvalidArgument), an interface that cannot be
+  // used (see ProcessGroupOptions), a store error.
   //
   // Several groups may share one store when every rank creates them in the same
   // order: each rank numbers the groups it creates on a store, and the n-th group of
