@@ -346,9 +346,7 @@ absl::Status TensorPipeAgent::Impl::start() {
   if (channel_names.empty()) return absl::FailedPreconditionError("no usable channel on this machine");
 
   listener = context->listen(urls);
-  const char* spin = std::getenv("FERRY_POOL_SPIN_US");
-  pool = std::make_unique<internal::ThreadPool>(options.num_worker_threads,
-                                                std::chrono::microseconds(spin ? std::atoi(spin) : 0));
+  pool = std::make_unique<internal::ThreadPool>(options.num_worker_threads);
   timer = std::thread([this] { run_timer(); });
   accept_next();
   return exchange_addresses();

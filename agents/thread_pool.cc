@@ -1,8 +1,10 @@
 #include "agents/thread_pool.h"
 
+#include "base/future.h"
+
 namespace ferry::internal {
 
-ThreadPool::ThreadPool(int threads, std::chrono::microseconds spin) : spin_(spin) {
+ThreadPool::ThreadPool(int threads) {
   threads_.reserve(static_cast<size_t>(threads));
   for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { run(); });
 }
@@ -16,7 +18,7 @@ bool ThreadPool::post(std::function<void()> task) {
     if (stopping_) return false;
     tasks_.push_back(std::move(task));
     queued_.store(tasks_.size(), std::memory_order_release);
-    wake = idle_ > 0;
+    wake = idle_ > 0 && spinning_.load(std::memory_order_acquire) == 0;
   }
   // Skip the futex call when every thread is busy: one will find the task when done.
   if (wake) cv_.notify_one();
@@ -47,15 +49,12 @@ void ThreadPool::run() {
   for (;;) {
     if (tasks_.empty()) {
       if (stopping_) return;
-      if (spin_.count() > 0) {
-        lock.unlock();
-        auto until = std::chrono::steady_clock::now() + spin_;
-        while (queued_.load(std::memory_order_acquire) == 0 && std::chrono::steady_clock::now() < until) {
-          __builtin_ia32_pause();
-        }
-        lock.lock();
-        if (!tasks_.empty() || stopping_) continue;
-      }
+      spinning_.fetch_add(1, std::memory_order_acq_rel);
+      lock.unlock();
+      bool found = spin_until([this] { return queued_.load(std::memory_order_acquire) > 0; });
+      lock.lock();
+      spinning_.fetch_sub(1, std::memory_order_acq_rel);
+      if (found || !tasks_.empty() || stopping_) continue;
       ++idle_;
       cv_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
       --idle_;

@@ -22,9 +22,10 @@ namespace ferry::internal {
 // Thread-safe. The destructor calls shutdown().
 class ThreadPool {
  public:
-  // `spin` is how long an idle thread polls for new work before sleeping: waking a
-  // sleeping thread costs several microseconds, polling costs a core while it lasts.
-  explicit ThreadPool(int threads, std::chrono::microseconds spin = std::chrono::microseconds(0));
+  // An idle thread polls for new work for internal::spin_window() (base/future.h),
+  // yielding between polls, before it sleeps: waking a sleeping thread costs several
+  // microseconds.
+  explicit ThreadPool(int threads);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
@@ -40,8 +41,8 @@ class ThreadPool {
  private:
   void run();
 
-  const std::chrono::microseconds spin_;
-  std::atomic<size_t> queued_{0};  // tasks_.size(), readable without the lock
+  std::atomic<size_t> queued_{0};   // tasks_.size(), readable without the lock
+  std::atomic<int> spinning_{0};    // threads polling for work; they need no wake-up
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> tasks_;

@@ -26,6 +26,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -43,6 +44,25 @@ template <typename T>
 class Promise;
 
 namespace internal {
+
+// How long a thread about to block on a result first polls for it, yielding the CPU
+// between polls: a small RPC reply usually arrives within this window, and waking a
+// sleeping thread costs several microseconds. From FERRY_SPIN_US (default 50; 0 turns
+// polling off). Read once.
+std::chrono::microseconds spin_window();
+
+// Polls `ready` (yielding between polls) for at most spin_window(); true if it became true.
+template <typename Ready>
+bool spin_until(Ready ready) {
+  std::chrono::microseconds window = spin_window();
+  if (window.count() == 0) return false;
+  auto until = std::chrono::steady_clock::now() + window;
+  do {
+    if (ready()) return true;
+    std::this_thread::yield();
+  } while (std::chrono::steady_clock::now() < until);
+  return ready();
+}
 
 template <typename T>
 struct IsStatusOr : std::false_type {};
@@ -87,7 +107,7 @@ class FutureState {
 
   // True when complete before the deadline.
   bool wait(std::optional<std::chrono::milliseconds> timeout) {
-    if (ready()) return true;
+    if (ready() || spin_until([this] { return ready(); })) return true;
     std::unique_lock<std::mutex> lock(mu_);
     if (!timeout.has_value()) {
       cv_.wait(lock, [&] { return result_.has_value(); });
