@@ -159,8 +159,10 @@ struct TensorPipeAgent::Impl : std::enable_shared_from_this<TensorPipeAgent::Imp
   void read_reply(Peer* peer);
   // Sends `message` on `pipe`; CUDA tensors go through `map` (towards `peer`). Errors
   // (nothing is sent): a CUDA tensor the map cannot place.
+  // (A template, so `done` goes into TensorPipe's callback without a second wrapper.)
+  template <typename Done>
   absl::Status write(const std::shared_ptr<tp::Pipe>& pipe, Message message, const DeviceMap* map,
-                     std::string_view peer, std::function<void(const tp::Error&)> done);
+                     std::string_view peer, Done done);
   const DeviceMap* map_towards(const DeviceMaps& maps, const std::string& peer) const {
     auto it = maps.find(peer);
     return it == maps.end() ? nullptr : &it->second;
@@ -223,8 +225,9 @@ void TensorPipeAgent::Impl::read_message(const std::shared_ptr<tp::Pipe>& pipe, 
   });
 }
 
+template <typename Done>
 absl::Status TensorPipeAgent::Impl::write(const std::shared_ptr<tp::Pipe>& pipe, Message message, const DeviceMap* map,
-                                          std::string_view peer, std::function<void(const tp::Error&)> done) {
+                                          std::string_view peer, Done done) {
   tp::Message out;
   std::vector<Tensor> tensors = std::move(message.tensors());
   std::vector<std::string> targets;
@@ -238,10 +241,14 @@ absl::Status TensorPipeAgent::Impl::write(const std::shared_ptr<tp::Pipe>& pipe,
     tt.metadata = std::move(targets[i]);
     out.tensors.push_back(std::move(tt));
   }
-  // The tensors' storage must live until TensorPipe is done with it.
-  pipe->write(std::move(out), [tensors = std::move(tensors), done = std::move(done)](const tp::Error& error) {
-    done(error);
-  });
+  if (tensors.empty()) {
+    pipe->write(std::move(out), std::move(done));
+  } else {
+    // The tensors' storage must live until TensorPipe is done with it.
+    pipe->write(std::move(out), [tensors = std::move(tensors), done = std::move(done)](const tp::Error& error) mutable {
+      done(error);
+    });
+  }
   return absl::OkStatus();
 }
 

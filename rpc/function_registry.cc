@@ -48,8 +48,19 @@ std::shared_ptr<const RegisteredFunction> FunctionRegistry::find(std::string_vie
 Message dispatch_request(const FunctionRegistry& registry, std::string_view self_name, const Message& request) {
   std::string self(self_name);
   PayloadReader reader(request);
-  std::string name, signature;
-  absl::Status header = read_guarded("call header", [&] { reader(name, signature); });
+  // The name and signature are compared where they lie in the payload, not copied.
+  std::string_view name, signature;
+  auto read_view = [&reader](std::string_view& out) {
+    uint64_t size = 0;
+    reader(cereal::make_size_tag(size));
+    reader.check_size(size, 1);
+    out = std::string_view(reader.position(), size);
+    reader.skip(size);
+  };
+  absl::Status header = read_guarded("call header", [&] {
+    read_view(name);
+    read_view(signature);
+  });
   if (!header.ok()) {
     return make_error_message(request.id(), self, absl::InvalidArgumentError(absl::StrCat(self, ": ", header.message())));
   }
@@ -57,13 +68,13 @@ Message dispatch_request(const FunctionRegistry& registry, std::string_view self
   if (fn == nullptr) {
     return make_error_message(
         request.id(), self,
-        absl::NotFoundError(absl::StrCat(self, ": no function named \"", name, "\" is registered")));
+        absl::NotFoundError(absl::StrCat(self, ": no function named \"", internal::av(name), "\" is registered")));
   }
   if (fn->signature != signature) {
     return make_error_message(request.id(), self,
                               absl::InvalidArgumentError(absl::StrCat(
-                                  self, ": function \"", name, "\" has signature ", fn->signature,
-                                  " but the call was made with signature ", signature)));
+                                  self, ": function \"", internal::av(name), "\" has signature ", fn->signature,
+                                  " but the call was made with signature ", internal::av(signature))));
   }
   Message response(MessageType::kResponse, request.id());
   absl::Status s;
@@ -76,7 +87,8 @@ Message dispatch_request(const FunctionRegistry& registry, std::string_view self
   }
   if (!s.ok()) {
     return make_error_message(request.id(), self,
-                              absl::Status(s.code(), absl::StrCat(self, ": function \"", name, "\" ", s.message())));
+                              absl::Status(s.code(), absl::StrCat(self, ": function \"", internal::av(name), "\" ",
+                                                                  s.message())));
   }
   return response;
 }

@@ -39,9 +39,14 @@ class Message {
   static constexpr size_t kHeaderSize = 16;
   static constexpr uint16_t kMagic = 0xFE77;
   static constexpr uint8_t kVersion = 1;
+  static constexpr size_t kInitialCapacity = 128;
 
   Message() : Message(MessageType::kRequest, 0) {}
-  Message(MessageType type, uint64_t id) : type_(type), id_(id), buffer_(kHeaderSize, '\0') {}
+  // Reserves room for a small call, so that encoding one allocates exactly once.
+  Message(MessageType type, uint64_t id) : type_(type), id_(id) {
+    buffer_.reserve(kInitialCapacity);
+    buffer_.assign(kHeaderSize, '\0');
+  }
 
   MessageType type() const { return type_; }
   void set_type(MessageType type) { type_ = type; }
