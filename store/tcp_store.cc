@@ -293,13 +293,35 @@ class TCPStore::Client {
     return absl::OkStatus();
   }
 
+  // One answer. The first read takes up to a small buffer's worth, so that a typical
+  // answer costs one poll and one recv; only a large one reads the rest exactly. One
+  // request is in flight per connection, so nothing past the answer can arrive.
   static absl::StatusOr<Bytes> receive(int fd, Clock::time_point deadline) {
-    uint8_t header[kFrameHeaderBytes];
-    FERRY_RETURN_IF_ERROR(read_exact(fd, header, sizeof(header), deadline));
-    uint32_t len = read_frame_length(header);
+    uint8_t first[512];
+    size_t got = 0;
+    while (got < kFrameHeaderBytes) {
+      pollfd p{fd, POLLIN, 0};
+      int ready = ::poll(&p, 1, remaining_ms(deadline));
+      if (ready < 0) {
+        if (errno == EINTR) continue;
+        return absl::UnavailableError(absl::StrCat("poll failed: ", std::strerror(errno)));
+      }
+      if (ready == 0) return absl::DeadlineExceededError("no answer in time");
+      ssize_t n = ::recv(fd, first + got, sizeof(first) - got, 0);
+      if (n == 0) return absl::UnavailableError("the server closed the connection");
+      if (n < 0) {
+        if (errno == EINTR || errno == EAGAIN) continue;
+        return absl::UnavailableError(absl::StrCat("receive failed: ", std::strerror(errno)));
+      }
+      got += static_cast<size_t>(n);
+    }
+    uint32_t len = read_frame_length(first);
     if (len > kMaxResponseBytes) return absl::UnavailableError(absl::StrCat("answer of ", len, " bytes is corrupt"));
+    size_t have = got - kFrameHeaderBytes;
+    if (have > len) return absl::UnavailableError("the server sent more than it answered");
     Bytes body(len);
-    FERRY_RETURN_IF_ERROR(read_exact(fd, body.data(), len, deadline));
+    std::memcpy(body.data(), first + kFrameHeaderBytes, have);
+    FERRY_RETURN_IF_ERROR(read_exact(fd, body.data() + have, len - have, deadline));
     return body;
   }
 

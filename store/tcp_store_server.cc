@@ -584,6 +584,18 @@ void TCPStoreServer::Impl::set_key(std::string key, Bytes value) {
 
 void TCPStoreServer::Impl::send(Connection* conn, Bytes frame) {
   if (conn->closing) return;
+  // Most answers are small and the socket has room: write them now, with no request
+  // to allocate. uv_try_write refuses (UV_EAGAIN) while older writes are queued, so
+  // answers never overtake each other.
+  uv_buf_t now = uv_buf_init(reinterpret_cast<char*>(frame.data()), static_cast<unsigned>(frame.size()));
+  int written = uv_try_write(reinterpret_cast<uv_stream_t*>(&conn->tcp), &now, 1);
+  if (written == static_cast<int>(frame.size())) return;
+  if (written > 0) {
+    frame.erase(frame.begin(), frame.begin() + written);
+  } else if (written != UV_EAGAIN) {
+    close(conn, absl::StrCat("write failed: ", uv_strerror(written)));
+    return;
+  }
   auto* req = new WriteRequest{{}, std::move(frame), conn};
   req->req.data = req;
   uv_buf_t buf = uv_buf_init(reinterpret_cast<char*>(req->data.data()), static_cast<unsigned>(req->data.size()));
