@@ -128,10 +128,18 @@ absl::StatusOr<RendezvousResult> tcp_store_result(const UrlError& error, std::st
                                                   int world_size, std::chrono::milliseconds timeout) {
   if (port == 0) return error("port 0 is not allowed: the other ranks could not find the port the server picks");
   if (port < 0 || port > 65535) return error(absl::StrCat("port ", port, " is out of range (expected 1..65535)"));
+  TCPStoreOptions options;
+  options.host = std::move(host);
+  options.port = static_cast<uint16_t>(port);
+  options.is_server = rank == 0;
+  // Rank 0 listens on every interface, as torch.distributed does: the host in the URL
+  // is how the others reach it, which need not be an address rank 0 can bind (NAT,
+  // a service name).
+  options.listen_host = options.host.find(':') != std::string::npos ? "::" : "0.0.0.0";
+  options.world_size = world_size;
+  options.timeout = timeout;
   // Rank 0 waits in create() until every rank has connected.
-  FERRY_ASSIGN_OR_RETURN(
-      std::unique_ptr<TCPStore> store,
-      TCPStore::create(std::move(host), static_cast<uint16_t>(port), rank == 0, world_size, timeout));
+  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<TCPStore> store, TCPStore::create(options));
   return RendezvousResult{std::move(store), rank, world_size};
 }
 

@@ -81,9 +81,10 @@ class TCPStore::Client {
   const std::string& host() const { return host_; }
   uint16_t port() const { return port_; }
 
-  // Connects the first connection, retrying until `deadline`; it counts as a worker.
-  absl::Status connect_first(Clock::time_point deadline) {
-    FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Socket> s, connect(deadline, /*is_worker=*/true, /*first=*/true));
+  // Connects the first connection, retrying until `deadline`. Later connections (more
+  // threads, reconnects) never count as workers.
+  absl::Status connect_first(Clock::time_point deadline, bool is_worker) {
+    FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Socket> s, connect(deadline, is_worker, /*first=*/true));
     release(std::move(s));
     return absl::OkStatus();
   }
@@ -364,7 +365,7 @@ absl::StatusOr<std::unique_ptr<TCPStore>> TCPStore::create(const TCPStoreOptions
   uint16_t port = options.port;
   if (options.is_server) {
     TCPStoreServerOptions server_options;
-    server_options.host = options.host;
+    server_options.host = options.listen_host.value_or(options.host);
     server_options.port = options.port;
     server_options.max_message_bytes = options.max_message_bytes;
     FERRY_ASSIGN_OR_RETURN(server, TCPStoreServer::create(server_options));
@@ -374,7 +375,7 @@ absl::StatusOr<std::unique_ptr<TCPStore>> TCPStore::create(const TCPStoreOptions
     if (connect_host == "::") connect_host = "::1";
   }
   auto client = std::make_unique<Client>(connect_host, port, options.timeout, options.max_message_bytes);
-  FERRY_RETURN_IF_ERROR(client->connect_first(deadline));
+  FERRY_RETURN_IF_ERROR(client->connect_first(deadline, /*is_worker=*/options.world_size.has_value()));
   if (server != nullptr && options.world_size && options.wait_for_workers) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     FERRY_RETURN_IF_ERROR(server->wait_for_workers(*options.world_size, std::max(left, std::chrono::milliseconds(0))));

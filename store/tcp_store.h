@@ -75,14 +75,21 @@ class TCPStoreServer {
 };
 
 struct TCPStoreOptions {
-  // The server's address. With is_server, the address the server listens on.
+  // The server's address. With is_server, also the address the server listens on,
+  // unless listen_host says otherwise.
   std::string host = "127.0.0.1";
+  // With is_server: where the server listens ("0.0.0.0" or "::" for every interface),
+  // when that differs from `host`, the address the other ranks are given (a name that
+  // may resolve to an address this host does not own, behind NAT or a service IP).
+  std::optional<std::string> listen_host;
   // With is_server, 0 picks a free port (see TCPStore::port()).
   uint16_t port = 0;
   // Whether this TCPStore starts the server in-process (rank 0).
   bool is_server = false;
-  // The number of ranks that will connect, rank 0 included. With is_server and
-  // wait_for_workers, create() returns only when all of them have connected.
+  // The number of ranks that will connect, rank 0 included. A store given a world
+  // size connects as a worker (tools and probes, without one, are not counted). With
+  // is_server and wait_for_workers, create() returns only when world_size workers have
+  // connected.
   std::optional<int> world_size;
   bool wait_for_workers = true;
   // Default timeout of blocking operations, and how long create() keeps retrying to

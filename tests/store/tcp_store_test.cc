@@ -70,6 +70,14 @@ TEST(TCPStoreTest, ServerOnAllInterfacesIsReachableOnLoopback) {
   FERRY_ASSERT_OK_AND_ASSIGN(auto rank0, TCPStore::create("0.0.0.0", 0, true, std::nullopt, 5s));
   EXPECT_OK(rank0->set("k", to_bytes("v")));
   EXPECT_EQ(rank0->host(), "127.0.0.1");
+  TCPStoreOptions options;
+  options.host = "localhost";
+  options.listen_host = "0.0.0.0";
+  options.is_server = true;
+  options.timeout = 5s;
+  FERRY_ASSERT_OK_AND_ASSIGN(auto named, TCPStore::create(options));
+  EXPECT_EQ(named->host(), "localhost");
+  EXPECT_OK(named->set("k", to_bytes("v")));
 }
 
 TEST(TCPStoreTest, BindingATakenPortFails) {
@@ -131,8 +139,13 @@ TEST(TCPStoreTest, ConnectSucceedsWhenTheServerComesUpLate) {
 }
 
 TEST(TCPStoreTest, Rank0WaitsForWorldSizeWorkers) {
-  FERRY_ASSERT_OK_AND_ASSIGN(auto probe, TCPStore::create("127.0.0.1", 0, true, std::nullopt, 5s));
-  EXPECT_EQ(probe->server()->num_workers(), 1);
+  FERRY_ASSERT_OK_AND_ASSIGN(auto alone, TCPStore::create("127.0.0.1", 0, true, 1, 5s));
+  EXPECT_EQ(alone->server()->num_workers(), 1);
+  // Clients without a world size (tools, probes) and extra connections are not workers.
+  auto tool = connect_to(alone->port());
+  ASSERT_NE(tool, nullptr);
+  EXPECT_OK(tool->set("k", to_bytes("v")));
+  EXPECT_EQ(alone->server()->num_workers(), 1);
   // Nobody else comes: the rank-0 create fails and says how many did.
   EXPECT_THAT(TCPStore::create("127.0.0.1", 0, true, 3, 300ms),
               StatusIs(absl::StatusCode::kDeadlineExceeded,
