@@ -78,9 +78,10 @@ def plot(report, out_path):
         bw_ax.set_xticks(bw_ticks, [size_label(t) for t in bw_ticks], rotation=30, fontsize=8)
 
     machine = report.get("machine", {})
-    load = machine.get("load_average_before") or ["?"]
+    load = machine.get("load_average_before") or []
+    load_text = f"{load[0]:.2f}" if load else "?"
     fig.suptitle(f"ferry bench rpc ({report.get('mode', '?')}): ferry vs raw TensorPipe, "
-                 f"{machine.get('nproc', '?')} cores, load average {load[0]} at start, "
+                 f"{machine.get('nproc', '?')} cores, load average {load_text} at start, "
                  f"{report.get('iterations', {}).get('latency', '?')} latency samples")
     fig.tight_layout()
     fig.savefig(out_path, dpi=110)

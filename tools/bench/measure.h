@@ -79,7 +79,8 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(LatencyStats, samples, median_us, p99_us, mea
 // at or above 99% of the samples), mean and minimum. `samples` is reordered.
 LatencyStats latency_stats(std::vector<double>& samples);
 
-// Calls per second with `outstanding` calls kept in flight.
+// Calls per second with `outstanding` calls kept in flight (`calls` completed in
+// `seconds`).
 struct ThroughputResult {
   int outstanding = 0;
   int calls = 0;
@@ -120,13 +121,14 @@ struct MeasurePlan {
   int warmup = 1000;      // calls before each latency or throughput measurement
   int iterations = 10000; // latency samples (small call, chained, tiny tensor)
   std::vector<int> outstanding = {1, 16, 256};
-  std::vector<int> throughput_calls;  // per entry of `outstanding`
+  std::vector<int> throughput_calls;  // at least, per entry of `outstanding`
+  double throughput_min_seconds = 1.0; // and for at least this long
   std::vector<size_t> echo_sizes;
   std::vector<int> echo_iterations;   // per entry of `echo_sizes`
   int echo_warmup = 3;
 };
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(MeasurePlan, warmup, iterations, outstanding, throughput_calls, echo_sizes,
-                                   echo_iterations, echo_warmup)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(MeasurePlan, warmup, iterations, outstanding, throughput_calls,
+                                   throughput_min_seconds, echo_sizes, echo_iterations, echo_warmup)
 
 // The tiny tensor of the tiny-tensor call: 4 float32 elements.
 inline constexpr size_t kTinyTensorBytes = 4 * sizeof(float);

@@ -222,20 +222,23 @@ class RawClient {
     return done_.wait(timeout_ * 4, "raw TensorPipe: the chained round trips");
   }
 
-  // `total` tensor-less calls with `outstanding` in flight; returns the seconds taken.
-  absl::StatusOr<double> pipelined(int outstanding, int total) {
+  // Tensor-less calls with `outstanding` in flight, at least `min_calls` of them and
+  // for at least `min_seconds`.
+  absl::StatusOr<ThroughputResult> pipelined(int outstanding, int min_calls, double min_seconds) {
     done_.reset();
-    int first = std::min(outstanding, total);
+    int first = std::max(1, std::min(outstanding, min_calls));
     issued_ = first;
     completed_ = 0;
-    total_ = total;
+    min_calls_ = min_calls;
     Clock::time_point t0 = Clock::now();
+    until_ = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(min_seconds));
     read_pipelined();
     for (int i = 0; i < first; ++i) send(0);
     absl::Status s = done_.wait(timeout_ * 4, "raw TensorPipe: the pipelined calls");
     Clock::time_point t1 = Clock::now();
     if (!s.ok()) return s;
-    return std::chrono::duration<double>(t1 - t0).count();
+    double seconds = std::chrono::duration<double>(t1 - t0).count();
+    return ThroughputResult{outstanding, completed_, seconds, completed_ / seconds};
   }
 
   // Tells the server to stop and waits for its acknowledgement.
@@ -306,24 +309,27 @@ class RawClient {
     send(0);
   }
 
-  // The read side of pipelined(): every reply re-arms the read and issues one more
-  // call until `total_` have been issued. Runs on TensorPipe's loop only (after the
-  // caller set the counters).
+  // The read side of pipelined(): every reply issues one more call while the run is
+  // short of its calls or its time, and re-arms the read while calls are in flight.
+  // Runs on TensorPipe's loop only (after the caller set the counters).
   void read_pipelined() {
     expect_reply(0, [this](absl::Status s) {
       if (!s.ok()) {
         done_.set(std::move(s));
         return;
       }
-      if (++completed_ == total_) {
+      ++completed_;
+      if (issued_ < min_calls_ || Clock::now() < until_) {
+        ++issued_;
+        read_pipelined();
+        send(0);
+        return;
+      }
+      if (completed_ == issued_) {
         done_.set(absl::OkStatus());
         return;
       }
       read_pipelined();
-      if (issued_ < total_) {
-        ++issued_;
-        send(0);
-      }
     });
   }
 
@@ -342,7 +348,8 @@ class RawClient {
   // pipelined(): likewise.
   int issued_ = 0;
   int completed_ = 0;
-  int total_ = 0;
+  int min_calls_ = 0;
+  Clock::time_point until_;
 };
 
 absl::Status write_address_file(const std::string& path, const std::string& url) {
@@ -417,10 +424,11 @@ absl::Status measure(RawClient& client, const MeasurePlan& plan, SideResult& out
   for (size_t k = 0; k < plan.outstanding.size(); ++k) {
     int n = plan.outstanding[k];
     int total = plan.throughput_calls[k];
-    if (absl::StatusOr<double> w = client.pipelined(n, std::max(plan.warmup, n)); !w.ok()) return w.status();
-    absl::StatusOr<double> seconds = client.pipelined(n, total);
-    if (!seconds.ok()) return seconds.status();
-    out.throughput.push_back(ThroughputResult{n, total, *seconds, total / *seconds});
+    absl::StatusOr<ThroughputResult> warm = client.pipelined(n, std::max(plan.warmup, n), 0);
+    if (!warm.ok()) return warm.status();
+    absl::StatusOr<ThroughputResult> r = client.pipelined(n, total, plan.throughput_min_seconds);
+    if (!r.ok()) return r.status();
+    out.throughput.push_back(*r);
   }
 
   // Tensor echo.

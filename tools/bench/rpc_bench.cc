@@ -136,24 +136,32 @@ absl::Status ferry_chained(int count, int keep, std::vector<double>& samples, st
   return chain->done.wait(timeout * 4, "ferry: the chained calls");
 }
 
-// `total` no-op rpc_async calls with `outstanding` in flight: the caller waits for the
-// oldest and issues a new call in its slot. Returns the seconds taken.
-absl::StatusOr<double> ferry_pipelined(int outstanding, int total, std::chrono::milliseconds timeout) {
-  std::vector<Future<int64_t>> ring(static_cast<size_t>(outstanding));
+// No-op rpc_async calls with `outstanding` in flight, at least `min_calls` of them and
+// for at least `min_seconds`: the caller waits for the oldest call and issues a new
+// one in its slot.
+absl::StatusOr<ThroughputResult> ferry_pipelined(int outstanding, int min_calls, double min_seconds,
+                                                 std::chrono::milliseconds timeout) {
+  // Call k lives in slot k % window until it completes.
+  const int window = std::max(1, std::min(outstanding, min_calls));
+  std::vector<Future<int64_t>> ring(static_cast<size_t>(window));
   Clock::time_point t0 = Clock::now();
+  Clock::time_point until =
+      t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(min_seconds));
   int issued = 0;
-  for (; issued < std::min(outstanding, total); ++issued) {
+  for (; issued < window; ++issued) {
     ring[static_cast<size_t>(issued)] = rpc_async<int64_t>(kServerName, kNoop, int64_t{issued});
   }
-  for (int done = 0; done < total; ++done) {
-    Future<int64_t>& f = ring[static_cast<size_t>(done % outstanding)];
+  int done = 0;
+  for (; done < issued; ++done) {
+    Future<int64_t>& f = ring[static_cast<size_t>(done % window)];
     FERRY_RETURN_IF_ERROR(f.wait_for(timeout));
-    if (issued < total) {
+    if (issued < min_calls || Clock::now() < until) {
       f = rpc_async<int64_t>(kServerName, kNoop, int64_t{issued});
       ++issued;
     }
   }
-  return std::chrono::duration<double>(Clock::now() - t0).count();
+  double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  return ThroughputResult{outstanding, done, seconds, done / seconds};
 }
 
 absl::Status ferry_measure(const MeasurePlan& plan, std::chrono::milliseconds timeout, SideResult& out) {
@@ -175,9 +183,9 @@ absl::Status ferry_measure(const MeasurePlan& plan, std::chrono::milliseconds ti
   for (size_t k = 0; k < plan.outstanding.size(); ++k) {
     int n = plan.outstanding[k];
     int total = plan.throughput_calls[k];
-    FERRY_RETURN_IF_ERROR(ferry_pipelined(n, std::max(plan.warmup, n), timeout).status());
-    FERRY_ASSIGN_OR_RETURN(double seconds, ferry_pipelined(n, total, timeout));
-    out.throughput.push_back(ThroughputResult{n, total, seconds, total / seconds});
+    FERRY_RETURN_IF_ERROR(ferry_pipelined(n, std::max(plan.warmup, n), 0, timeout).status());
+    FERRY_ASSIGN_OR_RETURN(ThroughputResult r, ferry_pipelined(n, total, plan.throughput_min_seconds, timeout));
+    out.throughput.push_back(r);
   }
 
   for (size_t k = 0; k < plan.echo_sizes.size(); ++k) {
@@ -219,7 +227,8 @@ absl::Status run_ferry_server(const std::string& transport, const std::string& s
                               std::chrono::milliseconds timeout) {
   FERRY_RETURN_IF_ERROR(register_bench_functions());
   FERRY_RETURN_IF_ERROR(init_rpc(kServerName, 1, 2, ferry_options(transport, store_path)));
-  // Graceful: returns once the client has finished and called shutdown too.
+  // Graceful: returns once the client has finished measuring and called shutdown too,
+  // so `timeout` must cover the whole phase.
   return shutdown(/*graceful=*/true, timeout);
 }
 
@@ -266,7 +275,7 @@ absl::StatusOr<SideResult> run_phase(const Phase& phase, const std::string& dir,
   RawEndpoint endpoint{phase.transport, channels_for(phase.transport)};
   auto body = [&](int rank) -> absl::Status {
     if (phase.side == "ferry") {
-      if (rank == 1) return run_ferry_server(phase.transport, base + ".store", deadlines.wait);
+      if (rank == 1) return run_ferry_server(phase.transport, base + ".store", deadlines.phase);
       FERRY_ASSIGN_OR_RETURN(SideResult r, run_ferry_client(phase.transport, base + ".store", plan, deadlines.wait));
       std::ofstream(result_path) << json(r).dump();
       return absl::OkStatus();
@@ -453,6 +462,8 @@ MeasurePlan make_plan(const RpcBenchOptions& options) {
   plan.warmup = options.quick ? std::clamp(n / 5, 5, 50) : std::clamp(n / 10, 10, 1000);
   plan.outstanding = {1, 16, 256};
   for (int k : plan.outstanding) plan.throughput_calls.push_back(std::max(n, (options.quick ? 4 : 50) * k));
+  // Long enough that a scheduling hiccup on a busy machine is a small part of the run.
+  plan.throughput_min_seconds = options.quick ? 0.05 : 1.0;
   // Echo: as many round trips as fit a byte budget, at least 5 and at most n/10.
   size_t budget = options.quick ? 64 * kMiB : 4096 * kMiB;
   plan.echo_sizes = {4 * kKiB, 64 * kKiB, 1 * kMiB};
@@ -583,6 +594,7 @@ nlohmann::ordered_json report_json(const RpcBenchReport& report) {
   j["iterations"] = {{"latency", plan.iterations},
                      {"warmup", plan.warmup},
                      {"throughput_calls", throughput_calls},
+                     {"throughput_min_seconds", plan.throughput_min_seconds},
                      {"echo", echo_iterations},
                      {"echo_warmup", plan.echo_warmup},
                      {"repeat", report.options.repeat}};
