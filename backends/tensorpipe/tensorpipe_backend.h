@@ -11,6 +11,7 @@
 //   FERRY_RETURN_IF_ERROR(options.set_device_map("worker1", {{0, 1}}));   // cuda:0 -> cuda:1
 #pragma once
 
+#include <concepts>
 #include <optional>
 #include <string>
 #include <vector>
@@ -37,7 +38,11 @@ class TensorPipeRpcBackendOptions final : public RpcBackendOptions {
   [[nodiscard]] absl::Status set_device_map(std::string_view worker, const DeviceMapSpec& map) {
     return device_map_options_.set_device_map(worker, map);
   }
-  [[nodiscard]] absl::Status set_device_map(std::string_view worker, const DeviceMap& map) {
+  // A template only so that a braced list such as {{Device::cuda(0), Device::cuda(1)}}
+  // is not ambiguous between the two overloads (as in device_maps/options.h).
+  template <typename Map>
+    requires std::same_as<Map, DeviceMap>
+  [[nodiscard]] absl::Status set_device_map(std::string_view worker, const Map& map) {
     return device_map_options_.set_device_map(worker, map);
   }
   // The devices this worker's agent handles (default: those its maps name).

@@ -108,9 +108,11 @@ TEST(TensorPipeOptions, KwargsAreTypedAndChecked) {
 
 TEST(TensorPipeOptions, DeviceMapSettersMergeAndReject) {
   TensorPipeRpcBackendOptions o;
-  EXPECT_OK(o.set_device_map("worker1", DeviceMapSpec{{0, 1}}));
+  EXPECT_OK(o.set_device_map("worker1", {{0, 1}}));
+  EXPECT_OK(o.set_device_map("worker1", {{Device::cuda(3), Device::cuda(3)}}));
+  EXPECT_OK(o.set_device_map("worker1", DeviceMap{{Device::cuda(2), Device::cuda(2)}}));
   EXPECT_OK(o.set_device_map("worker1", DeviceMapSpec{{"cpu", "cpu"}}));
-  EXPECT_EQ(o.device_maps().at("worker1").size(), 2u);
+  EXPECT_EQ(o.device_maps().at("worker1").size(), 4u);
   EXPECT_THAT(o.set_device_map("worker1", DeviceMapSpec{{0, 0}}), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("cuda:0")));
 }
 
