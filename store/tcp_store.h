@@ -4,13 +4,16 @@
 // or a standalone `ferry store serve`) runs a TCPStoreServer; every rank, rank 0
 // included, talks to it through a TCPStore client.
 //
-//   // rank 0: hosts the server in-process on a free port, and waits for 4 workers.
-//   FERRY_ASSIGN_OR_RETURN(auto store, ferry::TCPStore::create("0.0.0.0", 0, /*is_server=*/true,
+//   // rank 0: hosts the server in-process and returns once all 4 ranks connected.
+//   FERRY_ASSIGN_OR_RETURN(auto store, ferry::TCPStore::create("10.0.0.1", 29500, /*is_server=*/true,
 //                                                              /*world_size=*/4, std::chrono::seconds(30)));
-//   publish(store->port());
-//   // other ranks: connect, retrying until the server is up or the timeout passes.
-//   FERRY_ASSIGN_OR_RETURN(auto store, ferry::TCPStore::create(host, port, false, 4, std::chrono::seconds(30)));
+//   // ranks 1..3: connect, retrying until the server is up or the timeout passes.
+//   FERRY_ASSIGN_OR_RETURN(auto store, ferry::TCPStore::create("10.0.0.1", 29500, false, 4,
+//                                                              std::chrono::seconds(30)));
 //   FERRY_ASSIGN_OR_RETURN(ferry::Bytes addr, store->get("addr/0"));
+//
+// Port 0 makes the server pick a free port (TCPStore::port() reports it), for a server
+// whose port reaches the clients some other way.  The client side needs no libuv.
 #pragma once
 
 #include <chrono>
