@@ -49,12 +49,16 @@ void ThreadPool::run() {
   for (;;) {
     if (tasks_.empty()) {
       if (stopping_) return;
-      spinning_.fetch_add(1, std::memory_order_acq_rel);
-      lock.unlock();
-      bool found = spin_until([this] { return queued_.load(std::memory_order_acquire) > 0; });
-      lock.lock();
-      spinning_.fetch_sub(1, std::memory_order_acq_rel);
-      if (found || !tasks_.empty() || stopping_) continue;
+      // One idle thread at a time polls; the others sleep, so an idle pool of many
+      // threads costs at most one core, for at most the spin window.
+      if (spinning_.load(std::memory_order_acquire) == 0) {
+        spinning_.fetch_add(1, std::memory_order_acq_rel);
+        lock.unlock();
+        bool found = spin_until([this] { return queued_.load(std::memory_order_acquire) > 0; });
+        lock.lock();
+        spinning_.fetch_sub(1, std::memory_order_acq_rel);
+        if (found || !tasks_.empty() || stopping_) continue;
+      }
       ++idle_;
       cv_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
       --idle_;

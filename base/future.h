@@ -51,10 +51,9 @@ namespace internal {
 // polling off). Read once.
 std::chrono::microseconds spin_window();
 
-// Polls `ready` (yielding between polls) for at most spin_window(); true if it became true.
+// Polls `ready` (yielding between polls) for at most `window`; true if it became true.
 template <typename Ready>
-bool spin_until(Ready ready) {
-  std::chrono::microseconds window = spin_window();
+bool spin_until(Ready ready, std::chrono::microseconds window = spin_window()) {
   if (window.count() == 0) return false;
   auto until = std::chrono::steady_clock::now() + window;
   do {
