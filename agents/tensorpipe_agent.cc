@@ -44,6 +44,13 @@ constexpr int kMptLanes = 2;
 constexpr size_t kPooledBufferBytes = 64 * 1024;
 constexpr size_t kMaxCachedReceiveBytes = size_t{512} << 20;
 
+// FERRY_RECEIVE_CACHE_MB caps the idle receive buffers kept for reuse (0: none).
+size_t max_cached_receive_bytes() {
+  const char* text = std::getenv("FERRY_RECEIVE_CACHE_MB");
+  if (text == nullptr || *text == '\0') return kMaxCachedReceiveBytes;
+  return static_cast<size_t>(std::strtoull(text, nullptr, 10)) << 20;
+}
+
 std::string tp_error_string(const tp::Error& error) { return error.what(); }
 
 absl::StatusOr<std::string> uv_listen_address() {
@@ -139,7 +146,7 @@ struct TensorPipeAgent::Impl : std::enable_shared_from_this<TensorPipeAgent::Imp
   std::vector<std::shared_ptr<tp::Pipe>> server_pipes;  // guarded by server_mu
 
   std::unique_ptr<internal::ThreadPool> pool;
-  std::shared_ptr<internal::BufferPool> buffers = internal::BufferPool::create(kMaxCachedReceiveBytes);
+  std::shared_ptr<internal::BufferPool> buffers = internal::BufferPool::create(max_cached_receive_bytes());
   std::thread timer;
   std::mutex timer_mu;
   std::condition_variable timer_cv;

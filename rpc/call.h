@@ -77,7 +77,7 @@ Future<internal::WireOf<R>> call_async(RpcAgent& agent, std::string_view to, std
     return make_ready_future<W>(absl::NotFoundError(absl::StrCat(
         "rpc from \"", agent.self().name, "\" to unknown worker \"", internal::av(to), "\"")));
   }
-  Message request = internal::make_request<R>(fn, kDefaultInlineTensorBytes, args...);
+  Message request = internal::make_request<R>(fn, inline_tensor_bytes(), args...);
   return agent.send(dst->id, std::move(request), timeout).then([](const absl::StatusOr<Message>& reply) {
     return internal::decode_reply<R>(reply);
   });
@@ -92,7 +92,7 @@ R call_sync(RpcAgent& agent, std::string_view to, std::string_view fn,
     throw RpcError(absl::NotFoundError(
         absl::StrCat("rpc from \"", agent.self().name, "\" to unknown worker \"", internal::av(to), "\"")));
   }
-  Message request = internal::make_request<R>(fn, kDefaultInlineTensorBytes, args...);
+  Message request = internal::make_request<R>(fn, inline_tensor_bytes(), args...);
   // Wait on the reply itself and decode here: no continuation, no extra future.
   Future<Message> reply = agent.send(dst->id, std::move(request), timeout);
   absl::StatusOr<internal::WireOf<R>> value = internal::decode_reply<R>(reply.result());

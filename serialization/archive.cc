@@ -1,6 +1,29 @@
 #include "serialization/archive.h"
 
+#include <cstdlib>
+
+#include "base/logging.h"
 #include "base/status.h"
+
+namespace ferry {
+
+size_t inline_tensor_bytes() {
+  static const size_t bytes = [] {
+    const char* text = std::getenv("FERRY_INLINE_TENSOR_BYTES");
+    if (text == nullptr || *text == '\0') return kDefaultInlineTensorBytes;
+    char* end = nullptr;
+    unsigned long long v = std::strtoull(text, &end, 10);
+    if (*end != '\0' || v > (1ULL << 30)) {
+      FERRY_LOG(WARNING) << "FERRY_INLINE_TENSOR_BYTES=" << text << " is not a byte count up to 1 GiB; using "
+                         << kDefaultInlineTensorBytes;
+      return kDefaultInlineTensorBytes;
+    }
+    return static_cast<size_t>(v);
+  }();
+  return bytes;
+}
+
+}  // namespace ferry
 
 namespace ferry::internal {
 namespace {

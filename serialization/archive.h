@@ -40,11 +40,15 @@ namespace ferry {
 // docs/performance.md for how it was chosen).
 inline constexpr size_t kDefaultInlineTensorBytes = 16 * 1024;
 
+// The process's threshold: FERRY_INLINE_TENSOR_BYTES if set (0: every tensor out of
+// band), else kDefaultInlineTensorBytes. Read once.
+size_t inline_tensor_bytes();
+
 // Writes values into a Message: bytes to its buffer, tensors to its tensor table.
 // Thread-compatible; one writer per message at a time.
 class PayloadWriter : public cereal::OutputArchive<PayloadWriter, cereal::AllowEmptyClassElision> {
  public:
-  explicit PayloadWriter(Message& message, size_t inline_threshold = kDefaultInlineTensorBytes)
+  explicit PayloadWriter(Message& message, size_t inline_threshold = inline_tensor_bytes())
       : OutputArchive(this), out_(message.buffer()), table_(message.tensors()), inline_threshold_(inline_threshold) {}
 
   void save_binary(const void* data, size_t size) { out_.append(static_cast<const char*>(data), size); }
