@@ -21,7 +21,7 @@ TEST(DType, NamesAndSizesRoundTrip) {
     ASSERT_TRUE(parsed.ok());
     EXPECT_EQ(*parsed, d);
   }
-  EXPECT_EQ(dtype_name(DType::kBFloat16), "bfloat16");
+  EXPECT_STREQ(dtype_name(DType::kBFloat16), "bfloat16");
   EXPECT_EQ(dtype_of<uint8_t>, DType::kUInt8);
   EXPECT_EQ(dtype_of<bool>, DType::kBool);
 }
