@@ -1,0 +1,63 @@
+// A bare loop of rpc_sync no-op calls between two forked workers, for profilers:
+//
+//   perf record -e cycles:u -g -- build/bench/rpc_call_loop shm 100000
+//   perf report --no-children --sort sym
+//
+// Prints the median and p99 round trip. Usage: rpc_call_loop [shm|uv] [calls]
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "rpc/ferry.h"
+
+int main(int argc, char** argv) {
+  std::string transport = argc > 1 ? argv[1] : "shm";
+  int calls = argc > 2 ? std::atoi(argv[2]) : 20000;
+  std::string store = (std::filesystem::temp_directory_path() / ("ferry-loop-" + std::to_string(getpid()))).string();
+  std::vector<pid_t> children;
+  for (int rank = 0; rank < 2; ++rank) {
+    pid_t pid = fork();
+    if (pid != 0) {
+      children.push_back(pid);
+      continue;
+    }
+    (void)ferry::register_function("noop", [](int64_t v) { return v; });
+    ferry::TensorPipeRpcBackendOptions options;
+    options.init_method = "file://" + store;
+    options.transports = std::vector<std::string>{transport};
+    options.num_worker_threads = 4;
+    absl::Status started = ferry::init_rpc("w" + std::to_string(rank), rank, 2, options);
+    if (!started.ok()) {
+      std::fprintf(stderr, "w%d: %s\n", rank, started.ToString().c_str());
+      _exit(1);
+    }
+    if (rank == 0) {
+      std::vector<double> us;
+      for (int i = 0; i < calls + 1000; ++i) {
+        auto t0 = std::chrono::steady_clock::now();
+        ferry::rpc_sync<int64_t>("w1", "noop", int64_t{i});
+        if (i >= 1000) us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+      }
+      std::sort(us.begin(), us.end());
+      std::printf("%s: %d rpc_sync no-op calls, median %.1f us, p99 %.1f us\n", transport.c_str(), calls,
+                  us[us.size() / 2], us[us.size() * 99 / 100]);
+      std::fflush(stdout);
+    }
+    _exit(ferry::shutdown().ok() ? 0 : 1);
+  }
+  int failed = 0;
+  for (pid_t pid : children) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    failed += !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+  std::filesystem::remove(store);
+  return failed == 0 ? 0 : 1;
+}
