@@ -82,6 +82,7 @@ int drive(int steps) {
     ferry::Tensor h = x;
     for (int s = 1; s < kWorld; ++s) {
       h = ferry::rpc_sync<ferry::Tensor>("worker" + std::to_string(s), "forward", h);
+      if (step == 0) std::printf("  forward:  rpc_sync worker%d.forward -> %s\n", s, h.to_string().c_str());
     }
     ferry::Tensor diff = *h.add(*target.mul(-1));
     loss = 0;
@@ -91,7 +92,9 @@ int drive(int steps) {
     ferry::Tensor grad = *diff.mul(2.0 / static_cast<double>(diff.numel()));
     for (int s = kWorld - 1; s >= 1; --s) {
       grad = ferry::rpc_sync<ferry::Tensor>("worker" + std::to_string(s), "backward", grad);
+      if (step == 0) std::printf("  backward: rpc_sync worker%d.backward (updates its weights) -> %s\n", s, grad.to_string().c_str());
     }
+    if (step == 0) std::printf("  then: rpc_async weight_norm on workers 1-3 at once\n");
     std::vector<ferry::Future<double>> norms;
     for (int s = 1; s < kWorld; ++s) norms.push_back(ferry::rpc_async<double>("worker" + std::to_string(s), "weight_norm"));
     if (step % 10 == 0 || step == steps - 1) {
