@@ -7,7 +7,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "rendezvous/rendezvous.h"
-#include "tests/rendezvous/free_port.h"
+#include "tests/testing/free_port.h"
 #include "tests/testing/multi_process.h"
 #include "tests/testing/status_matchers.h"
 

@@ -2,8 +2,6 @@
 // rpc_sync / rpc_async, shutdown, and a user-registered backend.
 #include "rpc/rpc.h"
 
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -11,6 +9,7 @@
 
 #include "agents/tensorpipe_agent.h"
 #include "gtest/gtest.h"
+#include "tests/testing/free_port.h"
 #include "tests/testing/multi_process.h"
 #include "tests/testing/status_matchers.h"
 
@@ -18,6 +17,7 @@ namespace ferry {
 namespace {
 
 using ::ferry::testing::StatusIs;
+using ::ferry::testing::free_port;
 using ::testing::HasSubstr;
 
 // A user struct with nested containers.
@@ -33,17 +33,6 @@ struct Record {
   }
 };
 
-int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
 
 void register_functions() {
   (void)register_function("add", [](int64_t a, int64_t b) { return a + b; });
