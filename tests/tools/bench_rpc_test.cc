@@ -13,7 +13,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "tests/testing/multi_process.h"
+#include "tests/testing/subprocess.h"
 
 namespace ferry {
 namespace {
@@ -24,45 +24,11 @@ using ::testing::HasSubstr;
 constexpr int kOk = 0;
 constexpr int kUsage = 2;
 
-std::string shell_quoted(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) {
-    if (c == '\'') {
-      out += "'\\''";
-    } else {
-      out += c;
-    }
-  }
-  return out + "'";
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-struct ToolRun {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
+using ToolRun = ::ferry::testing::ProgramRun;
 
 // Runs `ferry <args>` and captures what it printed.
 ToolRun ferry_tool(const std::vector<std::string>& args) {
-  ferry::testing::TempDir dir;
-  std::string out_path = dir.path() + "/stdout";
-  std::string err_path = dir.path() + "/stderr";
-  std::string command = shell_quoted(FERRY_BINARY);
-  for (const std::string& a : args) command += " " + shell_quoted(a);
-  command += " >" + shell_quoted(out_path) + " 2>" + shell_quoted(err_path);
-  int status = std::system(command.c_str());
-  ToolRun run;
-  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  run.out = read_file(out_path);
-  run.err = read_file(err_path);
-  return run;
+  return ::ferry::testing::run_program(FERRY_BINARY, args, std::chrono::seconds(100));
 }
 
 void expect_positive(const json& parent, const std::string& key, const std::string& where) {

@@ -12,6 +12,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/multi_process.h"
+#include "tests/testing/subprocess.h"
 
 namespace ferry {
 namespace {
@@ -24,47 +25,12 @@ constexpr int kOk = 0;
 constexpr int kInvalid = 1;
 constexpr int kUsage = 2;
 
-std::string shell_quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) {
-    if (c == '\'') {
-      out += "'\\''";
-    } else {
-      out += c;
-    }
-  }
-  return out + "'";
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-struct Outcome {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
+using Outcome = ::ferry::testing::ProgramRun;
 
 class DevmapsCheck : public ::testing::Test {
  protected:
   // Runs `ferry <args>` and captures what it printed.
-  Outcome ferry(const std::vector<std::string>& args) {
-    std::string out_path = dir_.path() + "/stdout";
-    std::string err_path = dir_.path() + "/stderr";
-    std::string command = shell_quote(FERRY_BINARY);
-    for (const std::string& a : args) command += " " + shell_quote(a);
-    command += " >" + shell_quote(out_path) + " 2>" + shell_quote(err_path);
-    int status = std::system(command.c_str());
-    Outcome run;
-    run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    run.out = read_file(out_path);
-    run.err = read_file(err_path);
-    return run;
-  }
+  Outcome ferry(const std::vector<std::string>& args) { return ::ferry::testing::run_program(FERRY_BINARY, args); }
 
   // Writes `text` to a fresh file and runs `ferry devmaps check` on it.
   Outcome check(const std::string& text) {

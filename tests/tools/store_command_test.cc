@@ -13,6 +13,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/subprocess.h"
 
 namespace {
 
@@ -20,62 +21,11 @@ using ::testing::HasSubstr;
 using ::testing::StartsWith;
 using namespace std::chrono_literals;
 
-struct Child {
-  pid_t pid = -1;
-  int out = -1;  // the child's stdout
-  int err = -1;  // the child's stderr
-};
+using ::ferry::testing::Child;
+using ::ferry::testing::read_until;
+using ::ferry::testing::wait_exit;
 
-Child spawn(const std::vector<std::string>& args) {
-  int out[2], err[2];
-  if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) return {};
-  pid_t pid = fork();
-  if (pid == 0) {
-    dup2(out[1], 1);
-    dup2(err[1], 2);
-    std::vector<char*> argv;
-    std::string binary = FERRY_BINARY;
-    argv.push_back(binary.data());
-    std::vector<std::string> copy = args;
-    for (std::string& a : copy) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execv(binary.c_str(), argv.data());
-    _exit(127);
-  }
-  close(out[1]);
-  close(err[1]);
-  return {pid, out[0], err[0]};
-}
-
-// Reads from `fd` until EOF, `stop_at` (if given) shows up, or the deadline passes.
-std::string read_until(int fd, std::chrono::steady_clock::time_point deadline, const char* stop_at = nullptr) {
-  std::string text;
-  while (true) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) break;
-    pollfd p{fd, POLLIN, 0};
-    if (poll(&p, 1, static_cast<int>(left.count())) <= 0) break;
-    char buf[4096];
-    ssize_t n = read(fd, buf, sizeof(buf));
-    if (n <= 0) break;
-    text.append(buf, static_cast<size_t>(n));
-    if (stop_at != nullptr && text.find(stop_at) != std::string::npos) break;
-  }
-  return text;
-}
-
-// The exit code, or -1 (after SIGKILL) if it did not exit before the deadline.
-int wait_exit(pid_t pid, std::chrono::milliseconds timeout) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    int status = 0;
-    if (waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    usleep(5000);
-  }
-  kill(pid, SIGKILL);
-  waitpid(pid, nullptr, 0);
-  return -1;
-}
+Child spawn(const std::vector<std::string>& args) { return ::ferry::testing::spawn(FERRY_BINARY, args); }
 
 struct Result {
   int code = -1;
@@ -83,15 +33,8 @@ struct Result {
 };
 
 Result run(const std::vector<std::string>& args, std::chrono::milliseconds timeout = 20s) {
-  Child c = spawn(args);
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  Result r;
-  r.out = read_until(c.out, deadline);
-  r.err = read_until(c.err, deadline);
-  close(c.out);
-  close(c.err);
-  r.code = wait_exit(c.pid, timeout);
-  return r;
+  ::ferry::testing::ProgramRun r = ::ferry::testing::run_program(FERRY_BINARY, args, timeout);
+  return Result{r.exit_code, r.out, r.err};
 }
 
 // A `ferry store serve` child on a free loopback port.
