@@ -271,11 +271,10 @@ class TCPStore::Client {
     return absl::OkStatus();
   }
 
-  // Reads exactly n bytes, or fails: kDeadlineExceeded at the deadline, kUnavailable
-  // when the server closed the connection or the socket failed.
-  static absl::Status read_exact(int fd, uint8_t* out, size_t n, Clock::time_point deadline) {
-    size_t done = 0;
-    while (done < n) {
+  // Reads between 1 and n bytes once some are there, or fails: kDeadlineExceeded at the
+  // deadline, kUnavailable when the server closed the connection or the socket failed.
+  static absl::StatusOr<size_t> read_some(int fd, uint8_t* out, size_t n, Clock::time_point deadline) {
+    for (;;) {
       pollfd p{fd, POLLIN, 0};
       int ready = ::poll(&p, 1, remaining_ms(deadline));
       if (ready < 0) {
@@ -283,13 +282,21 @@ class TCPStore::Client {
         return absl::UnavailableError(absl::StrCat("poll failed: ", std::strerror(errno)));
       }
       if (ready == 0) return absl::DeadlineExceededError("no answer in time");
-      ssize_t got = ::recv(fd, out + done, n - done, 0);
+      ssize_t got = ::recv(fd, out, n, 0);
       if (got == 0) return absl::UnavailableError("the server closed the connection");
       if (got < 0) {
         if (errno == EINTR || errno == EAGAIN) continue;
         return absl::UnavailableError(absl::StrCat("receive failed: ", std::strerror(errno)));
       }
-      done += static_cast<size_t>(got);
+      return static_cast<size_t>(got);
+    }
+  }
+
+  // Reads exactly n bytes, or fails as read_some does.
+  static absl::Status read_exact(int fd, uint8_t* out, size_t n, Clock::time_point deadline) {
+    for (size_t done = 0; done < n;) {
+      FERRY_ASSIGN_OR_RETURN(size_t got, read_some(fd, out + done, n - done, deadline));
+      done += got;
     }
     return absl::OkStatus();
   }
@@ -301,20 +308,8 @@ class TCPStore::Client {
     uint8_t first[512];
     size_t got = 0;
     while (got < kFrameHeaderBytes) {
-      pollfd p{fd, POLLIN, 0};
-      int ready = ::poll(&p, 1, remaining_ms(deadline));
-      if (ready < 0) {
-        if (errno == EINTR) continue;
-        return absl::UnavailableError(absl::StrCat("poll failed: ", std::strerror(errno)));
-      }
-      if (ready == 0) return absl::DeadlineExceededError("no answer in time");
-      ssize_t n = ::recv(fd, first + got, sizeof(first) - got, 0);
-      if (n == 0) return absl::UnavailableError("the server closed the connection");
-      if (n < 0) {
-        if (errno == EINTR || errno == EAGAIN) continue;
-        return absl::UnavailableError(absl::StrCat("receive failed: ", std::strerror(errno)));
-      }
-      got += static_cast<size_t>(n);
+      FERRY_ASSIGN_OR_RETURN(size_t n, read_some(fd, first + got, sizeof(first) - got, deadline));
+      got += n;
     }
     uint32_t len = read_frame_length(first);
     if (len > kMaxResponseBytes) return absl::UnavailableError(absl::StrCat("answer of ", len, " bytes is corrupt"));
