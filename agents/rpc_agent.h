@@ -72,7 +72,9 @@ class RpcAgent {
   // Waits until this worker's own calls in flight are done.
   virtual absl::Status sync(std::chrono::milliseconds timeout) = 0;
   // Stops the agent: pending calls fail with kCancelled, threads are joined. Idempotent.
-  // A graceful shutdown calls join() first.
+  // A graceful shutdown calls join() first. Must be called from a thread the agent does
+  // not own (not from a user function or a future callback): it would join itself, so
+  // such a call is logged and ignored.
   virtual void shutdown() = 0;
 
   // Counters for debugging: calls in flight, pool size, requests served, ...

@@ -196,8 +196,9 @@ template <typename Done>
 void TensorPipeAgent::Impl::read_message(const std::shared_ptr<tp::Pipe>& pipe, Done done) {
   pipe->readDescriptor([pipe, pool = buffers, done = std::move(done)](const tp::Error& error,
                                                                       tp::Descriptor descriptor) mutable {
+    internal::AgentThreadScope agent_thread;
     if (error) {
-      done(absl::UnavailableError(tp_error_string(error)), absl::OkStatus());
+      done(absl::UnavailableError(tp_error_string(error)), std::vector<std::string>());
       return;
     }
     tp::Allocation allocation;
@@ -212,7 +213,7 @@ void TensorPipeAgent::Impl::read_message(const std::shared_ptr<tp::Pipe>& pipe, 
         // Out of memory: the pipe cannot skip the bytes, so it is unusable from here.
         FERRY_LOG(ERROR) << "cannot allocate a " << t.length << "-byte receive buffer: " << buffer.status();
         pipe->close();
-        done(buffer.status(), absl::OkStatus());
+        done(buffer.status(), std::vector<std::string>());
         return;
       }
       allocation.tensors.push_back(tp::Allocation::Tensor{tp::CpuBuffer{buffer->data()}});
@@ -222,12 +223,11 @@ void TensorPipeAgent::Impl::read_message(const std::shared_ptr<tp::Pipe>& pipe, 
     pipe->read(std::move(allocation), [metadata = std::move(descriptor.metadata), buffers = std::move(buffers),
                                        targets = std::move(targets), done = std::move(done)](const tp::Error& error) mutable {
       if (error) {
-        done(absl::UnavailableError(tp_error_string(error)), absl::OkStatus());
+        done(absl::UnavailableError(tp_error_string(error)), std::vector<std::string>());
         return;
       }
-      // A buffer that cannot land on its device fails this message only, not the pipe.
-      absl::Status landed = internal::land_incoming(buffers, targets);
-      done(Message::parse(std::move(metadata), std::move(buffers)), landed);
+      internal::AgentThreadScope agent_thread;
+      done(Message::parse(std::move(metadata), std::move(buffers)), std::move(targets));
     });
   });
 }
@@ -361,9 +361,12 @@ absl::Status TensorPipeAgent::Impl::start() {
 
   listener = context->listen(urls);
   pool = std::make_unique<internal::ThreadPool>(options.num_worker_threads);
+  FERRY_RETURN_IF_ERROR(exchange_addresses());
+  // Both read the peer tables exchange_addresses() filled, so they start after it.
+  // (TensorPipe holds incoming pipes until an accept callback is registered.)
   timer = std::thread([this] { run_timer(); });
   accept_next();
-  return exchange_addresses();
+  return absl::OkStatus();
 }
 
 absl::Status TensorPipeAgent::Impl::exchange_addresses() {
@@ -437,7 +440,8 @@ void TensorPipeAgent::Impl::accept_next() {
 void TensorPipeAgent::Impl::read_request(std::shared_ptr<ServerPipe> server) {
   std::weak_ptr<Impl> weak = weak_from_this();
   std::shared_ptr<tp::Pipe> pipe = server->pipe;
-  read_message(pipe, [weak, server = std::move(server)](absl::StatusOr<Message> request, absl::Status landed) mutable {
+  read_message(pipe, [weak, server = std::move(server)](absl::StatusOr<Message> request,
+                                                        std::vector<std::string> targets) mutable {
     std::shared_ptr<Impl> impl = weak.lock();
     if (!impl) return;
     if (!request.ok()) {
@@ -461,13 +465,28 @@ void TensorPipeAgent::Impl::read_request(std::shared_ptr<ServerPipe> server) {
                          << " message from " << server->from.name << " on a request pipe";
       return;
     }
-    impl->pool->post([weak, server, landed, request = *std::move(request)]() {
+    // Tensors bound for a device land on the pool thread: a device copy must not hold up
+    // the transport's loop.
+    impl->pool->post([weak, server, targets = std::move(targets), request = *std::move(request)]() mutable {
       std::shared_ptr<Impl> impl = weak.lock();
       if (!impl) return;
-      Message reply = landed.ok() ? impl->handler(request, server->from)
-                                  : make_error_message(request.id(), impl->self.name,
-                                                       absl::Status(landed.code(), absl::StrCat(impl->self.name, ": ",
-                                                                                                landed.message())));
+      absl::Status landed = internal::land_incoming(request.tensors(), targets);
+      Message reply;
+      if (!landed.ok()) {
+        reply = make_error_message(request.id(), impl->self.name,
+                                   absl::Status(landed.code(), absl::StrCat(impl->self.name, ": ", landed.message())));
+      } else {
+        try {
+          reply = impl->handler(request, server->from);
+        } catch (const std::exception& e) {
+          reply = make_error_message(request.id(), impl->self.name,
+                                     absl::UnknownError(absl::StrCat(impl->self.name, ": request handler threw: ",
+                                                                     e.what())));
+        } catch (...) {
+          reply = make_error_message(request.id(), impl->self.name,
+                                     absl::UnknownError(absl::StrCat(impl->self.name, ": request handler threw")));
+        }
+      }
       reply.set_id(request.id());
       impl->requests_served.fetch_add(1, std::memory_order_relaxed);
       auto done = [weak, from = server->from.name](const tp::Error& error) {
@@ -492,7 +511,7 @@ void TensorPipeAgent::Impl::read_request(std::shared_ptr<ServerPipe> server) {
 
 void TensorPipeAgent::Impl::read_reply(Peer* peer) {
   std::weak_ptr<Impl> weak = weak_from_this();
-  read_message(peer->pipe, [weak, peer](absl::StatusOr<Message> reply, absl::Status landed) {
+  read_message(peer->pipe, [weak, peer](absl::StatusOr<Message> reply, std::vector<std::string> targets) {
     std::shared_ptr<Impl> impl = weak.lock();
     if (!impl) return;
     if (!reply.ok()) {
@@ -510,6 +529,9 @@ void TensorPipeAgent::Impl::read_reply(Peer* peer) {
     }
     impl->read_reply(peer);
     uint64_t id = reply->id();
+    // Replies land here, on the loop thread: with a host-staged channel that is a copy
+    // per CUDA tensor in the reply (see agents/cuda_staging.h).
+    absl::Status landed = internal::land_incoming(reply->tensors(), targets);
     if (!landed.ok()) {
       impl->complete(peer, id, landed);
     } else if (reply->type() == MessageType::kError) {
@@ -534,9 +556,11 @@ void TensorPipeAgent::Impl::complete(Peer* peer, uint64_t id, absl::StatusOr<Mes
     had_deadline = it->second.deadline != Clock::time_point::max();
     peer->pending.erase(it);
   }
+  // Counted out only after the callbacks ran: a then() that issues the next call must
+  // not let sync() see zero calls in between.
+  promise.set_result(std::move(result));
   if (had_deadline) with_deadline.fetch_sub(1, std::memory_order_relaxed);
   in_flight.fetch_sub(1, std::memory_order_relaxed);
-  promise.set_result(std::move(result));
 }
 
 void TensorPipeAgent::Impl::fail_peer(Peer* peer, absl::Status status) {
@@ -548,13 +572,14 @@ void TensorPipeAgent::Impl::fail_peer(Peer* peer, absl::Status status) {
     status = peer->lost;
   }
   for (auto& [id, p] : pending) {
+    p.promise.set_error(status);
     if (p.deadline != Clock::time_point::max()) with_deadline.fetch_sub(1, std::memory_order_relaxed);
     in_flight.fetch_sub(1, std::memory_order_relaxed);
-    p.promise.set_error(status);
   }
 }
 
 void TensorPipeAgent::Impl::run_timer() {
+  internal::set_on_agent_thread(true);
   std::unique_lock<std::mutex> lock(timer_mu);
   while (!timer_stop) {
     timer_cv.wait_for(lock, kTimerTick);
@@ -576,10 +601,10 @@ void TensorPipeAgent::Impl::run_timer() {
         }
       }
       for (auto& [id, promise] : expired) {
-        with_deadline.fetch_sub(1, std::memory_order_relaxed);
-        in_flight.fetch_sub(1, std::memory_order_relaxed);
         promise.set_error(absl::DeadlineExceededError(
             absl::StrCat("rpc to worker \"", peer->info.name, "\" (call ", id, ") timed out")));
+        with_deadline.fetch_sub(1, std::memory_order_relaxed);
+        in_flight.fetch_sub(1, std::memory_order_relaxed);
       }
     }
     lock.lock();
@@ -636,9 +661,10 @@ Future<Message> TensorPipeAgent::send(int to, Message message, std::optional<std
     std::lock_guard<std::mutex> lock(peer->mu);
     if (!peer->lost.ok()) return make_ready_future<Message>(peer->lost);
     peer->pending.emplace(id, std::move(pending));
+    // Counted under the lock, so that whoever removes the entry counts it out after.
+    impl.in_flight.fetch_add(1, std::memory_order_relaxed);
+    if (t.count() > 0) impl.with_deadline.fetch_add(1, std::memory_order_relaxed);
   }
-  impl.in_flight.fetch_add(1, std::memory_order_relaxed);
-  if (t.count() > 0) impl.with_deadline.fetch_add(1, std::memory_order_relaxed);
   std::weak_ptr<Impl> weak = impl_;
   absl::Status sent = impl.write(peer->pipe, std::move(message), impl.map_towards(impl.options.device_maps, peer->info.name),
                                  peer->info.name, [weak, peer, id](const tp::Error& error) {
@@ -735,6 +761,13 @@ absl::Status TensorPipeAgent::join(std::chrono::milliseconds timeout) {
 
 void TensorPipeAgent::shutdown() {
   Impl& impl = *impl_;
+  if (internal::on_agent_thread()) {
+    // Tearing down joins this very thread: refuse rather than deadlock or abort.
+    FERRY_LOG(ERROR) << impl.self.name
+                     << ": shutdown() called from one of the agent's own threads (a user function or a future "
+                        "callback); call it from a thread of your own";
+    return;
+  }
   if (impl.shut_down.exchange(true)) return;
   if (impl.listener) impl.listener->close();
   if (impl.context) {

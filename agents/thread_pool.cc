@@ -1,6 +1,7 @@
 #include "agents/thread_pool.h"
 
 #include "base/future.h"
+#include "base/logging.h"
 
 namespace ferry::internal {
 
@@ -26,6 +27,7 @@ bool ThreadPool::post(std::function<void()> task) {
 }
 
 void ThreadPool::shutdown() {
+  FERRY_CHECK(!on_pool_thread()) << "ThreadPool::shutdown() called from one of its own threads";
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_ && threads_.empty()) return;
@@ -37,6 +39,14 @@ void ThreadPool::shutdown() {
   }
   std::lock_guard<std::mutex> lock(mu_);
   threads_.clear();
+}
+
+bool ThreadPool::on_pool_thread() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const std::thread& t : threads_) {
+    if (t.get_id() == std::this_thread::get_id()) return true;
+  }
+  return false;
 }
 
 size_t ThreadPool::queued() const {
@@ -67,8 +77,18 @@ void ThreadPool::run() {
     std::function<void()> task = std::move(tasks_.front());
     tasks_.pop_front();
     queued_.store(tasks_.size(), std::memory_order_release);
+    // post() skipped the wake-up because a thread was polling; that thread is now busy,
+    // so pass the wake-up on while work is left (a task may wait for the next one).
+    if (!tasks_.empty() && idle_ > 0) cv_.notify_one();
     lock.unlock();
-    task();
+    internal::set_on_agent_thread(true);
+    try {
+      task();
+    } catch (const std::exception& e) {
+      FERRY_LOG(ERROR) << "a pool task threw (tasks must not throw): " << e.what();
+    } catch (...) {
+      FERRY_LOG(ERROR) << "a pool task threw a non-standard exception (tasks must not throw)";
+    }
     lock.lock();
   }
 }

@@ -36,6 +36,8 @@ class ThreadPool {
   // from a pool thread.
   void shutdown();
   int size() const { return static_cast<int>(threads_.size()); }
+  // Whether the calling thread is one of this pool's.
+  bool on_pool_thread() const;
   size_t queued() const;
 
  private:

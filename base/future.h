@@ -15,8 +15,9 @@
 //
 // Threads: then() and add_callback() callbacks run on the thread that completes the
 // future (for an RPC reply, a transport thread), or inline in the caller when the
-// future is already complete. Callbacks must be short and must not block: hand long
-// work to your own thread. Callbacks run with no lock held.
+// future is already complete. Callbacks must be short, must not block and must not
+// throw (an exception is logged and dropped): hand long work to your own thread.
+// Callbacks run with no lock held.
 #pragma once
 
 #include <chrono>
@@ -50,6 +51,28 @@ namespace internal {
 // sleeping thread costs several microseconds. From FERRY_SPIN_US (default 50; 0 turns
 // polling off). Read once.
 std::chrono::microseconds spin_window();
+
+// Marks the calling thread as one an agent owns (a pool thread, a transport callback),
+// where tearing the agent down would join the thread from itself.
+void set_on_agent_thread(bool on);
+bool on_agent_thread();
+
+// Marks the calling thread as an agent's for the scope's duration (TensorPipe may run
+// a callback inline on the thread that armed it, so the mark must not outlive it).
+class AgentThreadScope {
+ public:
+  AgentThreadScope() : previous_(on_agent_thread()) { set_on_agent_thread(true); }
+  ~AgentThreadScope() { set_on_agent_thread(previous_); }
+  AgentThreadScope(const AgentThreadScope&) = delete;
+  AgentThreadScope& operator=(const AgentThreadScope&) = delete;
+
+ private:
+  bool previous_;
+};
+
+// Runs a completion callback; an exception from it is logged and dropped, because it
+// would otherwise escape onto a library thread.
+void run_callback_guarded(const std::function<void()>& fn);
 
 // Polls `ready` (yielding between polls) for at most `window`; true if it became true.
 template <typename Ready>
@@ -87,7 +110,7 @@ class FutureState {
       ready_.store(true, std::memory_order_release);
     }
     cv_.notify_all();
-    for (Callback& cb : callbacks) cb(*result_);
+    for (Callback& cb : callbacks) run_callback_guarded([&] { cb(*result_); });
     return true;
   }
 
@@ -99,7 +122,7 @@ class FutureState {
         return;
       }
     }
-    cb(*result_);
+    run_callback_guarded([&] { cb(*result_); });
   }
 
   bool ready() const { return ready_.load(std::memory_order_acquire); }

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <functional>
 #include <string>
 
 #include <unistd.h>
@@ -76,6 +77,23 @@ std::chrono::microseconds spin_window() {
     return std::chrono::microseconds(v);
   }();
   return window;
+}
+
+namespace {
+thread_local bool agent_thread = false;
+}  // namespace
+
+void set_on_agent_thread(bool on) { agent_thread = on; }
+bool on_agent_thread() { return agent_thread; }
+
+void run_callback_guarded(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    FERRY_LOG(ERROR) << "a future callback threw (callbacks must not throw): " << e.what();
+  } catch (...) {
+    FERRY_LOG(ERROR) << "a future callback threw a non-standard exception (callbacks must not throw)";
+  }
 }
 
 LogLine::LogLine(LogLevel level, const char* file, int line, bool fatal)

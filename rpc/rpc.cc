@@ -119,11 +119,23 @@ absl::Status init_rpc(const std::string& name, int rank, int world_size, const T
 }
 
 absl::Status shutdown(bool graceful, std::chrono::milliseconds timeout) {
-  std::lock_guard<std::mutex> lock(lifecycle_mutex());
-  std::shared_ptr<RpcAgent> agent = current_agent();
-  if (agent == nullptr) return absl::FailedPreconditionError("shutdown: no worker is running in this process");
+  if (internal::on_agent_thread()) {
+    return absl::FailedPreconditionError(
+        "shutdown: called from one of the worker's own threads (a registered function or a future callback); "
+        "call it from a thread of your own");
+  }
+  std::shared_ptr<RpcAgent> agent;
+  {
+    std::lock_guard<std::mutex> lock(lifecycle_mutex());
+    agent = current_agent();
+    if (agent == nullptr) return absl::FailedPreconditionError("shutdown: no worker is running in this process");
+  }
   absl::Status joined = graceful ? agent->join(timeout) : absl::OkStatus();
-  set_current_agent(nullptr);
+  {
+    std::lock_guard<std::mutex> lock(lifecycle_mutex());
+    if (current_agent() == agent) set_current_agent(nullptr);
+  }
+  // Outside the lock: failing the pending calls runs their callbacks, which may call in.
   agent->shutdown();
   return joined;
 }

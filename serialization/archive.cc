@@ -70,9 +70,19 @@ void load_tensor(PayloadReader& ar, Tensor& t) {
   std::vector<int64_t> shape(ndim);
   ar.load_binary(shape.data(), ndim * sizeof(int64_t));
   if (form == static_cast<uint8_t>(TensorForm::kInline)) {
+    // Check the declared size against the bytes present before allocating anything.
+    uint64_t bytes = dtype_size(static_cast<DType>(dtype));
+    for (int64_t d : shape) {
+      if (d < 0) throw cereal::Exception(absl::StrCat("tensor has negative dimension ", d));
+      if (d != 0 && bytes > ar.remaining() / static_cast<uint64_t>(d)) bytes = ar.remaining() + 1;
+      else bytes *= static_cast<uint64_t>(d);
+    }
+    if (bytes > ar.remaining()) {
+      throw cereal::Exception(absl::StrCat("inline tensor declares more bytes than the ", ar.remaining(),
+                                           " left in the payload"));
+    }
     absl::StatusOr<Tensor> out = Tensor::empty(std::move(shape), static_cast<DType>(dtype));
     if (!out.ok()) throw cereal::Exception(std::string(out.status().message()));
-    ar.check_size(out->nbytes(), 1);
     ar.load_binary(out->data(), out->nbytes());
     t = *std::move(out);
     return;

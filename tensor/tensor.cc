@@ -29,6 +29,16 @@ absl::StatusOr<int64_t> count_elements(const std::vector<int64_t>& shape) {
   return n;
 }
 
+// The element count, checked so that the byte count (numel * element size) fits too.
+absl::StatusOr<int64_t> count_bytes_checked(const std::vector<int64_t>& shape, DType dtype) {
+  FERRY_ASSIGN_OR_RETURN(int64_t numel, count_elements(shape));
+  if (numel > std::numeric_limits<int64_t>::max() / static_cast<int64_t>(dtype_size(dtype))) {
+    return absl::InvalidArgumentError(absl::StrCat("shape ", internal::shape_string(shape), " of ", dtype_name(dtype),
+                                                   " is too large"));
+  }
+  return numel;
+}
+
 absl::StatusOr<std::shared_ptr<void>> allocate(size_t bytes, Device device) {
   if (device.is_cpu()) {
     size_t rounded = (bytes + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment;
@@ -113,7 +123,7 @@ absl::StatusOr<Tensor> Tensor::empty(std::vector<int64_t> shape, DType dtype, De
   if (!is_valid_dtype(static_cast<int>(dtype))) {
     return absl::InvalidArgumentError(absl::StrCat("invalid dtype value ", static_cast<int>(dtype)));
   }
-  FERRY_ASSIGN_OR_RETURN(int64_t numel, count_elements(shape));
+  FERRY_ASSIGN_OR_RETURN(int64_t numel, count_bytes_checked(shape, dtype));
   Tensor t;
   t.shape_ = std::move(shape);
   t.numel_ = numel;
@@ -135,7 +145,7 @@ absl::StatusOr<Tensor> Tensor::from_blob(std::shared_ptr<void> data, std::vector
   if (!is_valid_dtype(static_cast<int>(dtype))) {
     return absl::InvalidArgumentError(absl::StrCat("invalid dtype value ", static_cast<int>(dtype)));
   }
-  FERRY_ASSIGN_OR_RETURN(int64_t numel, count_elements(shape));
+  FERRY_ASSIGN_OR_RETURN(int64_t numel, count_bytes_checked(shape, dtype));
   Tensor t;
   t.data_ = std::move(data);
   t.shape_ = std::move(shape);

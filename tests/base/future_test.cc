@@ -55,5 +55,14 @@ TEST(Future, ThenChainsValuesErrorsAndExceptions) {
   EXPECT_THAT(err.then([](const absl::StatusOr<int>& v) { return v.ok(); }).wait(), false);
 }
 
+TEST(Future, AThrowingCallbackDoesNotStopTheOthers) {
+  Promise<int> p;
+  bool second = false;
+  p.get_future().add_callback([](const absl::StatusOr<int>&) { throw std::runtime_error("bad callback"); });
+  p.get_future().add_callback([&](const absl::StatusOr<int>&) { second = true; });
+  EXPECT_TRUE(p.set_value(1));
+  EXPECT_TRUE(second);
+}
+
 }  // namespace
 }  // namespace ferry

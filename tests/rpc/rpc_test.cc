@@ -46,6 +46,7 @@ void register_functions() {
     std::this_thread::sleep_for(std::chrono::milliseconds(ms));
     return ms;
   });
+  (void)register_function("try_shutdown", [] { return shutdown().ToString(); });
   (void)register_function("relay", [](std::string to, int64_t v) {
     return rpc_sync<int64_t>(to, "add", v, int64_t{1});
   });
@@ -162,6 +163,8 @@ TEST(Rpc, ThousandConcurrentCallsAndGracefulShutdownWithCallsInFlight) {
     std::vector<Future<int64_t>> futures;
     for (int64_t i = 0; i < 1000; ++i) futures.push_back(rpc_async<int64_t>(name_of(1 - rank), "add", i, int64_t{1}));
     for (int64_t i = 0; i < 1000; ++i) EXPECT_EQ(futures[static_cast<size_t>(i)].wait(), i + 1);
+    // A registered function cannot tear its own worker down (it would join itself).
+    EXPECT_THAT(rpc_sync<std::string>(name_of(1 - rank), "try_shutdown"), HasSubstr("worker's own threads"));
     // Calls still running when shutdown starts must complete, not be cut off.
     std::vector<Future<int64_t>> slow;
     for (int i = 0; i < 4; ++i) slow.push_back(rpc_async<int64_t>(name_of(1 - rank), "sleep_ms", int64_t{300}));

@@ -148,6 +148,32 @@ TEST(Payload, BadTensorRecordsAreErrors) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("negative dimension")));
 }
 
+TEST(Payload, HugeDeclaredShapesAreRejectedBeforeAllocating) {
+  Message m(MessageType::kResponse, 1);
+  {
+    PayloadWriter w(m);
+    w(Tensor::from_vector<double>({1.0}));
+  }
+  std::string wire = m.seal();
+  // Rewrite the one dimension to 2^61: the byte count would wrap to 0.
+  std::string huge = wire;
+  int64_t dim = int64_t{1} << 61;
+  std::memcpy(huge.data() + Message::kHeaderSize + 6, &dim, 8);
+  EXPECT_THAT(read_payload<Tensor>(*Message::parse(huge, {})),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("more bytes than")));
+  // The same shape through the tensor table.
+  Message table(MessageType::kResponse, 1);
+  {
+    PayloadWriter w(table, /*inline_threshold=*/0);
+    w(Tensor::from_vector<double>({1.0}));
+  }
+  std::vector<Tensor> received = table.tensors();
+  std::string wire2 = table.seal();
+  std::memcpy(wire2.data() + Message::kHeaderSize + 6, &dim, 8);
+  EXPECT_THAT(read_payload<Tensor>(*Message::parse(wire2, received)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("too large")));
+}
+
 TEST(ErrorMessage, CarriesCodeAndText) {
   Message m = make_error_message(9, "worker3", absl::NotFoundError("worker3: no function named \"f\""));
   EXPECT_EQ(m.type(), MessageType::kError);

@@ -39,6 +39,11 @@ TEST(Tensor, RejectsBadShapes) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("negative dimension -1 in shape [2, -1]")));
   EXPECT_THAT(Tensor::empty({INT64_MAX, 4}, DType::kFloat32),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("too large")));
+  // The element count fits in int64 but the byte count would not.
+  EXPECT_THAT(Tensor::empty({int64_t{1} << 61}, DType::kFloat64),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("too large")));
+  EXPECT_THAT(Tensor::from_blob(std::make_shared<int>(0), {int64_t{1} << 61}, DType::kFloat64),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("too large")));
   EXPECT_THAT(Tensor::from_values<float>({1, 2, 3}, {2, 2}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("3 values do not fill shape [2, 2]")));
 }
