@@ -55,6 +55,8 @@ size_t ThreadPool::queued() const {
 }
 
 void ThreadPool::run() {
+  // Every task here runs on a thread the agent owns (see on_agent_thread()).
+  internal::set_on_agent_thread(true);
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     if (tasks_.empty()) {
@@ -81,7 +83,6 @@ void ThreadPool::run() {
     // so pass the wake-up on while work is left (a task may wait for the next one).
     if (!tasks_.empty() && idle_ > 0) cv_.notify_one();
     lock.unlock();
-    internal::set_on_agent_thread(true);
     try {
       task();
     } catch (const std::exception& e) {
