@@ -42,6 +42,16 @@ struct WorkerInfo {
 // runs inside it) and may be called concurrently from several threads.
 using RequestHandler = std::function<Message(const Message& request, const WorkerInfo& from)>;
 
+// What happened to a worker, as told to membership listeners.
+enum class MembershipChange {
+  kJoined,  // it joined the group (dynamic groups)
+  kLeft,    // it left the group on purpose (dynamic groups: shutdown)
+  kLost,    // its connection failed: it died or became unreachable
+};
+
+// Called with the worker concerned and what happened to it.
+using MembershipListener = std::function<void(const WorkerInfo& worker, MembershipChange change)>;
+
 // Thread-safe: every method may be called from any thread.
 class RpcAgent {
  public:
@@ -76,6 +86,12 @@ class RpcAgent {
   // not own (not from a user function or a future callback): it would join itself, so
   // such a call is logged and ignored.
   virtual void shutdown() = 0;
+
+  // Registers `listener` for every later change of membership. It runs on one of the
+  // agent's pool threads (never a transport thread), one change at a time, and may call
+  // the agent. Listeners live as long as the agent. An agent that cannot tell (a custom
+  // backend that keeps the default) never calls it.
+  virtual void add_membership_listener(MembershipListener listener) { (void)listener; }
 
   // Counters for debugging: calls in flight, pool size, requests served, ...
   virtual std::map<std::string, std::string> debug_info() const = 0;
