@@ -58,11 +58,12 @@ class RpcAgent {
   virtual ~RpcAgent() = default;
 
   // Sends `message` (a kRequest) to worker `to` and returns a future of its reply.
-  // The future completes on a transport thread with the kResponse message, or with an
-  // error status: the remote error (kError reply), kDeadlineExceeded after `timeout`
+  // Its callbacks run on the agent's pool, never on a transport thread (see
+  // base/future.h). It completes with the kResponse message, or with an error status: the remote error (kError reply), kDeadlineExceeded after `timeout`
   // (none: the agent's default; zero: no timeout), kUnavailable when the peer is lost
   // (at once, not at the timeout), kCancelled when the agent shuts down first,
-  // kNotFound for an unknown worker id. The message's id is assigned by the agent.
+  // kNotFound for an unknown worker id, kUnavailable for one that left or was lost. The
+  // message's id is assigned by the agent.
   virtual Future<Message> send(int to, Message message,
                                std::optional<std::chrono::milliseconds> timeout = std::nullopt) = 0;
 

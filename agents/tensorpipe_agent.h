@@ -1,10 +1,11 @@
 // File: agents/tensorpipe_agent.h
 //
-// TensorPipeAgent: the RpcAgent over TensorPipe. Each worker listens on every enabled
-// transport, publishes its name and addresses in the store, reads everyone else's,
-// and opens one pipe to each worker (itself included) for the calls it makes; replies
-// come back on the same pipe. Tensors in the tensor table travel as TensorPipe
-// tensors through the best channel both sides have.
+// TensorPipeAgent: the RpcAgent over TensorPipe — the agent core (call table, serving,
+// membership, shutdown; agents/internal/) over a TensorPipe transport adapter. Each
+// worker listens on every enabled transport and publishes one address record; a pipe
+// to a peer opens on the first call to it and then stays open (replies come back on
+// it). Tensors in the tensor table travel as TensorPipe tensors through the best
+// channel both sides have.
 //
 //   TensorPipeAgentOptions options;
 //   options.num_worker_threads = 4;
@@ -15,11 +16,14 @@
 // it), uv (TCP). Channels, highest first: xth (same process), cma (same host, one
 // copy), mpt (several TCP lanes; only when listed), basic (through the transport).
 // `transports` / `channels` restrict these lists. The uv transport listens on the
-// address of the interface named by FERRY_SOCKET_IFNAME, else the host name's address.
+// address base/net.h picks (FERRY_SOCKET_IFNAME, else the host name's address).
+// TensorPipe's shm transport runs one reactor thread per worker that polls while the
+// worker lives: the defaults leave shm out when a host has more workers than cores
+// (see shm_crowds_host(); docs/scale.md has the measurements).
 //
-// Threads: TensorPipe's loop threads only read, write and complete futures; requests
-// run on a pool of num_worker_threads threads; one timer thread fails calls whose
-// deadline passed (checked every 10 ms, so a deadline fires up to 10 ms late).
+// Threads: TensorPipe's loop threads only read, write and complete futures; requests,
+// future callbacks and membership listeners run on a pool of num_worker_threads
+// threads; one timer thread fails calls at their deadline.
 #pragma once
 
 #include <chrono>
@@ -35,36 +39,80 @@
 
 namespace ferry {
 
-struct TensorPipeAgentOptions {
-  // Threads running incoming requests (user functions).
+namespace internal {
+class AgentCore;
+class TensorPipeTransport;
+}  // namespace internal
+
+// The settings of a TensorPipe agent that a user chooses; TensorPipeRpcBackendOptions
+// embeds them. validate() is the one place they are checked.
+struct TensorPipeAgentSettings {
+  static constexpr int kMaxWorkerThreads = 4096;
+  // Threads running incoming requests, continuations and listeners.
   int num_worker_threads = 16;
-  // Default per-call timeout; zero means none.
-  std::chrono::milliseconds rpc_timeout{std::chrono::seconds(60)};
-  // Timeout for the start-up exchange of addresses and for join() at shutdown.
-  std::chrono::milliseconds init_timeout{std::chrono::seconds(60)};
-  // Subsets of {"shm", "ibv", "uv"} and {"xth", "cma", "mpt_uv", "basic"}; unset: all
-  // that work here (mpt_uv only when listed).
+  // Subsets of {"shm", "ibv", "uv"} and {"xth", "cma", "mpt_uv", "basic"}; unset: the
+  // viable ones (see shm_crowds_host(); mpt_uv only when listed).
   std::optional<std::vector<std::string>> transports;
   std::optional<std::vector<std::string>> channels;
+
+  // kInvalidArgument, saying what was expected: num_worker_threads outside [1, 4096],
+  // an unknown or empty transport or channel list.
+  absl::Status validate() const;
+};
+
+struct TensorPipeAgentOptions : TensorPipeAgentSettings {
+  // Default per-call timeout; zero means none.
+  std::chrono::milliseconds rpc_timeout{std::chrono::seconds(60)};
+  // create(): how long to wait for every worker's address.
+  std::chrono::milliseconds init_timeout{std::chrono::seconds(60)};
   // Where this worker's CUDA tensors land on each peer, the reverse maps replies travel
   // back on, and the devices this agent handles (from the init handler's steps 3-5).
   DeviceMaps device_maps;
   DeviceMaps reverse_device_maps;
   std::vector<Device> devices;
+  // How many workers of the group run on this host (the init handler counts them);
+  // with `transports` unset, shm is left out when shm_crowds_host(local_workers).
+  int local_workers = 1;
 };
 
-// Thread-safe. Owned by shared_ptr; TensorPipe callbacks hold only weak references.
+// Whether workers leave TensorPipe's shm transport out of their defaults: when the
+// workers on this host (`local_workers`) outnumber its cores, since each shm worker
+// keeps one polling thread busy for as long as it lives.
+bool shm_crowds_host(int local_workers);
+
+// A worker and the address record its agent published.
+struct PeerAddress {
+  WorkerInfo info;
+  std::string address;
+};
+
+// Thread-safe. Owned by shared_ptr. Dropping the last reference shuts it down (not
+// gracefully), from any thread — on one of its own, a thread of its own does it.
 class TensorPipeAgent final : public RpcAgent {
  public:
-  // Starts listening, exchanges addresses through `store` (keys under "ferry/rpc/"),
-  // and connects to every worker. Errors: bad options (unknown transport or channel,
-  // none usable), duplicate worker names, kDeadlineExceeded when not every worker
-  // published its address within init_timeout.
+  // A static group in one call: start(), publish the address in `store` (keys under
+  // "ferry/rpc/"), read everyone's, set_members(). No pipe opens until the first call.
+  // Errors: bad options, duplicate worker names, kDeadlineExceeded when not every
+  // worker published its address within init_timeout.
   static absl::StatusOr<std::shared_ptr<TensorPipeAgent>> create(std::shared_ptr<Store> store, std::string name,
                                                                   int rank, int world_size,
                                                                   TensorPipeAgentOptions options,
                                                                   RequestHandler handler);
+  // Starts listening, with no members yet (init handlers that exchange addresses
+  // themselves). `store` serves join(). Errors: bad options, no usable transport.
+  static absl::StatusOr<std::shared_ptr<TensorPipeAgent>> start(std::shared_ptr<Store> store, std::string name,
+                                                                 int rank, TensorPipeAgentOptions options,
+                                                                 RequestHandler handler);
   ~TensorPipeAgent() override;
+
+  // The record peers reach this agent by (publish it).
+  const std::string& address() const;
+  // A static group's whole membership, once (join() waits for all of them).
+  // kAlreadyExists for a duplicate name or id, naming it.
+  absl::Status set_members(const std::vector<PeerAddress>& members);
+  // Dynamic groups: a worker joined / left or was lost (see agents/internal/agent_core.h).
+  absl::Status add_member(const PeerAddress& member);
+  absl::Status remove_member(int id, MembershipChange why);
 
   Future<Message> send(int to, Message message,
                        std::optional<std::chrono::milliseconds> timeout = std::nullopt) override;
@@ -76,24 +124,23 @@ class TensorPipeAgent final : public RpcAgent {
   absl::Status join(std::chrono::milliseconds timeout) override;
   absl::Status sync(std::chrono::milliseconds timeout) override;
   void shutdown() override;
+  void add_membership_listener(MembershipListener listener) override;
   std::map<std::string, std::string> debug_info() const override;
 
-  // Sends a ping to every worker (itself too) and waits for all the replies, so every
-  // pipe and channel is connected. Pings are answered by the agent, never by user code.
+  // Sends a ping to every member (itself too) and waits for all the replies, opening
+  // every pipe. Pings are answered by the agent, never by user code.
   absl::Status ping_all(std::chrono::milliseconds timeout);
 
-  // The URL this agent listens on, per transport ("uv" -> "tcp://127.0.0.1:41234").
+  // The URL this agent listens on, per transport ("uv" -> "uv://127.0.0.1:41234").
   std::map<std::string, std::string> addresses() const;
-
   // The transport and channel names this agent registered, in priority order.
   std::vector<std::string> transports() const;
   std::vector<std::string> channels() const;
 
-  struct Impl;
-
  private:
-  explicit TensorPipeAgent(std::shared_ptr<Impl> impl);
-  std::shared_ptr<Impl> impl_;
+  TensorPipeAgent(std::shared_ptr<internal::AgentCore> core, internal::TensorPipeTransport* transport);
+  std::shared_ptr<internal::AgentCore> core_;
+  internal::TensorPipeTransport* transport_;  // owned by core_
 };
 
 }  // namespace ferry

@@ -14,10 +14,11 @@
 //   std::string s = text.wait();                       // "7"; throws RpcError on error
 //
 // Threads: then() and add_callback() callbacks run on the thread that completes the
-// future (for an RPC reply, a transport thread), or inline in the caller when the
-// future is already complete. Callbacks must be short, must not block and must not
-// throw (an exception is logged and dropped): hand long work to your own thread.
-// Callbacks run with no lock held.
+// future, or inline in the caller when the future is already complete, with one
+// exception: a future made by an agent (an RPC reply) never runs them on a transport
+// or timer thread; they run on the agent's worker pool instead, so a continuation may
+// block and may itself call rpc_sync. Futures made by then() inherit that. Callbacks
+// must not throw (an exception is logged and dropped). Callbacks run with no lock held.
 #pragma once
 
 #include <chrono>
@@ -46,16 +47,51 @@ class Promise;
 
 namespace internal {
 
-// How long a thread about to block on a result first polls for it, yielding the CPU
-// between polls: a small RPC reply usually arrives within this window, and waking a
-// sleeping thread costs several microseconds. From FERRY_SPIN_US (default 50; 0 turns
-// polling off). Read once.
-std::chrono::microseconds spin_window();
+// A thread about to block on a result first polls for it, yielding the CPU between
+// polls: a small RPC reply usually arrives within the window, and waking a sleeping
+// thread costs several microseconds. From FERRY_SPIN_US (default 50; 0 turns polling
+// off), and none while the host has more runnable threads than cores.
 
 // Marks the calling thread as one an agent owns (a pool thread, a transport callback),
 // where tearing the agent down would join the thread from itself.
 void set_on_agent_thread(bool on);
 bool on_agent_thread();
+
+// Marks the calling thread as one that must never block or run user code (a transport
+// loop, a timer): futures with an executor post their callbacks there instead.
+void set_on_transport_thread(bool on);
+bool on_transport_thread();
+
+// FERRY_SPIN_US, read once (default 50).
+std::chrono::microseconds configured_spin_window();
+// Whether the host has clearly more runnable threads than cores (sampled from the run
+// queue every 20 ms at most): polling then takes a core that another thread needs.
+bool host_crowded();
+
+// Runs `work` on a thread of its own that is joined when the process exits: for
+// teardown that the calling thread cannot do itself (it would join itself).
+void run_on_reaper(std::function<void()> work);
+
+// Where a future's callbacks run when the completing thread must not run them.
+class Executor {
+ public:
+  virtual ~Executor() = default;
+  // Runs `task` later on another thread; false when no longer accepting work (the
+  // caller then runs it itself).
+  virtual bool post(std::function<void()> task) = 0;
+};
+
+// Marks the calling thread as a transport thread for the scope's duration.
+class TransportThreadScope {
+ public:
+  TransportThreadScope() : previous_(on_transport_thread()) { set_on_transport_thread(true); }
+  ~TransportThreadScope() { set_on_transport_thread(previous_); }
+  TransportThreadScope(const TransportThreadScope&) = delete;
+  TransportThreadScope& operator=(const TransportThreadScope&) = delete;
+
+ private:
+  bool previous_;
+};
 
 // Marks the calling thread as an agent's for the scope's duration (TensorPipe may run
 // a callback inline on the thread that armed it, so the mark must not outlive it).
@@ -73,6 +109,10 @@ class AgentThreadScope {
 // Runs a completion callback; an exception from it is logged and dropped, because it
 // would otherwise escape onto a library thread.
 void run_callback_guarded(const std::function<void()>& fn);
+
+// How long a thread about to block first polls: configured_spin_window(), or zero while
+// the host is crowded (polling would then slow down the thread it waits for).
+std::chrono::microseconds spin_window();
 
 // Polls `ready` (yielding between polls) for at most `window`; true if it became true.
 template <typename Ready>
@@ -95,13 +135,18 @@ struct IsStatusOr<absl::StatusOr<T>> : std::true_type {
 
 // The shared state of a promise and its futures. Thread-safe.
 template <typename T>
-class FutureState {
+class FutureState : public std::enable_shared_from_this<FutureState<T>> {
  public:
   using Callback = std::function<void(const absl::StatusOr<T>&)>;
 
+  FutureState() = default;
+  explicit FutureState(std::weak_ptr<Executor> executor) : executor_(std::move(executor)) {}
+
+  const std::weak_ptr<Executor>& executor() const { return executor_; }
+
   // Returns false when already complete (the second completion is dropped).
   bool complete(absl::StatusOr<T> result) {
-    std::vector<Callback> callbacks;
+    std::vector<Entry> callbacks;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (result_.has_value()) return false;
@@ -110,15 +155,32 @@ class FutureState {
       ready_.store(true, std::memory_order_release);
     }
     cv_.notify_all();
-    for (Callback& cb : callbacks) run_callback_guarded([&] { cb(*result_); });
+    if (callbacks.empty()) return true;
+    std::vector<Callback> deferred;
+    const bool defer = on_transport_thread() && !executor_.expired();
+    for (Entry& e : callbacks) {
+      if (e.inline_ok || !defer) {
+        run_callback_guarded([&] { e.fn(*result_); });
+      } else {
+        deferred.push_back(std::move(e.fn));
+      }
+    }
+    if (!deferred.empty()) {
+      auto run = [self = this->shared_from_this(), deferred = std::move(deferred)]() mutable {
+        for (Callback& cb : deferred) run_callback_guarded([&] { cb(*self->result_); });
+      };
+      std::shared_ptr<Executor> executor = executor_.lock();
+      if (executor == nullptr || !executor->post(run)) run();
+    }
     return true;
   }
 
-  void add_callback(Callback cb) {
+  // `inline_ok`: fn is short and never blocks, so it may run on any thread.
+  void add_callback(Callback cb, bool inline_ok = false) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (!result_.has_value()) {
-        callbacks_.push_back(std::move(cb));
+        callbacks_.push_back(Entry{std::move(cb), inline_ok});
         return;
       }
     }
@@ -145,8 +207,13 @@ class FutureState {
   std::mutex mu_;
   std::condition_variable cv_;
   std::atomic<bool> ready_{false};
+  struct Entry {
+    Callback fn;
+    bool inline_ok;
+  };
+  const std::weak_ptr<Executor> executor_;
   std::optional<absl::StatusOr<T>> result_;
-  std::vector<Callback> callbacks_;
+  std::vector<Entry> callbacks_;
 };
 
 }  // namespace internal
@@ -208,7 +275,16 @@ class Future {
   template <typename F>
   auto then(F&& fn) const;
 
+  // then() for a continuation that is short and never blocks (decoding a reply): it
+  // runs on whichever thread completes this future, even a transport thread. The
+  // returned future still keeps user callbacks off transport threads.
+  template <typename F>
+  auto then_inline(F&& fn) const;
+
  private:
+  template <typename F>
+  auto chain(F&& fn, bool inline_ok) const;
+
   friend class Promise<T>;
   template <typename U>
   friend class Future;
@@ -222,6 +298,10 @@ template <typename T>
 class Promise {
  public:
   Promise() : state_(std::make_shared<internal::FutureState<T>>()) {}
+  // A promise whose future's callbacks run on `executor` when completed on a transport
+  // thread (see the file comment).
+  explicit Promise(std::weak_ptr<internal::Executor> executor)
+      : state_(std::make_shared<internal::FutureState<T>>(std::move(executor))) {}
 
   Future<T> get_future() const { return Future<T>(state_); }
   // Returns false when the future was already complete.
@@ -245,21 +325,35 @@ Future<T> make_ready_future(absl::StatusOr<T> result) {
 template <typename T>
 template <typename F>
 auto Future<T>::then(F&& fn) const {
+  return chain(std::forward<F>(fn), /*inline_ok=*/false);
+}
+
+template <typename T>
+template <typename F>
+auto Future<T>::then_inline(F&& fn) const {
+  return chain(std::forward<F>(fn), /*inline_ok=*/true);
+}
+
+template <typename T>
+template <typename F>
+auto Future<T>::chain(F&& fn, bool inline_ok) const {
   using Raw = std::invoke_result_t<F, const absl::StatusOr<T>&>;
   using U = std::conditional_t<internal::IsStatusOr<Raw>::value, typename internal::IsStatusOr<Raw>::value_type,
                                Raw>;
   static_assert(!std::is_void_v<U>, "then(): the continuation must return a value or a StatusOr");
-  Promise<U> promise;
+  Promise<U> promise(state_->executor());
   Future<U> out = promise.get_future();
-  state_->add_callback([promise, fn = std::forward<F>(fn)](const absl::StatusOr<T>& r) mutable {
-    try {
-      promise.set_result(absl::StatusOr<U>(fn(r)));
-    } catch (const std::exception& e) {
-      promise.set_error(absl::UnknownError(absl::StrCat("then() continuation threw: ", e.what())));
-    } catch (...) {
-      promise.set_error(absl::UnknownError("then() continuation threw a non-standard exception"));
-    }
-  });
+  state_->add_callback(
+      [promise, fn = std::forward<F>(fn)](const absl::StatusOr<T>& r) mutable {
+        try {
+          promise.set_result(absl::StatusOr<U>(fn(r)));
+        } catch (const std::exception& e) {
+          promise.set_error(absl::UnknownError(absl::StrCat("then() continuation threw: ", e.what())));
+        } catch (...) {
+          promise.set_error(absl::UnknownError("then() continuation threw a non-standard exception"));
+        }
+      },
+      inline_ok);
   return out;
 }
 

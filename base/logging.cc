@@ -1,5 +1,4 @@
 #include "base/logging.h"
-#include "base/future.h"
 
 #include <atomic>
 #include <cctype>
@@ -62,39 +61,6 @@ bool parse_log_level(std::string_view text, LogLevel* level) {
 }
 
 namespace internal {
-
-std::chrono::microseconds spin_window() {
-  static const std::chrono::microseconds window = [] {
-    const char* text = std::getenv("FERRY_SPIN_US");
-    if (text == nullptr || *text == '\0') return std::chrono::microseconds(50);
-    char* end = nullptr;
-    long v = std::strtol(text, &end, 10);
-    if (*end != '\0' || v < 0 || v > 1000000) {
-      std::fprintf(stderr, "ferry: FERRY_SPIN_US=%s is not a number of microseconds in [0, 1000000]; using 50\n",
-                   text);
-      return std::chrono::microseconds(50);
-    }
-    return std::chrono::microseconds(v);
-  }();
-  return window;
-}
-
-namespace {
-thread_local bool agent_thread = false;
-}  // namespace
-
-void set_on_agent_thread(bool on) { agent_thread = on; }
-bool on_agent_thread() { return agent_thread; }
-
-void run_callback_guarded(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    FERRY_LOG(ERROR) << "a future callback threw (callbacks must not throw): " << e.what();
-  } catch (...) {
-    FERRY_LOG(ERROR) << "a future callback threw a non-standard exception (callbacks must not throw)";
-  }
-}
 
 LogLine::LogLine(LogLevel level, const char* file, int line, bool fatal)
     : level_(level), fatal_(fatal) {

@@ -619,7 +619,7 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::create(std::shared_p
   if (timeout <= std::chrono::milliseconds::zero()) {
     return absl::InvalidArgumentError(absl::StrCat("process group: timeout ", timeout.count(), " ms must be positive"));
   }
-  FERRY_ASSIGN_OR_RETURN(internal::BindAddress bind,
+  FERRY_ASSIGN_OR_RETURN(internal::ListenAddress bind,
                          internal::resolve_bind_address(options, std::getenv("FERRY_SOCKET_IFNAME")));
 
   // Each rank numbers the groups it makes on this store; the n-th groups of all ranks

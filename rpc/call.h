@@ -62,8 +62,9 @@ absl::StatusOr<WireOf<R>> decode_reply(const absl::StatusOr<Message>& reply) {
 
 }  // namespace internal
 
-// Calls `fn` on worker `to` through `agent`. The future completes on a transport
-// thread (see base/future.h for what that means for then()). Errors: kNotFound for an
+// Calls `fn` on worker `to` through `agent`. Continuations (then(), add_callback())
+// run on the agent's pool, never on a transport thread, so they may block and may
+// call rpc_sync themselves. Errors: kNotFound for an
 // unknown worker or function, kInvalidArgument for a signature mismatch,
 // kDeadlineExceeded after `timeout` (none: the agent's default; zero: no timeout),
 // kUnavailable when the worker is lost, and the remote function's own errors, whose
@@ -78,7 +79,9 @@ Future<internal::WireOf<R>> call_async(RpcAgent& agent, std::string_view to, std
         "rpc from \"", agent.self().name, "\" to unknown worker \"", internal::av(to), "\"")));
   }
   Message request = internal::make_request<R>(fn, inline_tensor_bytes(), args...);
-  return agent.send(dst->id, std::move(request), timeout).then([](const absl::StatusOr<Message>& reply) {
+  // Decoding never blocks, so it may run on the transport thread; the user's own
+  // continuations on the returned future still run on the agent's pool.
+  return agent.send(dst->id, std::move(request), timeout).then_inline([](const absl::StatusOr<Message>& reply) {
     return internal::decode_reply<R>(reply);
   });
 }

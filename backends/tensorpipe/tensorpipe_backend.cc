@@ -1,5 +1,9 @@
 #include "backends/tensorpipe/tensorpipe_backend.h"
 
+#include <unistd.h>
+
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "agents/tensorpipe_agent.h"
@@ -7,12 +11,15 @@
 #include "base/status.h"
 #include "cereal/types/string.hpp"
 #include "device_maps/validate.h"
-#include "process_group/process_group.h"
+#include "serialization/archive.h"
+#include "serialization/types.h"
+#include "store/collectives.h"
 #include "tensor/cuda.h"
 
 namespace ferry {
 namespace {
 
+constexpr char kInitPrefix[] = "ferry/rpc/init/";
 constexpr const char* kKnownKwargs[] = {"num_worker_threads", "transports", "channels", "device_maps", "devices"};
 
 template <typename T>
@@ -22,24 +29,64 @@ absl::StatusOr<T> kwarg_as(const std::string& key, const KwargValue& value, cons
                                                  kwarg_type_name(value)));
 }
 
-// What each worker contributes to the all-gather of step 2: its device info, and
-// whatever already failed locally, so that every worker fails together.
+// What each worker contributes to the first all-gather: its device info and host,
+// and whatever already failed locally, so that every worker fails together.
 struct InitRecord {
   WorkerDeviceInfo info;
+  std::string host;
   std::string error;  // empty: fine
   int32_t code = 0;
   template <class Archive>
   void serialize(Archive& ar) {
-    ar(info, error, code);
+    ar(info, host, error, code);
   }
 };
 
-absl::Status check_agent_options(const TensorPipeRpcBackendOptions& o) {
-  if (o.num_worker_threads < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("num_worker_threads must be at least 1, got ", o.num_worker_threads));
+// The second all-gather: the agent's address, or why it did not start.
+struct AddressRecord {
+  std::string address;
+  std::string error;
+  int32_t code = 0;
+  template <class Archive>
+  void serialize(Archive& ar) {
+    ar(address, error, code);
   }
-  return absl::OkStatus();
+};
+
+template <typename T>
+Bytes encode(const T& value) {
+  Message m(MessageType::kResponse, 0);
+  {
+    PayloadWriter w(m);
+    w(value);
+  }
+  std::string s = m.seal();
+  return Bytes(s.begin(), s.end());
+}
+
+template <typename T>
+absl::StatusOr<std::vector<T>> all_gather(Store& store, const std::string& key, int rank, int world_size,
+                                          const T& mine, std::chrono::milliseconds timeout) {
+  FERRY_ASSIGN_OR_RETURN(std::vector<Bytes> all, store_all_gather(store, key, rank, world_size, encode(mine), timeout));
+  std::vector<T> out;
+  out.reserve(all.size());
+  for (const Bytes& bytes : all) {
+    FERRY_ASSIGN_OR_RETURN(Message m, Message::parse(std::string(bytes.begin(), bytes.end()), {}));
+    FERRY_ASSIGN_OR_RETURN(auto values, read_payload<T>(m, "init record"));
+    out.push_back(std::get<0>(std::move(values)));
+  }
+  return out;
+}
+
+absl::Status failed_on(const std::string& worker, int32_t code, const std::string& error) {
+  return absl::Status(static_cast<absl::StatusCode>(code),
+                      absl::StrCat("init_rpc failed on worker \"", worker, "\": ", error));
+}
+
+std::string host_name() {
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) return "";
+  return name;
 }
 
 }  // namespace
@@ -53,10 +100,9 @@ absl::StatusOr<std::unique_ptr<RpcBackendOptions>> construct_tensorpipe_options(
   for (const auto& [key, value] : kwargs) {
     if (key == "num_worker_threads") {
       FERRY_ASSIGN_OR_RETURN(int64_t n, kwarg_as<int64_t>(key, value, "int64"));
-      if (n < 1 || n > 4096) {
-        return absl::InvalidArgumentError(absl::StrCat("num_worker_threads must be in [1, 4096], got ", n));
-      }
-      options->num_worker_threads = static_cast<int>(n);
+      // Clamped only to fit an int: validate() below says what the range is.
+      options->num_worker_threads =
+          static_cast<int>(std::clamp<int64_t>(n, -1, TensorPipeAgentSettings::kMaxWorkerThreads + 1));
     } else if (key == "transports") {
       FERRY_ASSIGN_OR_RETURN(options->transports, kwarg_as<std::vector<std::string>>(key, value, "vector<string>"));
     } else if (key == "channels") {
@@ -73,6 +119,7 @@ absl::StatusOr<std::unique_ptr<RpcBackendOptions>> construct_tensorpipe_options(
                                                      ")"));
     }
   }
+  FERRY_RETURN_IF_ERROR(options->validate());
   return options;
 }
 
@@ -87,75 +134,83 @@ absl::StatusOr<std::shared_ptr<RpcAgent>> init_tensorpipe_backend(const BackendI
   }
   std::chrono::milliseconds init_timeout =
       options->rpc_timeout.count() > 0 ? options->rpc_timeout : std::chrono::milliseconds(std::chrono::minutes(5));
+  Store& store = *args.store;
+  // Each rank numbers its inits on this store; the n-th inits of all ranks meet.
+  FERRY_ASSIGN_OR_RETURN(int64_t generation, store.add(absl::StrCat(kInitPrefix, "count/rank_", args.rank), 1));
+  std::string prefix = absl::StrCat(kInitPrefix, generation, "/");
 
-  // Step 1: a process group over the store.
-  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<ProcessGroup> group,
-                         ProcessGroup::create(args.store, args.rank, args.world_size, init_timeout));
-
-  // Step 2: every worker's device info (and any local failure so far).
+  // Steps 1-2: every worker's device info and host (and any local failure so far).
   InitRecord mine;
   mine.info.name = args.name;
   mine.info.device_count = cuda_runtime()->device_count();
   mine.info.device_maps = options->device_maps();
   mine.info.devices = options->devices();
-  if (absl::Status s = check_agent_options(*options); !s.ok()) {
+  mine.host = host_name();
+  if (absl::Status s = options->validate(); !s.ok()) {
     mine.error = std::string(s.message());
     mine.code = static_cast<int32_t>(s.code());
   }
-  FERRY_ASSIGN_OR_RETURN(std::vector<InitRecord> all, group->all_gather_object(mine));
+  FERRY_ASSIGN_OR_RETURN(std::vector<InitRecord> all,
+                         all_gather(store, prefix + "info", args.rank, args.world_size, mine, init_timeout));
   std::vector<WorkerDeviceInfo> infos;
-  for (const InitRecord& r : all) {
-    if (!r.error.empty()) {
-      return absl::Status(static_cast<absl::StatusCode>(r.code),
-                          absl::StrCat("init_rpc failed on worker \"", r.info.name, "\": ", r.error));
+  std::map<std::string, int> ranks_by_name;
+  int local_workers = 0;
+  for (size_t r = 0; r < all.size(); ++r) {
+    const InitRecord& record = all[r];
+    if (!record.error.empty()) return failed_on(record.info.name, record.code, record.error);
+    auto [it, fresh] = ranks_by_name.emplace(record.info.name, static_cast<int>(r));
+    if (!fresh) {
+      return absl::InvalidArgumentError(absl::StrCat("worker name \"", record.info.name, "\" is used by both rank ",
+                                                     it->second, " and rank ", r, "; names must be unique"));
     }
-    infos.push_back(r.info);
+    if (record.host == mine.host) ++local_workers;
+    infos.push_back(record.info);
   }
 
   // Steps 3-5: validate every worker's maps (deterministic, so every worker reaches the
   // same verdict), then my reverse maps and device list.
   FERRY_ASSIGN_OR_RETURN(DeviceSetup setup, setup_devices(args.name, infos, /*is_static_group=*/true));
 
-  // Step 6: the agent.
+  // Step 6: the agent, listening; no pipe opens yet.
   TensorPipeAgentOptions agent_options;
-  agent_options.num_worker_threads = options->num_worker_threads;
+  static_cast<TensorPipeAgentSettings&>(agent_options) = *options;
+  agent_options.local_workers = local_workers;
   agent_options.rpc_timeout = options->rpc_timeout;
   agent_options.init_timeout = init_timeout;
-  agent_options.transports = options->transports;
-  agent_options.channels = options->channels;
   agent_options.device_maps = options->device_maps();
   agent_options.reverse_device_maps = setup.reverse_device_maps;
   agent_options.devices = setup.devices;
   absl::StatusOr<std::shared_ptr<TensorPipeAgent>> agent =
-      TensorPipeAgent::create(args.store, args.name, args.rank, args.world_size, agent_options, args.handler);
+      TensorPipeAgent::start(args.store, args.name, args.rank, agent_options, args.handler);
 
-  // Everyone learns whether everyone's agent started, so none waits for a dead peer.
-  InitRecord started;
-  started.info.name = args.name;
-  if (!agent.ok()) {
+  // Step 7: everyone's address, or why their agent did not start; since every worker
+  // waits for all the others here, it is also the barrier.
+  AddressRecord started;
+  if (agent.ok()) {
+    started.address = (*agent)->address();
+  } else {
     started.error = std::string(agent.status().message());
     started.code = static_cast<int32_t>(agent.status().code());
   }
-  FERRY_ASSIGN_OR_RETURN(std::vector<InitRecord> verdicts, group->all_gather_object(started));
-  for (const InitRecord& r : verdicts) {
-    if (!r.error.empty()) {
+  absl::StatusOr<std::vector<AddressRecord>> addresses =
+      all_gather(store, prefix + "address", args.rank, args.world_size, started, init_timeout);
+  if (!addresses.ok()) {
+    if (agent.ok()) (*agent)->shutdown();
+    return addresses.status();
+  }
+  std::vector<PeerAddress> members;
+  for (size_t r = 0; r < addresses->size(); ++r) {
+    const AddressRecord& record = (*addresses)[r];
+    if (!record.error.empty()) {
       if (agent.ok()) (*agent)->shutdown();
-      return absl::Status(static_cast<absl::StatusCode>(r.code),
-                          absl::StrCat("init_rpc failed on worker \"", r.info.name, "\": ", r.error));
+      return failed_on(all[r].info.name, record.code, record.error);
     }
+    members.push_back(PeerAddress{WorkerInfo{all[r].info.name, static_cast<int>(r)}, record.address});
   }
-
-  // Step 7: one round of calls so every pipe and channel is up, then a barrier so no
-  // worker leaves before the slowest has finished.
-  absl::Status pinged = (*agent)->ping_all(init_timeout);
-  if (!pinged.ok()) {
+  absl::Status set = (*agent)->set_members(members);
+  if (!set.ok()) {
     (*agent)->shutdown();
-    return pinged;
-  }
-  absl::Status barrier = group->barrier();
-  if (!barrier.ok()) {
-    (*agent)->shutdown();
-    return barrier;
+    return set;
   }
   return std::shared_ptr<RpcAgent>(*std::move(agent));
 }

@@ -1,10 +1,11 @@
 // File: backends/tensorpipe/tensorpipe_backend.h
 //
 // The TENSORPIPE backend: its options type, its options constructor and its init
-// handler, which runs the static-group steps of DESIGN.md ("TENSORPIPE init handler"):
-// a Gloo process group over the store, an all-gather of every worker's device info,
-// device-map validation, reverse maps and device list, the agent, one ping round over
-// RPC so channels are connected before user traffic, and a barrier.
+// handler, which runs the static-group steps of DESIGN.md ("TENSORPIPE init handler")
+// over the store: an all-gather of every worker's device info and host, device-map
+// validation, reverse maps and device list, the agent (listening), an all-gather of
+// the agents' addresses that doubles as the barrier. No pipe opens during init: each
+// opens on the first call between two workers.
 //
 //   TensorPipeRpcBackendOptions options;
 //   options.num_worker_threads = 8;
@@ -16,22 +17,18 @@
 #include <string>
 #include <vector>
 
+#include "agents/tensorpipe_agent.h"
 #include "backends/backend_registry.h"
 #include "device_maps/options.h"
 
 namespace ferry {
 
-// Thread-compatible.
-class TensorPipeRpcBackendOptions final : public RpcBackendOptions {
+// Thread-compatible. The agent's own settings (num_worker_threads, transports,
+// channels; see agents/tensorpipe_agent.h) are embedded, and checked by their
+// validate() when the options are constructed and again at init.
+class TensorPipeRpcBackendOptions final : public RpcBackendOptions, public TensorPipeAgentSettings {
  public:
   std::string backend_name() const override { return BackendType::TENSORPIPE.name; }
-
-  // Threads running incoming requests.
-  int num_worker_threads = 16;
-  // Subsets of {"shm", "ibv", "uv"} and {"xth", "cma", "mpt_uv", "basic"}; unset: the
-  // defaults of agents/tensorpipe_agent.h.
-  std::optional<std::vector<std::string>> transports;
-  std::optional<std::vector<std::string>> channels;
 
   // Where this worker's CUDA tensors land on `worker`; merged into what is there (see
   // device_maps/options.h for the errors).
@@ -59,7 +56,8 @@ class TensorPipeRpcBackendOptions final : public RpcBackendOptions {
 // TENSORPIPE's options constructor. Keyword arguments: num_worker_threads (int64),
 // transports, channels (vector<string>), device_maps (DeviceMaps), devices
 // (vector<Device>). Errors (kInvalidArgument): an unknown key (named, with the known
-// ones), a value of the wrong type, num_worker_threads < 1.
+// ones), a value of the wrong type, settings that TensorPipeAgentSettings::validate()
+// refuses.
 absl::StatusOr<std::unique_ptr<RpcBackendOptions>> construct_tensorpipe_options(std::chrono::milliseconds rpc_timeout,
                                                                                 const std::string& init_method,
                                                                                 const Kwargs& kwargs);

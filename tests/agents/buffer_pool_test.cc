@@ -1,4 +1,4 @@
-#include "agents/buffer_pool.h"
+#include "agents/internal/buffer_pool.h"
 
 #include <cstdint>
 

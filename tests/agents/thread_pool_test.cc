@@ -1,4 +1,4 @@
-#include "agents/thread_pool.h"
+#include "agents/internal/thread_pool.h"
 
 #include <atomic>
 #include <stdexcept>

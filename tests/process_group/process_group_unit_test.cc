@@ -154,7 +154,7 @@ TEST(InterfaceTest, ChoiceOrder) {
   ProcessGroupOptions both;
   both.interface = "lo";
   both.address = "10.9.9.9";
-  absl::StatusOr<BindAddress> a = resolve_bind_address(both, "ferry-nosuch0");
+  absl::StatusOr<ListenAddress> a = resolve_bind_address(both, "ferry-nosuch0");
   ASSERT_OK(a.status());
   EXPECT_EQ(a->host, "127.0.0.1");
   EXPECT_EQ(a->source, "interface lo");
@@ -171,7 +171,7 @@ TEST(InterfaceTest, ChoiceOrder) {
   EXPECT_EQ(a->host, "127.0.0.1");
   EXPECT_EQ(a->source, "interface lo (FERRY_SOCKET_IFNAME)");
   // Then the host name (an empty variable counts as unset); it resolves or says why not.
-  absl::StatusOr<BindAddress> by_name = resolve_bind_address({}, "");
+  absl::StatusOr<ListenAddress> by_name = resolve_bind_address({}, "");
   if (by_name.ok()) {
     EXPECT_THAT(by_name->source, HasSubstr("host name"));
   } else {

@@ -1,4 +1,4 @@
-// File: agents/buffer_pool.h
+// File: agents/internal/buffer_pool.h
 //
 // BufferPool: receive buffers for large tensors, reused instead of freshly allocated.
 // Memory fresh from the kernel is page-faulted in on first touch, which halves (or

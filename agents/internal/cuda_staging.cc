@@ -1,4 +1,4 @@
-#include "agents/cuda_staging.h"
+#include "agents/internal/cuda_staging.h"
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"

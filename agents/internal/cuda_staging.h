@@ -1,4 +1,4 @@
-// File: agents/cuda_staging.h
+// File: agents/internal/cuda_staging.h
 //
 // How CUDA tensors cross a CPU-only channel (Debian's TensorPipe has no CUDA channel):
 // before sending, each CUDA tensor is copied to host memory and tagged with the device

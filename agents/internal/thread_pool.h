@@ -1,4 +1,4 @@
-// File: agents/thread_pool.h
+// File: agents/internal/thread_pool.h
 //
 // ThreadPool: a fixed set of threads running queued tasks in FIFO order. Agents run
 // user functions here, never on transport threads.
@@ -13,25 +13,31 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
 
+#include "agents/internal/activity.h"
+#include "base/future.h"
+
 namespace ferry::internal {
 
-// Thread-safe. The destructor calls shutdown().
-class ThreadPool {
+// Thread-safe. The destructor calls shutdown(). Futures an agent makes post their
+// callbacks here (see base/future.h), so agents own their pool through a shared_ptr.
+class ThreadPool final : public Executor {
  public:
   // An idle thread polls for new work for internal::spin_window() (base/future.h),
   // yielding between polls, before it sleeps: waking a sleeping thread costs several
   // microseconds.
-  explicit ThreadPool(int threads);
-  ~ThreadPool();
+  // Each task is counted in `activity` (may be null) from post() until it has run.
+  explicit ThreadPool(int threads, std::shared_ptr<Activity> activity = nullptr);
+  ~ThreadPool() override;
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   // Queues `task`; returns false (and drops it) after shutdown().
-  bool post(std::function<void()> task);
+  bool post(std::function<void()> task) override;
   // Finishes the queued tasks, then joins the threads. Idempotent. Must not be called
   // from a pool thread.
   void shutdown();
@@ -51,6 +57,7 @@ class ThreadPool {
   bool stopping_ = false;
   int idle_ = 0;
   std::vector<std::thread> threads_;
+  const std::shared_ptr<Activity> activity_;
 };
 
 }  // namespace ferry::internal

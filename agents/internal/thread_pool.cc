@@ -1,11 +1,11 @@
-#include "agents/thread_pool.h"
+#include "agents/internal/thread_pool.h"
 
 #include "base/future.h"
 #include "base/logging.h"
 
 namespace ferry::internal {
 
-ThreadPool::ThreadPool(int threads) {
+ThreadPool::ThreadPool(int threads, std::shared_ptr<Activity> activity) : activity_(std::move(activity)) {
   threads_.reserve(static_cast<size_t>(threads));
   for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { run(); });
 }
@@ -17,6 +17,7 @@ bool ThreadPool::post(std::function<void()> task) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return false;
+    if (activity_) activity_->enter();
     tasks_.push_back(std::move(task));
     queued_.store(tasks_.size(), std::memory_order_release);
     wake = idle_ > 0 && spinning_.load(std::memory_order_acquire) == 0;
@@ -90,6 +91,8 @@ void ThreadPool::run() {
     } catch (...) {
       FERRY_LOG(ERROR) << "a pool task threw a non-standard exception (tasks must not throw)";
     }
+    task = nullptr;  // what it holds goes before it counts as done
+    if (activity_) activity_->exit();
     lock.lock();
   }
 }

@@ -1,0 +1,133 @@
+#include "agents/internal/call_table.h"
+
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace ferry::internal {
+
+CallTable::CallTable(std::weak_ptr<Executor> executor, std::shared_ptr<Activity> activity)
+    : executor_(std::move(executor)), activity_(std::move(activity)), timer_([this] { run_timer(); }) {}
+
+CallTable::~CallTable() { stop(); }
+
+CallTable::Started CallTable::start(int peer, std::string_view peer_name, std::chrono::milliseconds timeout) {
+  Pending pending{Promise<Message>(executor_), peer, Clock::time_point::max(), std::string(peer_name)};
+  Future<Message> future = pending.promise.get_future();
+  if (timeout.count() > 0) pending.deadline = Clock::now() + timeout;
+  activity_->enter();
+  uint64_t id;
+  bool earliest = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    id = next_id_++;
+    if (pending.deadline != Clock::time_point::max()) {
+      auto it = deadlines_.emplace(pending.deadline, id).first;
+      earliest = it == deadlines_.begin();
+    }
+    calls_.emplace(id, std::move(pending));
+  }
+  // Only a new earliest deadline changes when the timer must wake.
+  if (earliest) timer_cv_.notify_one();
+  return Started{id, std::move(future)};
+}
+
+void CallTable::finish(Pending& pending, absl::StatusOr<Message> result) {
+  pending.promise.set_result(std::move(result));
+  activity_->exit();
+}
+
+bool CallTable::complete(uint64_t id, absl::StatusOr<Message> result) {
+  Pending pending;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = calls_.find(id);
+    if (it == calls_.end()) return false;
+    pending = std::move(it->second);
+    calls_.erase(it);
+    if (pending.deadline != Clock::time_point::max()) deadlines_.erase({pending.deadline, id});
+  }
+  finish(pending, std::move(result));
+  return true;
+}
+
+size_t CallTable::fail_peer(int peer, const absl::Status& status) {
+  std::vector<Pending> failed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = calls_.begin(); it != calls_.end();) {
+      if (it->second.peer != peer) {
+        ++it;
+        continue;
+      }
+      if (it->second.deadline != Clock::time_point::max()) deadlines_.erase({it->second.deadline, it->first});
+      failed.push_back(std::move(it->second));
+      calls_.erase(it++);
+    }
+  }
+  for (Pending& p : failed) finish(p, status);
+  return failed.size();
+}
+
+size_t CallTable::fail_all(const absl::Status& status) {
+  absl::flat_hash_map<uint64_t, Pending> failed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    failed.swap(calls_);
+    deadlines_.clear();
+  }
+  for (auto& [id, p] : failed) finish(p, status);
+  return failed.size();
+}
+
+size_t CallTable::pending() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return calls_.size();
+}
+
+void CallTable::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  timer_cv_.notify_all();
+  if (timer_.joinable()) timer_.join();
+}
+
+void CallTable::run_timer() {
+  // Expired calls' callbacks go to the pool, like a transport thread's.
+  set_on_agent_thread(true);
+  set_on_transport_thread(true);
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    if (deadlines_.empty()) {
+      timer_cv_.wait(lock);
+      continue;
+    }
+    Clock::time_point next = deadlines_.begin()->first;
+    if (Clock::now() < next) {
+      timer_cv_.wait_until(lock, next);
+      continue;
+    }
+    std::vector<std::pair<uint64_t, Pending>> expired;
+    Clock::time_point now = Clock::now();
+    while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
+      uint64_t id = deadlines_.begin()->second;
+      deadlines_.erase(deadlines_.begin());
+      auto it = calls_.find(id);
+      if (it == calls_.end()) continue;
+      expired.emplace_back(id, std::move(it->second));
+      calls_.erase(it);
+    }
+    lock.unlock();
+    for (auto& [id, p] : expired) {
+      absl::Status timed_out = absl::DeadlineExceededError(
+          absl::StrCat("rpc to worker \"", p.peer_name, "\" (call ", id, ") timed out"));
+      finish(p, timed_out);
+    }
+    lock.lock();
+  }
+}
+
+}  // namespace ferry::internal

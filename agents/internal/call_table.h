@@ -1,0 +1,83 @@
+// File: agents/internal/call_table.h
+//
+// CallTable: the calls an agent made that still await their replies. Each call has an
+// id, a peer and a promise; calls with a timeout also sit in a deadline queue that one
+// timer thread serves, sleeping until the earliest deadline (no periodic scan). A lost
+// peer's calls are failed all at once.
+//
+//   CallTable calls(pool, activity);
+//   CallTable::Started call = calls.start(/*peer=*/1, "worker1", std::chrono::seconds(5));
+//   ... transport sends the request with id call.id ...
+//   calls.complete(call.id, std::move(reply));        // on a transport thread
+//   calls.fail_peer(1, absl::UnavailableError("worker \"worker1\" is unreachable"));
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+
+#include "absl/container/btree_set.h"
+#include "absl/container/flat_hash_map.h"
+#include "agents/internal/activity.h"
+#include "base/future.h"
+#include "serialization/message.h"
+
+namespace ferry::internal {
+
+// Thread-safe. Futures it hands out post their callbacks on `executor` when completed
+// on a transport or timer thread. Each pending call is counted in `activity`.
+class CallTable {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  CallTable(std::weak_ptr<Executor> executor, std::shared_ptr<Activity> activity);
+  ~CallTable();  // stop()
+  CallTable(const CallTable&) = delete;
+  CallTable& operator=(const CallTable&) = delete;
+
+  struct Started {
+    uint64_t id;
+    Future<Message> future;
+  };
+  // Registers a call to `peer` (named `peer_name` in errors) that fails with
+  // kDeadlineExceeded after `timeout` (zero: never).
+  Started start(int peer, std::string_view peer_name, std::chrono::milliseconds timeout);
+  // Completes call `id`; false when it is no longer pending (it timed out or failed).
+  bool complete(uint64_t id, absl::StatusOr<Message> result);
+  // Fails every pending call to `peer`; returns how many.
+  size_t fail_peer(int peer, const absl::Status& status);
+  // Fails every pending call.
+  size_t fail_all(const absl::Status& status);
+  size_t pending() const;
+  // Stops the timer thread (pending calls stay). Idempotent; not from the timer thread.
+  void stop();
+
+ private:
+  struct Pending {
+    Promise<Message> promise;
+    int peer;
+    Clock::time_point deadline;  // max(): none
+    std::string peer_name;
+  };
+  void run_timer();
+  // Sets the result outside the lock, then counts the call out.
+  void finish(Pending& pending, absl::StatusOr<Message> result);
+
+  const std::weak_ptr<Executor> executor_;
+  const std::shared_ptr<Activity> activity_;
+  mutable std::mutex mu_;
+  std::condition_variable timer_cv_;
+  uint64_t next_id_ = 1;                                           // guarded by mu_
+  absl::flat_hash_map<uint64_t, Pending> calls_;                    // guarded by mu_
+  absl::btree_set<std::pair<Clock::time_point, uint64_t>> deadlines_;  // guarded by mu_
+  bool stopping_ = false;                                          // guarded by mu_
+  std::thread timer_;
+};
+
+}  // namespace ferry::internal

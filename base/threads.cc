@@ -1,0 +1,136 @@
+// Thread marks, the spin window and detached teardown (declared in base/future.h).
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "base/env.h"
+#include "base/future.h"
+#include "base/logging.h"
+
+namespace ferry::internal {
+namespace {
+
+thread_local bool agent_thread = false;
+thread_local bool transport_thread = false;
+
+// How often the run queue length is sampled, at most.
+constexpr std::chrono::milliseconds kLoadSampleEvery{20};
+
+// Runnable threads on the host right now: the fourth field of /proc/loadavg
+// ("runnable/total"). -1 when it cannot be read.
+int runnable_threads() {
+  int fd = ::open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  char buf[128];
+  ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
+  ::close(fd);
+  if (n <= 0) return -1;
+  buf[n] = '\0';
+  int fields = 0;
+  for (char* p = buf; *p != '\0'; ++p) {
+    if (*p == ' ' && ++fields == 3) return std::atoi(p + 1);
+  }
+  return -1;
+}
+
+struct LoadSample {
+  std::atomic<int64_t> at_ns{0};
+  std::atomic<bool> crowded{false};
+};
+
+LoadSample& load_sample() {
+  static LoadSample* sample = new LoadSample();
+  return *sample;
+}
+
+}  // namespace
+
+std::chrono::microseconds configured_spin_window() {
+  static const std::chrono::microseconds window{env_int("FERRY_SPIN_US", 50, 0, 1000000)};
+  return window;
+}
+
+bool host_crowded() {
+  static const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  LoadSample& sample = load_sample();
+  int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
+  int64_t at = sample.at_ns.load(std::memory_order_relaxed);
+  if (now - at > std::chrono::nanoseconds(kLoadSampleEvery).count() &&
+      sample.at_ns.compare_exchange_strong(at, now, std::memory_order_relaxed)) {
+    int runnable = runnable_threads();
+    // The sampling thread counts itself, and a ping-pong keeps one peer thread
+    // runnable as well: beyond that, a poller takes a core someone else needs.
+    sample.crowded.store(runnable > cores + 2, std::memory_order_relaxed);
+  }
+  return sample.crowded.load(std::memory_order_relaxed);
+}
+
+std::chrono::microseconds spin_window() {
+  std::chrono::microseconds window = configured_spin_window();
+  if (window.count() == 0 || host_crowded()) return std::chrono::microseconds(0);
+  return window;
+}
+
+void set_on_agent_thread(bool on) { agent_thread = on; }
+bool on_agent_thread() { return agent_thread; }
+void set_on_transport_thread(bool on) { transport_thread = on; }
+bool on_transport_thread() { return transport_thread; }
+
+void run_callback_guarded(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    FERRY_LOG(ERROR) << "a future callback threw (callbacks must not throw): " << e.what();
+  } catch (...) {
+    FERRY_LOG(ERROR) << "a future callback threw a non-standard exception (callbacks must not throw)";
+  }
+}
+
+namespace {
+
+// Teardowns handed off by threads that could not run them; joined at exit, so none is
+// cut short while the process unwinds.
+class Reaper {
+ public:
+  ~Reaper() { join_all(); }
+  void start(std::function<void()> work) {
+    std::lock_guard<std::mutex> lock(mu_);
+    threads_.emplace_back([work = std::move(work)] { run_callback_guarded(work); });
+  }
+  void join_all() {
+    std::vector<std::thread> threads;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      threads.swap(threads_);
+    }
+    for (std::thread& t : threads) {
+      if (t.get_id() == std::this_thread::get_id()) {
+        t.detach();
+      } else if (t.joinable()) {
+        t.join();
+      }
+    }
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::thread> threads_;
+};
+
+Reaper& reaper() {
+  static Reaper reaper;
+  return reaper;
+}
+
+}  // namespace
+
+void run_on_reaper(std::function<void()> work) { reaper().start(std::move(work)); }
+
+}  // namespace ferry::internal
