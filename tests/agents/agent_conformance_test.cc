@@ -1,0 +1,348 @@
+// The agent conformance suite: what every RpcAgent must do, run with real processes
+// (one agent each) against every agent kind and, for TensorPipe, every transport.
+// A new backend adds its AgentKind to kinds() and must pass all of it.
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <functional>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "agents/tensorpipe_agent.h"
+#include "gtest/gtest.h"
+#include "serialization/error.h"
+#include "store/file_store.h"
+#include "tests/testing/multi_process.h"
+#include "tests/testing/status_matchers.h"
+
+namespace ferry {
+namespace {
+
+using ::ferry::testing::StatusIs;
+using ::testing::HasSubstr;
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+// How the suite makes agents of one kind. Membership changes go through `start`,
+// `address`, `add` and `remove`; a static group through `create`.
+struct AgentKind {
+  std::string name;
+  std::function<absl::StatusOr<std::shared_ptr<RpcAgent>>(std::shared_ptr<Store>, std::string, int, int,
+                                                          RequestHandler)>
+      create;
+  std::function<absl::StatusOr<std::shared_ptr<RpcAgent>>(std::shared_ptr<Store>, std::string, int, RequestHandler)>
+      start;
+  std::function<std::string(RpcAgent&)> address;
+  std::function<absl::Status(RpcAgent&, WorkerInfo, std::string)> add;
+  std::function<absl::Status(RpcAgent&, int, MembershipChange)> remove;
+};
+
+// For test names and failure messages (gtest would print the bytes).
+void PrintTo(const AgentKind& kind, std::ostream* os) { *os << kind.name; }
+
+AgentKind tensorpipe_kind(const std::string& transport) {
+  TensorPipeAgentOptions options;
+  options.transports = std::vector<std::string>{transport};
+  options.init_timeout = seconds(20);
+  options.rpc_timeout = seconds(30);
+  auto tp = [](RpcAgent& a) -> TensorPipeAgent& { return dynamic_cast<TensorPipeAgent&>(a); };
+  return AgentKind{
+      "tensorpipe_" + transport,
+      [options](std::shared_ptr<Store> store, std::string name, int rank, int n, RequestHandler handler)
+          -> absl::StatusOr<std::shared_ptr<RpcAgent>> {
+        FERRY_ASSIGN_OR_RETURN(auto agent, TensorPipeAgent::create(store, name, rank, n, options, handler));
+        return std::shared_ptr<RpcAgent>(agent);
+      },
+      [options](std::shared_ptr<Store> store, std::string name, int rank,
+                RequestHandler handler) -> absl::StatusOr<std::shared_ptr<RpcAgent>> {
+        FERRY_ASSIGN_OR_RETURN(auto agent, TensorPipeAgent::start(store, name, rank, options, handler));
+        return std::shared_ptr<RpcAgent>(agent);
+      },
+      [tp](RpcAgent& a) { return tp(a).address(); },
+      [tp](RpcAgent& a, WorkerInfo info, std::string address) {
+        return tp(a).add_member(PeerAddress{std::move(info), std::move(address)});
+      },
+      [tp](RpcAgent& a, int id, MembershipChange why) { return tp(a).remove_member(id, why); },
+  };
+}
+
+std::vector<AgentKind> kinds() { return {tensorpipe_kind("uv"), tensorpipe_kind("shm")}; }
+
+std::string name_of(int rank) { return absl::StrCat("w", rank); }
+
+Message request(std::string_view text) {
+  Message m(MessageType::kRequest, 0);
+  m.buffer() += text;
+  return m;
+}
+
+// Answers "<text>" with "<text> from <caller> via <me>" and the same tensors;
+// "sleep:<ms>" after sleeping; "throw" by throwing; "error" with an error reply;
+// "die" by killing its own process.
+RequestHandler handler_for(const std::string& me) {
+  return [me](const Message& m, const WorkerInfo& from) {
+    std::string text(m.payload());
+    if (text.rfind("sleep:", 0) == 0) std::this_thread::sleep_for(milliseconds(std::stoi(text.substr(6))));
+    if (text == "throw") throw std::runtime_error("kaboom");
+    if (text == "error") return make_error_message(m.id(), me, absl::FailedPreconditionError(me + ": not today"));
+    if (text == "die") raise(SIGKILL);
+    Message reply(MessageType::kResponse, m.id());
+    reply.buffer() += absl::StrCat(text, " from ", from.name, " via ", me);
+    reply.tensors() = m.tensors();
+    return reply;
+  };
+}
+
+std::shared_ptr<Store> file_store(const std::string& dir) {
+  auto store = FileStore::create(dir + "/store", {});
+  if (!store.ok()) throw RpcError(store.status());
+  return std::shared_ptr<Store>(std::move(*store));
+}
+
+std::shared_ptr<RpcAgent> make(const AgentKind& kind, const std::string& dir, int rank, int n) {
+  auto agent = kind.create(file_store(dir), name_of(rank), rank, n, handler_for(name_of(rank)));
+  if (!agent.ok()) throw RpcError(agent.status());
+  return *agent;
+}
+
+class AgentConformance : public ::testing::TestWithParam<AgentKind> {};
+
+TEST_P(AgentConformance, CallsAmongAllPairsAndToSelf) {
+  ferry::testing::TempDir dir;
+  constexpr int kWorld = 3;
+  ferry::testing::expect_all_succeed(ferry::testing::run_processes(kWorld, [&](int rank) {
+    auto agent = make(GetParam(), dir.path(), rank, kWorld);
+    EXPECT_EQ(agent->worker_infos().size(), size_t{kWorld});
+    for (int to = 0; to < kWorld; ++to) {
+      absl::StatusOr<Message> reply = agent->send(to, request("hi")).result();
+      ASSERT_OK(reply.status());
+      EXPECT_EQ(reply->payload(), absl::StrCat("hi from ", name_of(rank), " via ", name_of(to)));
+    }
+    EXPECT_THAT(agent->send(kWorld + 4, request("x")).result(), StatusIs(absl::StatusCode::kNotFound));
+    EXPECT_OK(agent->join(seconds(20)));
+    agent->shutdown();
+  }));
+}
+
+TEST_P(AgentConformance, TensorsArriveIntact) {
+  ferry::testing::TempDir dir;
+  ferry::testing::expect_all_succeed(ferry::testing::run_processes(2, [&](int rank) {
+    auto agent = make(GetParam(), dir.path(), rank, 2);
+    for (int64_t n : {int64_t{0}, int64_t{3}, int64_t{4096}, int64_t{1} << 20}) {
+      Message m = request("t");
+      // At this level a tensor travels as bytes; the payload's tensor table gives
+      // them their dtype and shape again.
+      Tensor t = *Tensor::empty({n}, DType::kUInt8);
+      for (int64_t i = 0; i < n; ++i) t.data_ptr<uint8_t>()[i] = static_cast<uint8_t>(i * 7 + rank);
+      m.tensors().push_back(t);
+      absl::StatusOr<Message> reply = agent->send(1 - rank, std::move(m)).result();
+      ASSERT_OK(reply.status());
+      ASSERT_EQ(reply->tensors().size(), 1u);
+      EXPECT_TRUE(reply->tensors()[0].equal(t)) << n;
+    }
+    EXPECT_OK(agent->join(seconds(20)));
+    agent->shutdown();
+  }));
+}
+
+TEST_P(AgentConformance, RemoteErrorsNameTheirWorker) {
+  ferry::testing::TempDir dir;
+  ferry::testing::expect_all_succeed(ferry::testing::run_processes(2, [&](int rank) {
+    auto agent = make(GetParam(), dir.path(), rank, 2);
+    int peer = 1 - rank;
+    EXPECT_THAT(agent->send(peer, request("throw")).result(),
+                StatusIs(absl::StatusCode::kUnknown, HasSubstr(name_of(peer) + ": request handler threw: kaboom")));
+    EXPECT_THAT(agent->send(peer, request("error")).result(),
+                StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr(name_of(peer) + ": not today")));
+    EXPECT_OK(agent->join(seconds(20)));
+    agent->shutdown();
+  }));
+}
+
+TEST_P(AgentConformance, TimeoutsFireAndZeroMeansNone) {
+  ferry::testing::TempDir dir;
+  ferry::testing::expect_all_succeed(ferry::testing::run_processes(2, [&](int rank) {
+    auto agent = make(GetParam(), dir.path(), rank, 2);
+    if (rank == 0) {
+      Future<Message> quick = agent->send(1, request("sleep:600"), milliseconds(50));
+      Future<Message> patient = agent->send(1, request("sleep:300"), milliseconds(0));
+      EXPECT_THAT(quick.result(), StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("w1")));
+      EXPECT_OK(patient.status());
+    }
+    EXPECT_OK(agent->join(seconds(20)));
+    agent->shutdown();
+  }));
+}
+
+TEST_P(AgentConformance, ALostPeerFailsItsCallsAtOnce) {
+  ferry::testing::TempDir dir;
+  std::vector<ferry::testing::ProcessResult> results = ferry::testing::run_processes(2, [&](int rank) {
+    auto agent = make(GetParam(), dir.path(), rank, 2);
+    if (rank == 1) {
+      std::this_thread::sleep_for(seconds(30));  // until the call to "die" kills us
+      return;
+    }
+    std::atomic<int> lost{0};
+    agent->add_membership_listener([&](const WorkerInfo& w, MembershipChange change) {
+      if (w.name == "w1" && change == MembershipChange::kLost) lost.fetch_add(1);
+    });
+    auto start = std::chrono::steady_clock::now();
+    Future<Message> forever = agent->send(1, request("sleep:20000"), milliseconds(0));  // no timeout
+    Future<Message> died = agent->send(1, request("die"));
+    EXPECT_THAT(died.result(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("w1")));
+    EXPECT_THAT(forever.result(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("w1")));
+    EXPECT_LT(std::chrono::steady_clock::now() - start, seconds(10));
+    // Later calls fail at once, and the listener heard of it on the pool.
+    EXPECT_THAT(agent->send(1, request("again")).result(), StatusIs(absl::StatusCode::kUnavailable));
+    for (int i = 0; i < 500 && lost.load() == 0; ++i) std::this_thread::sleep_for(milliseconds(10));
+    EXPECT_EQ(lost.load(), 1);
+    agent->shutdown();
+  }, seconds(60));
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_TRUE(results[0].exited && results[0].exit_code == 0) << results[0].describe();
+  EXPECT_EQ(results[1].term_signal, SIGKILL) << results[1].describe();
+}
+
+TEST_P(AgentConformance, GracefulShutdownFinishesCallsInFlight) {
+  ferry::testing::TempDir dir;
+  ferry::testing::expect_all_succeed(ferry::testing::run_processes(3, [&](int rank) {
+    auto agent = make(GetParam(), dir.path(), rank, 3);
+    std::vector<Future<Message>> calls;
+    for (int i = 0; i < 20; ++i) calls.push_back(agent->send((rank + 1) % 3, request("sleep:50")));
+    // join() returns only once every worker's calls are done, so none is cut off.
+    EXPECT_OK(agent->join(seconds(30)));
+    for (const Future<Message>& f : calls) EXPECT_TRUE(f.is_ready());
+    agent->shutdown();
+    for (const Future<Message>& f : calls) EXPECT_OK(f.status());
+    EXPECT_THAT(agent->send(0, request("late")).result(), StatusIs(absl::StatusCode::kCancelled));
+  }));
+}
+
+TEST_P(AgentConformance, AThousandConcurrentCalls) {
+  ferry::testing::TempDir dir;
+  ferry::testing::expect_all_succeed(ferry::testing::run_processes(2, [&](int rank) {
+    auto agent = make(GetParam(), dir.path(), rank, 2);
+    std::vector<Future<Message>> calls;
+    for (int i = 0; i < 1000; ++i) calls.push_back(agent->send(1 - rank, request(absl::StrCat(i))));
+    for (int i = 0; i < 1000; ++i) {
+      absl::StatusOr<Message> reply = calls[static_cast<size_t>(i)].result();
+      ASSERT_OK(reply.status());
+      EXPECT_EQ(reply->payload(), absl::StrCat(i, " from ", name_of(rank), " via ", name_of(1 - rank)));
+    }
+    EXPECT_OK(agent->join(seconds(30)));
+    agent->shutdown();
+  }));
+}
+
+TEST_P(AgentConformance, AContinuationMayBlockOnAnotherCall) {
+  ferry::testing::TempDir dir;
+  ferry::testing::expect_all_succeed(ferry::testing::run_processes(2, [&](int rank) {
+    auto agent = make(GetParam(), dir.path(), rank, 2);
+    int peer = 1 - rank;
+    // The continuation waits for a second reply: on a transport thread it would block
+    // the very thread that delivers it.
+    Future<std::string> chained = agent->send(peer, request("first")).then([&](const absl::StatusOr<Message>& r) {
+      EXPECT_FALSE(internal::on_transport_thread());
+      absl::StatusOr<Message> second = agent->send(peer, request("second")).result();
+      std::string first_text = r.ok() ? std::string(r->payload()) : "?";
+      std::string second_text = second.ok() ? std::string(second->payload()) : "?";
+      return first_text + " | " + second_text;
+    });
+    EXPECT_EQ(chained.wait(seconds(20)), absl::StrCat("first from ", name_of(rank), " via ", name_of(peer),
+                                                      " | second from ", name_of(rank), " via ", name_of(peer)));
+    EXPECT_OK(agent->join(seconds(20)));
+    agent->shutdown();
+  }));
+}
+
+TEST_P(AgentConformance, DroppingTheLastReferenceInACallbackExitsCleanly) {
+  ferry::testing::TempDir dir;
+  ferry::testing::expect_all_succeed(ferry::testing::run_processes(2, [&](int rank) {
+    auto agent = make(GetParam(), dir.path(), rank, 2);
+    if (rank == 1) {
+      // Serve rank 0's call, then leave once it is done with us.
+      EXPECT_OK(file_store(dir.path())->wait({"done"}, seconds(20)));
+      agent->shutdown();
+      return;
+    }
+    auto holder = std::make_shared<std::shared_ptr<RpcAgent>>(std::move(agent));
+    std::atomic<bool> dropped{false};
+    (*holder)->send(1, request("bye")).add_callback([holder, &dropped](const absl::StatusOr<Message>& r) {
+      EXPECT_OK(r.status());
+      holder->reset();  // the last reference, on one of the agent's own threads
+      dropped.store(true);
+    });
+    for (int i = 0; i < 2000 && !dropped.load(); ++i) std::this_thread::sleep_for(milliseconds(5));
+    EXPECT_TRUE(dropped.load());
+    EXPECT_OK(file_store(dir.path())->set("done", to_bytes("1")));
+    // Exiting now joins the teardown the callback could not do itself.
+  }));
+}
+
+TEST_P(AgentConformance, MembersJoinAndLeaveWhileCallsRun) {
+  ferry::testing::TempDir dir;
+  ferry::testing::expect_all_succeed(ferry::testing::run_processes(3, [&](int rank) {
+    const AgentKind& kind = GetParam();
+    std::shared_ptr<Store> store = file_store(dir.path());
+    auto started = kind.start(store, name_of(rank), rank, handler_for(name_of(rank)));
+    ASSERT_OK(started.status());
+    std::shared_ptr<RpcAgent> agent = *started;
+    ASSERT_OK(store->set(absl::StrCat("address/", rank), to_bytes(kind.address(*agent))));
+    auto address_of = [&](int r) { return to_string(*store->get(absl::StrCat("address/", r), seconds(20))); };
+    if (rank != 0) {
+      // Members 1 and 2 know only themselves and 0; they serve until 0 is done.
+      ASSERT_OK(kind.add(*agent, WorkerInfo{name_of(0), 0}, address_of(0)));
+      EXPECT_OK(store->wait({"done"}, seconds(30)));
+      agent->shutdown();
+      return;
+    }
+    std::vector<std::pair<std::string, MembershipChange>> heard;
+    std::mutex heard_mu;
+    agent->add_membership_listener([&](const WorkerInfo& w, MembershipChange c) {
+      std::lock_guard<std::mutex> lock(heard_mu);
+      heard.emplace_back(w.name, c);
+    });
+    ASSERT_OK(kind.add(*agent, WorkerInfo{name_of(1), 1}, address_of(1)));
+    EXPECT_THAT(agent->send(2, request("early")).result(), StatusIs(absl::StatusCode::kNotFound));
+    EXPECT_THAT(kind.add(*agent, WorkerInfo{name_of(1), 7}, address_of(1)),
+                StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("\"w1\"")));
+    ASSERT_OK(kind.add(*agent, WorkerInfo{name_of(2), 2}, address_of(2)));
+    EXPECT_EQ(agent->worker_infos().size(), 2u);
+    ASSERT_OK(agent->send(2, request("hello")).status());
+    // A call in flight to a member that leaves fails at once, saying it left.
+    Future<Message> slow = agent->send(2, request("sleep:3000"), milliseconds(0));
+    Future<Message> other = agent->send(1, request("sleep:100"));
+    ASSERT_OK(kind.remove(*agent, 2, MembershipChange::kLeft));
+    EXPECT_THAT(slow.result(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("\"w2\" (id 2) left the group")));
+    EXPECT_THAT(agent->send(2, request("late")).result(),
+                StatusIs(absl::StatusCode::kUnavailable, HasSubstr("left the group")));
+    EXPECT_THAT(agent->worker_info("w2"), StatusIs(absl::StatusCode::kNotFound, HasSubstr("left the group")));
+    EXPECT_OK(other.status());  // the others are untouched
+    EXPECT_EQ(agent->worker_infos().size(), 1u);
+    // Back again under the same name: calls work once more.
+    ASSERT_OK(kind.add(*agent, WorkerInfo{name_of(2), 2}, address_of(2)));
+    EXPECT_OK(agent->send(2, request("again")).status());
+    ASSERT_OK(store->set("done", to_bytes("1")));
+    for (int i = 0; i < 500; ++i) {
+      {
+        std::lock_guard<std::mutex> lock(heard_mu);
+        if (heard.size() >= 4) break;
+      }
+      std::this_thread::sleep_for(milliseconds(10));
+    }
+    std::lock_guard<std::mutex> lock(heard_mu);
+    std::vector<std::pair<std::string, MembershipChange>> expected = {{"w1", MembershipChange::kJoined},
+                                                                      {"w2", MembershipChange::kJoined},
+                                                                      {"w2", MembershipChange::kLeft},
+                                                                      {"w2", MembershipChange::kJoined}};
+    EXPECT_EQ(heard, expected);
+    agent->shutdown();
+  }));
+}
+
+INSTANTIATE_TEST_SUITE_P(Agents, AgentConformance, ::testing::ValuesIn(kinds()),
+                         [](const ::testing::TestParamInfo<AgentKind>& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace ferry
