@@ -1,6 +1,11 @@
 #include "base/future.h"
 
+#include <atomic>
+#include <condition_variable>
+#include <future>
+#include <mutex>
 #include <thread>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
@@ -62,6 +67,127 @@ TEST(Future, AThrowingCallbackDoesNotStopTheOthers) {
   p.get_future().add_callback([&](const absl::StatusOr<int>&) { second = true; });
   EXPECT_TRUE(p.set_value(1));
   EXPECT_TRUE(second);
+}
+
+}  // namespace
+}  // namespace ferry
+
+namespace ferry {
+namespace {
+
+// Runs tasks on one thread of its own, counting them.
+class OneThreadExecutor final : public internal::Executor {
+ public:
+  OneThreadExecutor() : thread_([this] { run(); }) {}
+  ~OneThreadExecutor() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  bool post(std::function<void()> task) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      tasks_.push_back(std::move(task));
+    }
+    cv_.notify_all();
+    return true;
+  }
+  std::thread::id id() const { return thread_.get_id(); }
+
+ private:
+  void run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [this] { return stop_ || !tasks_.empty(); });
+      if (tasks_.empty()) return;
+      auto task = std::move(tasks_.front());
+      tasks_.erase(tasks_.begin());
+      lock.unlock();
+      task();
+      lock.lock();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::function<void()>> tasks_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+TEST(Future, CallbacksLeaveTransportThreadsForTheExecutor) {
+  auto executor = std::make_shared<OneThreadExecutor>();
+  Promise<int> promise{std::weak_ptr<internal::Executor>(executor)};
+  std::promise<std::thread::id> user_ran, inline_ran, chained_ran;
+  Future<int> f = promise.get_future();
+  f.add_callback([&](const absl::StatusOr<int>&) { user_ran.set_value(std::this_thread::get_id()); });
+  Future<int> decoded = f.then_inline([&](const absl::StatusOr<int>& v) {
+    inline_ran.set_value(std::this_thread::get_id());
+    return *v + 1;
+  });
+  // A continuation of the then_inline future inherits the executor too.
+  Future<int> chained = decoded.then([&](const absl::StatusOr<int>& v) {
+    chained_ran.set_value(std::this_thread::get_id());
+    return *v * 10;
+  });
+  std::thread transport([&] {
+    internal::TransportThreadScope scope;
+    promise.set_value(4);
+  });
+  std::thread::id transport_id = transport.get_id();
+  transport.join();
+  EXPECT_EQ(user_ran.get_future().get(), executor->id());
+  EXPECT_EQ(inline_ran.get_future().get(), transport_id);
+  EXPECT_EQ(chained_ran.get_future().get(), executor->id());
+  EXPECT_EQ(chained.wait(std::chrono::seconds(10)), 50);
+}
+
+TEST(Future, CallbacksStayOnOrdinaryCompletingThreads) {
+  auto executor = std::make_shared<OneThreadExecutor>();
+  Promise<int> promise{std::weak_ptr<internal::Executor>(executor)};
+  std::thread::id ran;
+  promise.get_future().add_callback([&](const absl::StatusOr<int>&) { ran = std::this_thread::get_id(); });
+  promise.set_value(1);  // not a transport thread: no hop
+  EXPECT_EQ(ran, std::this_thread::get_id());
+}
+
+TEST(Future, WithTheExecutorGoneCallbacksRunInline) {
+  Promise<int> promise;
+  {
+    auto executor = std::make_shared<OneThreadExecutor>();
+    promise = Promise<int>(std::weak_ptr<internal::Executor>(executor));
+  }
+  bool ran = false;
+  promise.get_future().add_callback([&](const absl::StatusOr<int>&) { ran = true; });
+  internal::TransportThreadScope scope;
+  promise.set_value(1);
+  EXPECT_TRUE(ran);
+}
+
+TEST(Spin, NoPollingWhileTheHostIsCrowded) {
+  // More busy threads than cores, plus margin: the run queue says so within a sample.
+  int busy = static_cast<int>(std::thread::hardware_concurrency()) * 2 + 4;
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> spinners;
+  for (int i = 0; i < busy; ++i) {
+    spinners.emplace_back([&] {
+      while (!stop.load(std::memory_order_relaxed)) {
+      }
+    });
+  }
+  bool crowded = false;
+  for (int i = 0; i < 200 && !crowded; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    crowded = internal::host_crowded();
+  }
+  if (crowded) {
+    EXPECT_EQ(internal::spin_window().count(), 0);
+  }
+  stop.store(true);
+  for (std::thread& t : spinners) t.join();
+  EXPECT_TRUE(crowded) << "the run queue never showed " << busy << " busy threads";
 }
 
 }  // namespace

@@ -1,0 +1,121 @@
+#include "agents/internal/call_table.h"
+
+#include <thread>
+
+#include "agents/internal/membership.h"
+#include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
+
+namespace ferry::internal {
+namespace {
+
+using ::ferry::testing::StatusIs;
+using ::testing::HasSubstr;
+using std::chrono::milliseconds;
+
+Message reply(uint64_t id) { return Message(MessageType::kResponse, id); }
+
+TEST(CallTable, CompletesOnceAndCountsActivity) {
+  auto activity = std::make_shared<Activity>();
+  CallTable calls({}, activity);
+  CallTable::Started a = calls.start(1, "w1", milliseconds(0));
+  CallTable::Started b = calls.start(2, "w2", milliseconds(0));
+  EXPECT_NE(a.id, b.id);
+  EXPECT_EQ(activity->count(), 2);
+  EXPECT_TRUE(calls.complete(a.id, reply(a.id)));
+  EXPECT_FALSE(calls.complete(a.id, reply(a.id)));  // a second reply is dropped
+  EXPECT_OK(a.future.status());
+  EXPECT_EQ(activity->count(), 1);
+  EXPECT_FALSE(activity->wait_idle(milliseconds(10)));
+  EXPECT_EQ(calls.fail_all(absl::CancelledError("bye")), 1u);
+  EXPECT_THAT(b.future.result(), StatusIs(absl::StatusCode::kCancelled));
+  EXPECT_TRUE(activity->wait_idle(milliseconds(10)));
+}
+
+TEST(CallTable, DeadlinesFireInOrderAndCompletedCallsLeaveTheQueue) {
+  auto activity = std::make_shared<Activity>();
+  CallTable calls({}, activity);
+  CallTable::Started late = calls.start(1, "w1", milliseconds(400));
+  CallTable::Started early = calls.start(1, "w1", milliseconds(40));
+  CallTable::Started answered = calls.start(2, "w2", milliseconds(20));
+  CallTable::Started never = calls.start(2, "w2", milliseconds(0));
+  EXPECT_TRUE(calls.complete(answered.id, reply(answered.id)));
+  // The earlier deadline, registered second, fires first.
+  EXPECT_THAT(early.future.result(), StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("worker \"w1\"")));
+  EXPECT_FALSE(late.future.is_ready());
+  EXPECT_THAT(late.future.result(), StatusIs(absl::StatusCode::kDeadlineExceeded));
+  EXPECT_OK(answered.future.status());
+  EXPECT_FALSE(never.future.is_ready());
+  EXPECT_EQ(calls.pending(), 1u);
+  calls.fail_all(absl::CancelledError("done"));
+}
+
+TEST(CallTable, FailPeerFailsOnlyThatPeersCalls) {
+  auto activity = std::make_shared<Activity>();
+  CallTable calls({}, activity);
+  std::vector<CallTable::Started> to1, to2;
+  for (int i = 0; i < 100; ++i) {
+    to1.push_back(calls.start(1, "w1", milliseconds(60000)));
+    to2.push_back(calls.start(2, "w2", milliseconds(0)));
+  }
+  EXPECT_EQ(calls.fail_peer(1, absl::UnavailableError("worker \"w1\" is unreachable")), 100u);
+  for (auto& c : to1) EXPECT_THAT(c.future.result(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("w1")));
+  for (auto& c : to2) EXPECT_FALSE(c.future.is_ready());
+  EXPECT_EQ(activity->count(), 100);
+  calls.fail_all(absl::CancelledError("done"));
+  EXPECT_EQ(activity->count(), 0);
+}
+
+TEST(Membership, VersionedSnapshotsAndDepartures) {
+  Membership members;
+  std::shared_ptr<const Membership::Table> empty = members.snapshot();
+  ASSERT_OK(members.add({Member{WorkerInfo{"a", 0}, "addr-a"}, Member{WorkerInfo{"b", 1}, "addr-b"}}));
+  std::shared_ptr<const Membership::Table> two = members.snapshot();
+  EXPECT_EQ(empty->by_id.size(), 0u);  // an old snapshot never changes
+  EXPECT_EQ(two->by_id.size(), 2u);
+  EXPECT_GT(two->version, empty->version);
+  EXPECT_EQ(two->find("b")->address, "addr-b");
+  EXPECT_THAT(members.add(Member{WorkerInfo{"a", 5}, ""}),
+              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("worker name \"a\" is already used by id 0")));
+  EXPECT_THAT(members.add(Member{WorkerInfo{"c", 1}, ""}),
+              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("worker id 1 (\"c\") is already used by worker \"b\"")));
+  // A batch with a clash inside it changes nothing.
+  EXPECT_THAT(members.add({Member{WorkerInfo{"c", 2}, ""}, Member{WorkerInfo{"c", 3}, ""}}),
+              StatusIs(absl::StatusCode::kAlreadyExists));
+  EXPECT_EQ(members.snapshot()->by_id.size(), 2u);
+
+  ASSERT_OK(members.remove(1, MembershipChange::kLeft).status());
+  ASSERT_OK(members.remove(0, MembershipChange::kLost).status());
+  std::shared_ptr<const Membership::Table> none = members.snapshot();
+  EXPECT_THAT(none->absent("b"), StatusIs(absl::StatusCode::kNotFound, HasSubstr("\"b\" (id 1) left the group")));
+  EXPECT_THAT(none->absent(0), StatusIs(absl::StatusCode::kNotFound, HasSubstr("\"a\" (id 0) was lost")));
+  EXPECT_THAT(none->absent("zz"), StatusIs(absl::StatusCode::kNotFound, HasSubstr("unknown worker \"zz\"")));
+  EXPECT_TRUE(none->has_departed(1));
+  EXPECT_THAT(members.remove(1, MembershipChange::kLeft), StatusIs(absl::StatusCode::kNotFound));
+  // Rejoining clears the departure.
+  ASSERT_OK(members.add(Member{WorkerInfo{"b", 1}, "addr-b2"}));
+  EXPECT_FALSE(members.snapshot()->has_departed(1));
+}
+
+TEST(Membership, ReadersNeverSeeAHalfBuiltTable) {
+  Membership members;
+  std::atomic<bool> stop{false};
+  std::thread reader([&] {
+    while (!stop.load()) {
+      std::shared_ptr<const Membership::Table> t = members.snapshot();
+      ASSERT_EQ(t->by_id.size(), t->ids_by_name.size());
+    }
+  });
+  for (int i = 0; i < 2000; ++i) {
+    ASSERT_OK(members.add(Member{WorkerInfo{"w" + std::to_string(i), i}, ""}));
+    if (i % 2 == 0) {
+      ASSERT_OK(members.remove(i, MembershipChange::kLeft).status());
+    }
+  }
+  stop.store(true);
+  reader.join();
+  EXPECT_EQ(members.snapshot()->by_id.size(), 1000u);
+}
+
+}  // namespace
+}  // namespace ferry::internal
