@@ -65,6 +65,7 @@ struct BenchInitFlags {
   bench::InitBenchOptions options;
   int timeout_s = 120;
   int stall_rank = -1;  // hidden, for tests: -1 none
+  int fail_rank = -1;   // hidden, for tests: -1 none
   bool json = false;
 };
 
@@ -72,6 +73,7 @@ void run_bench_init(const BenchInitFlags& flags, ExitCode& exit_code) {
   bench::InitBenchOptions options = flags.options;
   options.timeout = std::chrono::seconds(flags.timeout_s);
   if (flags.stall_rank >= 0) options.stall_rank = flags.stall_rank;
+  if (flags.fail_rank >= 0) options.fail_rank = flags.fail_rank;
   absl::StatusOr<bench::InitBenchReport> report =
       bench::run_init_bench(options, [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); });
   if (!report.ok()) {
@@ -113,8 +115,10 @@ void add_bench_init(CLI::App& bench, ExitCode& exit_code) {
                    "Seconds one run may take before its workers are killed and the run fails (default 120)")
       ->check(CLI::Range(1, 3600));
   init->add_flag("--json", flags->json, "Print one JSON object instead of the table");
-  // For the tool's own tests: this rank never starts, so the timeout path runs.
+  // For the tool's own tests: this rank never starts (the timeout path runs) or fails
+  // at once (the failure path runs).
   init->add_option("--stall-rank", flags->stall_rank)->group("")->check(CLI::Range(0, bench::kMaxInitBenchWorkers - 1));
+  init->add_option("--fail-rank", flags->fail_rank)->group("")->check(CLI::Range(0, bench::kMaxInitBenchWorkers - 1));
   init->callback([flags, &exit_code] { run_bench_init(*flags, exit_code); });
 }
 

@@ -137,9 +137,17 @@ TEST(BenchInit, AWorkerThatNeverStartsFailsTheRunNamingItsRank) {
   auto run = ferry_tool({"bench", "init", "--workers", "3", "--transports", "uv", "--stall-rank", "1", "--timeout",
                          "3"});
   EXPECT_EQ(run.exit_code, kFailed) << "stderr: " << run.err;
-  EXPECT_THAT(run.err, HasSubstr("not finished after 3 s"));
+  EXPECT_THAT(run.err, HasSubstr("run 1 (3 workers) not finished after 3 s"));
   EXPECT_THAT(run.err, HasSubstr("rank 1 stalled before init_rpc"));
   EXPECT_THAT(run.err, HasSubstr("ranks 0, 2 in init_rpc"));
+  EXPECT_EQ(run.out, "");
+}
+
+TEST(BenchInit, AWorkerThatFailsFailsTheRunNamingItsRankAndError) {
+  auto run = ferry_tool({"bench", "init", "--workers", "3", "--transports", "uv", "--fail-rank", "2", "--timeout",
+                         "60"});
+  EXPECT_EQ(run.exit_code, kFailed) << "stderr: " << run.err;
+  EXPECT_THAT(run.err, HasSubstr("rank 2 (worker2) failed before init_rpc: INTERNAL: failed on purpose"));
   EXPECT_EQ(run.out, "");
 }
 
@@ -158,6 +166,7 @@ TEST(BenchInit, BadFlagsAreUsageErrors) {
       {{"--workers", "2", "--timeout", "0"}, "--timeout"},
       {{"--workers", "2", "--idle-ms", "-1"}, "--idle-ms"},
       {{"--workers", "2", "--stall-rank", "2"}, "--stall-rank must be a rank below --workers (2), got 2"},
+      {{"--workers", "2", "--fail-rank", "5"}, "--fail-rank must be a rank below --workers (2), got 5"},
   };
   for (const Case& c : cases) {
     std::vector<std::string> args = {"bench", "init"};

@@ -58,7 +58,7 @@ enum Phase : int {
 
 const char* phase_name(int phase) {
   switch (phase) {
-    case kForked: return "waiting to start";
+    case kForked: return "before init_rpc";
     case kStalled: return "stalled before init_rpc (--stall-rank)";
     case kInit: return "in init_rpc";
     case kIdleAfterInit: return "idle after init_rpc";
@@ -214,6 +214,7 @@ absl::Status run_worker(const InitBenchOptions& o, int rank, uint16_t port, Shar
   WorkerReport r;
   r.rank = rank;
   pthread_barrier_wait(&shared.start);
+  if (o.fail_rank == rank) return absl::InternalError("failed on purpose (--fail-rank)");
   if (o.stall_rank == rank) {
     mark(kStalled);
     std::this_thread::sleep_for(own_timeout);
@@ -453,8 +454,8 @@ absl::StatusOr<InitRunFigures> run_once(const InitBenchOptions& o, int run) {
         std::sort(ranks.begin(), ranks.end());
         parts.push_back(absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", rank_list(ranks), " ", phase_name(phase)));
       }
-      return absl::DeadlineExceededError(absl::StrCat("run ", run + 1, " of ", o.workers,
-                                                      " workers not finished after ", o.timeout.count(),
+      return absl::DeadlineExceededError(absl::StrCat("run ", run + 1, " (", o.workers,
+                                                      " workers) not finished after ", o.timeout.count(),
                                                       " s (--timeout); killed. Still running: ",
                                                       absl::StrJoin(parts, "; ")));
     }
@@ -620,6 +621,10 @@ absl::Status validate(const InitBenchOptions& o) {
   if (o.stall_rank && (*o.stall_rank < 0 || *o.stall_rank >= o.workers)) {
     return absl::InvalidArgumentError(
         absl::StrCat("--stall-rank must be a rank below --workers (", o.workers, "), got ", *o.stall_rank));
+  }
+  if (o.fail_rank && (*o.fail_rank < 0 || *o.fail_rank >= o.workers)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--fail-rank must be a rank below --workers (", o.workers, "), got ", *o.fail_rank));
   }
   return absl::OkStatus();
 }

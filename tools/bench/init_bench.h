@@ -60,6 +60,8 @@ struct InitBenchOptions {
   // Testing only: this rank sleeps past the timeout before init_rpc, so the timeout
   // path can be exercised.
   std::optional<int> stall_rank;
+  // Testing only: this rank fails before init_rpc, so the failure path can be exercised.
+  std::optional<int> fail_rank;
 };
 
 // Checks the options; kInvalidArgument naming the option, the value and the range.
