@@ -111,8 +111,9 @@ struct InitBenchReport {
 absl::StatusOr<InitBenchReport> run_init_bench(const InitBenchOptions& options,
                                                const std::function<void(const std::string&)>& progress);
 
-// One JSON object: the options, the machine, every figure (medians over runs) and the
-// runs themselves; figures not measured are null.
+// One JSON object: the options ("transports" is the list given, or "default"), the
+// machine, every figure (medians over runs) and the runs themselves; figures not
+// measured are null. The keys are in reading order.
 nlohmann::ordered_json init_report_json(const InitBenchReport& report);
 // The same as a human-readable table.
 std::string init_report_table(const InitBenchReport& report);
