@@ -49,7 +49,7 @@ import json
 import math
 import sys
 import zlib
-from dataclasses import dataclass, field, asdict
+from dataclasses import asdict, dataclass
 
 # ---- parameters ------------------------------------------------------------------------
 
