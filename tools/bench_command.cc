@@ -1,15 +1,19 @@
 // `ferry bench rpc`: measures ferry's RPC beside raw TensorPipe on this host and prints
-// a table (or, with --json, one JSON object for scripts/plot_bench.py and CI). The
-// measuring lives in tools/bench/; this file only parses flags and prints.
+// a table (or, with --json, one JSON object for scripts/plot_bench.py and CI).
+// `ferry bench init`: init_rpc, all-to-all calls, idle cost and shutdown of N worker
+// processes on this host. The measuring lives in tools/bench/; this file only parses
+// flags and prints.
 //
 // Exit codes: 0 measured (and, with --require-targets, every target met); 1 a
 // measurement failed (or a target was missed under --require-targets); 2 bad usage.
+#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "tools/bench/init_bench.h"
 #include "tools/bench/rpc_bench.h"
 #include "tools/commands.h"
 
@@ -57,6 +61,67 @@ void run_bench_rpc(const BenchRpcFlags& flags, ExitCode& exit_code) {
   exit_code.set(flags.require_targets && !all_met ? kExitFailed : kExitOk);
 }
 
+struct BenchInitFlags {
+  bench::InitBenchOptions options;
+  int timeout_s = 120;
+  int stall_rank = -1;  // hidden, for tests: -1 none
+  int fail_rank = -1;   // hidden, for tests: -1 none
+  bool json = false;
+};
+
+void run_bench_init(const BenchInitFlags& flags, ExitCode& exit_code) {
+  bench::InitBenchOptions options = flags.options;
+  options.timeout = std::chrono::seconds(flags.timeout_s);
+  if (flags.stall_rank >= 0) options.stall_rank = flags.stall_rank;
+  if (flags.fail_rank >= 0) options.fail_rank = flags.fail_rank;
+  absl::StatusOr<bench::InitBenchReport> report =
+      bench::run_init_bench(options, [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); });
+  if (!report.ok()) {
+    std::fprintf(stderr, "ferry bench init: %s\n", std::string(report.status().message()).c_str());
+    exit_code.set(report.status().code() == absl::StatusCode::kInvalidArgument ? kExitUsage : kExitFailed);
+    return;
+  }
+  if (flags.json) {
+    std::printf("%s\n", bench::init_report_json(*report).dump(2).c_str());
+  } else {
+    std::fputs(bench::init_report_table(*report).c_str(), stdout);
+  }
+  exit_code.set(kExitOk);
+}
+
+void add_bench_init(CLI::App& bench, ExitCode& exit_code) {
+  CLI::App* init = bench.add_subcommand(
+      "init",
+      "Start N worker processes on this host (127.0.0.1, rank 0 hosts the store) and report init_rpc and "
+      "shutdown wall times (median and max over workers), optionally all-to-all calls and the CPU an idle "
+      "worker uses, plus each worker's CPU time, peak RSS, threads and descriptors");
+  auto flags = std::make_shared<BenchInitFlags>();
+  init->add_option("--workers", flags->options.workers, "Worker processes, 1 to 1024")
+      ->required()
+      ->check(CLI::Range(1, bench::kMaxInitBenchWorkers));
+  init->add_option("--transports", flags->options.transports,
+                   "Transports the workers may use, comma-separated (default: the agent's defaults)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"shm", "uv"}));
+  init->add_flag("--calls", flags->options.calls,
+                 "Between init and shutdown, every worker calls a no-op function on every worker, itself included");
+  init->add_option("--idle-ms", flags->options.idle_ms,
+                   "Sleep this long after init (and after the calls) and report the CPU used meanwhile (default 0: "
+                   "no idle window)")
+      ->check(CLI::Range(0, 600000));
+  init->add_option("--repeat", flags->options.repeat, "Runs in fresh processes; figures are medians (default 1)")
+      ->check(CLI::Range(1, 100));
+  init->add_option("--timeout", flags->timeout_s,
+                   "Seconds one run may take before its workers are killed and the run fails (default 120)")
+      ->check(CLI::Range(1, 3600));
+  init->add_flag("--json", flags->json, "Print one JSON object instead of the table");
+  // For the tool's own tests: this rank never starts (the timeout path runs) or fails
+  // at once (the failure path runs).
+  init->add_option("--stall-rank", flags->stall_rank)->group("")->check(CLI::Range(0, bench::kMaxInitBenchWorkers - 1));
+  init->add_option("--fail-rank", flags->fail_rank)->group("")->check(CLI::Range(0, bench::kMaxInitBenchWorkers - 1));
+  init->callback([flags, &exit_code] { run_bench_init(*flags, exit_code); });
+}
+
 void add_bench_command(CLI::App& app, ExitCode& exit_code) {
   CLI::App* rpc = bench_group(app)->add_subcommand(
       "rpc",
@@ -78,6 +143,7 @@ void add_bench_command(CLI::App& app, ExitCode& exit_code) {
       ->check(CLI::Range(1, 100));
   rpc->add_flag("--require-targets", flags->require_targets, "Exit 1 when a target of issue 7 is missed");
   rpc->callback([flags, &exit_code] { run_bench_rpc(*flags, exit_code); });
+  add_bench_init(*bench_group(app), exit_code);
 }
 
 }  // namespace
