@@ -67,6 +67,14 @@ void all_pairs_body(int rank, int world, const TensorPipeRpcBackendOptions& opti
   }
   // A nested call: worker r asks worker r+1 to call worker r+2.
   EXPECT_EQ(rpc_sync<int64_t>(name_of((rank + 1) % world), "relay", name_of((rank + 2) % world), int64_t{41}), 42);
+  // A continuation that itself calls rpc_sync: it runs on the pool, so the transport
+  // thread stays free to deliver the inner call's reply.
+  std::string next = name_of((rank + 1) % world);
+  Future<int64_t> chained = rpc_async<int64_t>(next, "add", int64_t{1}, int64_t{2})
+                                .then([next](const absl::StatusOr<int64_t>& three) {
+                                  return rpc_sync<int64_t>(next, "add", *three, int64_t{10});
+                                });
+  EXPECT_EQ(chained.wait(std::chrono::seconds(20)), 13);
   ASSERT_OK(shutdown());
 }
 
