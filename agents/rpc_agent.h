@@ -77,8 +77,9 @@ class RpcAgent {
   virtual std::chrono::milliseconds default_timeout() const = 0;
 
   // Waits until every worker of the group has called join and no worker has calls in
-  // flight (this worker keeps serving requests meanwhile). Errors: kDeadlineExceeded
-  // after `timeout`, kUnavailable if the store is lost.
+  // flight (this worker keeps serving requests meanwhile); in a dynamic group, leaves
+  // it instead. Errors: kDeadlineExceeded after `timeout`, kUnavailable if the store
+  // is lost, kFailedPrecondition when this worker may not leave yet (it stays up).
   virtual absl::Status join(std::chrono::milliseconds timeout) = 0;
   // Waits until this worker's own calls in flight are done.
   virtual absl::Status sync(std::chrono::milliseconds timeout) = 0;

@@ -137,6 +137,10 @@ class TensorPipeAgent final : public RpcAgent {
   std::vector<std::string> transports() const;
   std::vector<std::string> channels() const;
 
+  // The agent core underneath, for init handlers that run a membership protocol
+  // (agents/internal/agent_core.h; not part of the installed API).
+  internal::AgentCore& core() { return *core_; }
+
  private:
   TensorPipeAgent(std::shared_ptr<internal::AgentCore> core, internal::TensorPipeTransport* transport);
   std::shared_ptr<internal::AgentCore> core_;

@@ -100,12 +100,18 @@ absl::Status check_rank(const UrlError& error, int rank, int world_size) {
 }
 
 // rank and world_size from the query, both required (file://, tcp://).
+// "world_size=dynamic" (a group that workers join and leave) gives 0.
 absl::Status rank_and_world_size(const UrlError& error, const RendezvousUrl& url, int* rank, int* world_size) {
   auto r = url.query.find("rank");
   if (r == url.query.end()) return error("rank parameter missing");
   auto w = url.query.find("world_size");
   if (w == url.query.end()) return error("world size parameter missing");
   FERRY_ASSIGN_OR_RETURN(*rank, parse_int(error, "rank parameter", r->second));
+  if (w->second == kDynamicWorldSize) {
+    *world_size = 0;
+    if (*rank < 0) return error(absl::StrCat("rank ", *rank, " must not be negative"));
+    return absl::OkStatus();
+  }
   FERRY_ASSIGN_OR_RETURN(*world_size, parse_int(error, "world size parameter", w->second));
   return check_rank(error, *rank, *world_size);
 }
@@ -119,7 +125,7 @@ absl::StatusOr<RendezvousResult> file_handler(const RendezvousUrl& url, std::chr
   FERRY_RETURN_IF_ERROR(rank_and_world_size(error, url, &rank, &world_size));
   FileStoreOptions options;
   options.timeout = timeout;
-  options.world_size = world_size;
+  if (world_size > 0) options.world_size = world_size;
   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<FileStore> store, FileStore::create(path, options));
   return RendezvousResult{std::move(store), rank, world_size};
 }
@@ -136,7 +142,7 @@ absl::StatusOr<RendezvousResult> tcp_store_result(const UrlError& error, std::st
   // is how the others reach it, which need not be an address rank 0 can bind (NAT,
   // a service name).
   options.listen_host = options.host.find(':') != std::string::npos ? "::" : "0.0.0.0";
-  options.world_size = world_size;
+  if (world_size > 0) options.world_size = world_size;
   options.timeout = timeout;
   // Rank 0 waits in create() until every rank has connected.
   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<TCPStore> store, TCPStore::create(options));
@@ -181,8 +187,13 @@ absl::StatusOr<RendezvousResult> env_handler(const RendezvousUrl& url, std::chro
   if (master_port == nullptr) return env_error("MASTER_PORT");
 
   FERRY_ASSIGN_OR_RETURN(int rank, parse_int(error, rank_source, *rank_text));
-  FERRY_ASSIGN_OR_RETURN(int world_size, parse_int(error, world_source, *world_text));
-  FERRY_RETURN_IF_ERROR(check_rank(error, rank, world_size));
+  int world_size = 0;
+  if (*world_text == kDynamicWorldSize) {
+    if (rank < 0) return error(absl::StrCat("rank ", rank, " must not be negative"));
+  } else {
+    FERRY_ASSIGN_OR_RETURN(world_size, parse_int(error, world_source, *world_text));
+    FERRY_RETURN_IF_ERROR(check_rank(error, rank, world_size));
+  }
   if (*master_addr == '\0') return error("environment variable MASTER_ADDR is empty");
   FERRY_ASSIGN_OR_RETURN(int port, parse_int(error, "environment variable MASTER_PORT", master_port));
   return tcp_store_result(error, master_addr, port, rank, world_size, timeout);

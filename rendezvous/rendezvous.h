@@ -31,10 +31,15 @@
 namespace ferry {
 
 // What a rendezvous yields.
+// The world_size a dynamic group passes ("?world_size=dynamic", WORLD_SIZE=dynamic):
+// rendezvous then gives world_size 0, and rank 0 (tcp://, env://) hosts the store
+// without waiting for anyone.
+inline constexpr char kDynamicWorldSize[] = "dynamic";
+
 struct RendezvousResult {
   std::shared_ptr<Store> store;
   int rank = 0;
-  int world_size = 0;
+  int world_size = 0;  // 0: a dynamic group
 };
 
 // A rendezvous URL taken apart: SCHEME://AUTHORITY/PATH?QUERY. `host` and `port` come

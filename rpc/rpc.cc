@@ -51,6 +51,7 @@ class Latch {
 
 std::string with_rank(const std::string& url, int rank, int world_size) {
   std::string sep = absl::StrContains(url, "?") ? "&" : "?";
+  if (world_size == 0) return absl::StrCat(url, sep, "rank=", rank, "&world_size=", kDynamicWorldSize);
   return absl::StrCat(url, sep, "rank=", rank, "&world_size=", world_size);
 }
 
@@ -64,6 +65,13 @@ std::shared_ptr<RpcAgent> set_current_agent(std::shared_ptr<RpcAgent> agent) {
 
 absl::Status init_rpc(const std::string& name, const BackendType& backend, int rank, int world_size,
                       const RpcBackendOptions& options) {
+  return init_rpc(name, backend, rank, std::optional<int>(world_size), options);
+}
+
+absl::Status init_rpc(const std::string& name, const BackendType& backend, int rank, std::optional<int> world_size_or,
+                      const RpcBackendOptions& options) {
+  const bool dynamic = !world_size_or.has_value();
+  const int world_size = world_size_or.value_or(0);
   std::lock_guard<std::mutex> lock(lifecycle_mutex());
   if (current_agent() != nullptr) {
     return absl::FailedPreconditionError(absl::StrCat("init_rpc(\"", name, "\"): this process already runs worker \"",
@@ -76,10 +84,13 @@ absl::Status init_rpc(const std::string& name, const BackendType& backend, int r
                                                      "\" may contain only letters, digits, '_', '-', '.' and ':'"));
     }
   }
-  if (world_size < 1) {
+  if (!dynamic && world_size < 1) {
     return absl::InvalidArgumentError(absl::StrCat("init_rpc: world_size must be at least 1, got ", world_size));
   }
-  if (rank < 0 || rank >= world_size) {
+  if (dynamic && rank < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("init_rpc: rank ", rank, " must not be negative"));
+  }
+  if (!dynamic && (rank < 0 || rank >= world_size)) {
     return absl::InvalidArgumentError(
         absl::StrCat("init_rpc: rank ", rank, " out of range for world_size ", world_size));
   }
@@ -131,6 +142,7 @@ absl::Status shutdown(bool graceful, std::chrono::milliseconds timeout) {
     if (agent == nullptr) return absl::FailedPreconditionError("shutdown: no worker is running in this process");
   }
   absl::Status joined = graceful ? agent->join(timeout) : absl::OkStatus();
+  if (joined.code() == absl::StatusCode::kFailedPrecondition) return joined;  // may not leave yet: still running
   {
     std::lock_guard<std::mutex> lock(lifecycle_mutex());
     if (current_agent() == agent) set_current_agent(nullptr);
@@ -157,5 +169,9 @@ WorkerInfo get_worker_info(std::string_view name) {
 }
 
 std::vector<WorkerInfo> get_worker_infos() { return internal::default_agent()->worker_infos(); }
+
+void add_membership_listener(MembershipListener listener) {
+  internal::default_agent()->add_membership_listener(std::move(listener));
+}
 
 }  // namespace ferry

@@ -48,14 +48,26 @@ struct RpcTimeout {
 // worker of the group reports alike.
 [[nodiscard]] absl::Status init_rpc(const std::string& name, const BackendType& backend, int rank, int world_size,
                                     const RpcBackendOptions& options);
+// The general form: `world_size` nullopt joins a dynamic group, which workers join
+// and leave while it runs (one at a time, through a lock in the store). The rank must
+// be unique among the members; a duplicate name or rank is refused, naming it; a
+// joiner whose device maps do not validate is refused with the validator's message,
+// and the group is unchanged. shutdown() then leaves the group: this worker's calls
+// finish, every member lets its calls to it finish and forgets it. A worker that hosts
+// the store (rank 0 of tcp:// or env://) can leave only last; see shutdown().
+[[nodiscard]] absl::Status init_rpc(const std::string& name, const BackendType& backend, int rank,
+                                    std::optional<int> world_size, const RpcBackendOptions& options);
 // init_rpc with the TENSORPIPE backend.
 [[nodiscard]] absl::Status init_rpc(const std::string& name, int rank, int world_size,
                                     const TensorPipeRpcBackendOptions& options = {});
 
 // Stops this process's worker. Graceful (the default): first waits until every worker
 // has called shutdown and no worker has calls in flight (at most `timeout`), so
-// nothing is lost; then tears down. Not graceful: pending calls fail with kCancelled.
-// The agent is torn down even when waiting fails; the error is returned.
+// nothing is lost (in a dynamic group: leaves it); then tears down. Not graceful:
+// pending calls fail with kCancelled. The agent is torn down even when waiting fails;
+// the error is returned. The one exception is kFailedPrecondition from a dynamic
+// member that may not leave yet (it hosts the store and others remain): it keeps
+// running, and shutdown can be called again later.
 [[nodiscard]] absl::Status shutdown(bool graceful = true,
                                     std::chrono::milliseconds timeout = std::chrono::minutes(5));
 
@@ -69,6 +81,11 @@ WorkerInfo get_worker_info();
 // A worker's info by name; throws RpcError (kNotFound) for an unknown name.
 WorkerInfo get_worker_info(std::string_view name);
 std::vector<WorkerInfo> get_worker_infos();
+
+// Tells `listener` of every later change of membership of this worker's group (joins
+// and leaves of a dynamic group; lost workers). It runs on the worker's pool, one
+// change at a time. Throws RpcError (kFailedPrecondition) before init_rpc.
+void add_membership_listener(MembershipListener listener);
 
 namespace internal {
 // The default agent, or throws RpcError when there is none. The caller holds it for the

@@ -28,6 +28,7 @@ enum class MessageType : uint8_t {
   kResponse = 2,  // a call's result
   kError = 3,     // a call's failure: origin worker, status code, message
   kPing = 4,      // answered by the agent itself with an empty kResponse
+  kControl = 5,   // a request to the agent itself (group membership), never to user code
 };
 
 const char* message_type_name(MessageType type);

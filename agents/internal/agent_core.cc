@@ -107,9 +107,15 @@ absl::Status AgentCore::set_members(std::vector<Member> members) {
   return absl::OkStatus();
 }
 
+void AgentCore::forget_lost(int id) {
+  std::lock_guard<std::mutex> lock(lost_mu_);
+  lost_.erase(id);
+}
+
 absl::Status AgentCore::add_member(Member member) {
   WorkerInfo info = member.info;
   FERRY_RETURN_IF_ERROR(members_.add(std::move(member)));
+  forget_lost(info.id);
   group_size_.fetch_add(1);
   notify(std::move(info), MembershipChange::kJoined);
   return absl::OkStatus();
@@ -125,8 +131,35 @@ absl::Status AgentCore::remove_member(int id, MembershipChange why) {
                                                                   ") was lost"));
   calls_->fail_peer(id, status);
   transport_->disconnect(id);
+  forget_lost(id);
   notify(gone.info, why);
   return absl::OkStatus();
+}
+
+absl::Status AgentCore::retire_member(int id, std::chrono::milliseconds drain) {
+  std::shared_ptr<const Membership::Table> table = members_.snapshot();
+  const Member* m = table->find(id);
+  if (m == nullptr) return table->absent(id);
+  {
+    std::lock_guard<std::mutex> lock(lost_mu_);
+    lost_[id] = absl::UnavailableError(absl::StrCat("worker \"", m->info.name, "\" (id ", id, ") left the group"));
+    any_lost_.store(true, std::memory_order_release);
+  }
+  if (!calls_->wait_peer_idle(id, drain)) {
+    FERRY_LOG(WARNING) << self_.name << ": calls to " << m->info.name << " still pending after " << drain.count()
+                       << " ms; failing them as it leaves";
+  }
+  return remove_member(id, MembershipChange::kLeft);
+}
+
+void AgentCore::set_control_handler(RequestHandler handler) {
+  std::lock_guard<std::mutex> lock(hooks_mu_);
+  control_handler_ = std::make_shared<const RequestHandler>(std::move(handler));
+}
+
+void AgentCore::set_join(std::function<absl::Status(std::chrono::milliseconds)> join) {
+  std::lock_guard<std::mutex> lock(hooks_mu_);
+  join_ = std::make_shared<const std::function<absl::Status(std::chrono::milliseconds)>>(std::move(join));
 }
 
 void AgentCore::set_device_maps(DeviceMaps device_maps, DeviceMaps reverse_device_maps) {
@@ -216,7 +249,7 @@ void AgentCore::on_request(std::shared_ptr<ReplyPath> from, absl::StatusOr<Wire>
     from->reply(Wire{pong.seal(), {}, {}});
     return;
   }
-  if (request->type() != MessageType::kRequest) {
+  if (request->type() != MessageType::kRequest && request->type() != MessageType::kControl) {
     FERRY_LOG(WARNING) << self_.name << ": ignoring a " << message_type_name(request->type()) << " message from "
                        << from->caller() << " on a request pipe";
     return;
@@ -240,7 +273,19 @@ void AgentCore::serve(const std::shared_ptr<ReplyPath>& from, std::vector<std::s
                                absl::Status(landed.code(), absl::StrCat(self_.name, ": ", landed.message())));
   } else {
     try {
-      reply = handler_(request, caller);
+      if (request.type() == MessageType::kControl) {
+        std::shared_ptr<const RequestHandler> control;
+        {
+          std::lock_guard<std::mutex> lock(hooks_mu_);
+          control = control_handler_;
+        }
+        reply = control ? (*control)(request, caller)
+                        : make_error_message(request.id(), self_.name,
+                                             absl::UnimplementedError(absl::StrCat(
+                                                 self_.name, ": this agent takes no control messages")));
+      } else {
+        reply = handler_(request, caller);
+      }
     } catch (const std::exception& e) {
       reply = make_error_message(
           request.id(), self_.name,
@@ -368,6 +413,12 @@ absl::Status AgentCore::sync(std::chrono::milliseconds timeout) {
 }
 
 absl::Status AgentCore::join(std::chrono::milliseconds timeout) {
+  std::shared_ptr<const std::function<absl::Status(std::chrono::milliseconds)>> custom;
+  {
+    std::lock_guard<std::mutex> lock(hooks_mu_);
+    custom = join_;
+  }
+  if (custom) return (*custom)(timeout);
   Clock::time_point deadline = Clock::now() + timeout;
   int n = group_size_.load();
   std::string prefix = absl::StrCat(options_.store_prefix, "join/", join_generation_.fetch_add(1), "/");

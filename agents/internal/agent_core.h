@@ -75,6 +75,16 @@ class AgentCore final : public RpcAgent, public TransportEvents, public std::ena
   // Dynamic groups: device maps change as workers join.
   void set_device_maps(DeviceMaps device_maps, DeviceMaps reverse_device_maps);
   uint64_t membership_version() const { return members_.snapshot()->version; }
+  // A member that is leaving: new calls to it fail at once saying it left, the calls
+  // already in flight to it may finish (at most `drain`), then it is removed as
+  // remove_member(id, kLeft) does. kNotFound if not a member.
+  absl::Status retire_member(int id, std::chrono::milliseconds drain);
+
+  // Serves kControl requests (the group-membership protocol of a backend), on the
+  // pool like requests. Without one, a kControl request gets an error reply.
+  void set_control_handler(RequestHandler handler);
+  // Replaces join() (a dynamic group leaves instead of waiting for everyone).
+  void set_join(std::function<absl::Status(std::chrono::milliseconds)> join);
 
   // RpcAgent.
   Future<Message> send(int to, Message message, std::optional<std::chrono::milliseconds> timeout) override;
@@ -98,6 +108,7 @@ class AgentCore final : public RpcAgent, public TransportEvents, public std::ena
   AgentCore(WorkerInfo self, std::shared_ptr<Store> store, AgentCoreOptions options, RequestHandler handler,
             std::unique_ptr<Transport> transport);
   void serve(const std::shared_ptr<ReplyPath>& from, std::vector<std::string> targets, Message request);
+  void forget_lost(int id);
   void complete_reply(int peer, std::vector<std::string> targets, Message reply);
   void notify(WorkerInfo worker, MembershipChange change);
   std::shared_ptr<const DeviceMaps> device_maps() const { return device_maps_.load(std::memory_order_acquire); }
@@ -124,6 +135,10 @@ class AgentCore final : public RpcAgent, public TransportEvents, public std::ena
   mutable std::mutex lost_mu_;
   absl::flat_hash_map<int, absl::Status> lost_;  // guarded by lost_mu_
   std::atomic<bool> any_lost_{false};
+
+  std::mutex hooks_mu_;
+  std::shared_ptr<const RequestHandler> control_handler_;                               // guarded by hooks_mu_
+  std::shared_ptr<const std::function<absl::Status(std::chrono::milliseconds)>> join_;  // guarded by hooks_mu_
 
   std::mutex listeners_mu_;  // held while listeners run: one change at a time
   std::vector<MembershipListener> listeners_;

@@ -35,6 +35,26 @@ CallTable::Started CallTable::start(int peer, std::string_view peer_name, std::c
 void CallTable::finish(Pending& pending, absl::StatusOr<Message> result) {
   pending.promise.set_result(std::move(result));
   activity_->exit();
+  bool watched;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    watched = peer_waiters_ > 0;
+  }
+  if (watched) done_cv_.notify_all();
+}
+
+bool CallTable::wait_peer_idle(int peer, std::chrono::milliseconds timeout) {
+  auto idle = [&] {
+    for (const auto& [id, p] : calls_) {
+      if (p.peer == peer) return false;
+    }
+    return true;
+  };
+  std::unique_lock<std::mutex> lock(mu_);
+  ++peer_waiters_;
+  bool done = done_cv_.wait_for(lock, timeout, idle);
+  --peer_waiters_;
+  return done;
 }
 
 bool CallTable::complete(uint64_t id, absl::StatusOr<Message> result) {

@@ -55,6 +55,8 @@ class CallTable {
   // Fails every pending call.
   size_t fail_all(const absl::Status& status);
   size_t pending() const;
+  // Waits until no call to `peer` is pending; false when `timeout` passed first.
+  bool wait_peer_idle(int peer, std::chrono::milliseconds timeout);
   // Stops the timer thread (pending calls stay). Idempotent; not from the timer thread.
   void stop();
 
@@ -73,6 +75,8 @@ class CallTable {
   const std::shared_ptr<Activity> activity_;
   mutable std::mutex mu_;
   std::condition_variable timer_cv_;
+  std::condition_variable done_cv_;  // a call finished, for wait_peer_idle()
+  int peer_waiters_ = 0;             // guarded by mu_
   uint64_t next_id_ = 1;                                           // guarded by mu_
   absl::flat_hash_map<uint64_t, Pending> calls_;                    // guarded by mu_
   absl::btree_set<std::pair<Clock::time_point, uint64_t>> deadlines_;  // guarded by mu_

@@ -1,5 +1,6 @@
 #include "agents/internal/tensorpipe_transport.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -316,6 +317,13 @@ TensorPipeTransport::~TensorPipeTransport() { close(); }
 
 absl::StatusOr<std::unique_ptr<TensorPipeTransport>> TensorPipeTransport::create(
     const std::string& name, const TensorPipeTransportOptions& options) {
+  // A peer that dies mid-write must fail that pipe, not kill this process: ignore
+  // SIGPIPE unless the program installed a handler of its own.
+  static std::once_flag sigpipe;
+  std::call_once(sigpipe, [] {
+    struct sigaction current {};
+    if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) signal(SIGPIPE, SIG_IGN);
+  });
   FERRY_ASSIGN_OR_RETURN(std::vector<const Choice*> transports,
                          pick(options.transports, kTransports, "transport", options.not_by_default));
   FERRY_ASSIGN_OR_RETURN(std::vector<const Choice*> channels, pick(options.channels, kChannels, "channel"));

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "agents/tensorpipe_agent.h"
+#include "backends/tensorpipe/dynamic_group.h"
 #include "base/logging.h"
 #include "base/status.h"
 #include "cereal/types/string.hpp"
@@ -129,11 +130,25 @@ absl::StatusOr<std::shared_ptr<RpcAgent>> init_tensorpipe_backend(const BackendI
     return absl::InvalidArgumentError(absl::StrCat("TENSORPIPE backend got options of backend ",
                                                    args.options.backend_name()));
   }
-  if (args.world_size <= 0) {
-    return absl::UnimplementedError("TENSORPIPE: dynamic groups (no world size) are not supported yet");
-  }
   std::chrono::milliseconds init_timeout =
       options->rpc_timeout.count() > 0 ? options->rpc_timeout : std::chrono::milliseconds(std::chrono::minutes(5));
+  if (args.world_size <= 0) {
+    // A dynamic group (see backends/tensorpipe/dynamic_group.h).
+    FERRY_RETURN_IF_ERROR(options->validate());
+    TensorPipeAgentOptions agent_options;
+    static_cast<TensorPipeAgentSettings&>(agent_options) = *options;
+    agent_options.rpc_timeout = options->rpc_timeout;
+    agent_options.init_timeout = init_timeout;
+    agent_options.device_maps = options->device_maps();
+    FERRY_ASSIGN_OR_RETURN(std::shared_ptr<TensorPipeAgent> agent,
+                           TensorPipeAgent::start(args.store, args.name, args.rank, agent_options, args.handler));
+    absl::Status joined = internal::join_dynamic_group(agent, args, *options, init_timeout);
+    if (!joined.ok()) {
+      agent->shutdown();
+      return joined;
+    }
+    return std::shared_ptr<RpcAgent>(agent);
+  }
   Store& store = *args.store;
   // Each rank numbers its inits on this store; the n-th inits of all ranks meet.
   FERRY_ASSIGN_OR_RETURN(int64_t generation, store.add(absl::StrCat(kInitPrefix, "count/rank_", args.rank), 1));
