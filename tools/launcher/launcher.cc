@@ -112,6 +112,8 @@ class Agent {
         master_addr_(std::move(master_addr)) {}
 
   int run() {
+    say(absl::StrCat("joining the rendezvous of run '", handler_->get_run_id(), "' at ", options_.rdzv_endpoint,
+                     " (", options_.min_nodes, " to ", options_.max_nodes, " node(s))"));
     int restart_count = 0;
     for (;;) {
       int stop_signal = 0;
