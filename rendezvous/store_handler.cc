@@ -16,8 +16,10 @@ using internal::av;
 //   closed               set once the run is closed
 //   r<N>/joined          counter: how many nodes joined round N; a node's slot is its
 //                        value after its own add, minus one
-//   r<N>/opened          set by the first member of an earlier round to join round N
-//                        (round 0 is open from the start)
+//   r<N>/opened          set by the first member of round N-1 to join round N (round 0
+//                        is open from the start)
+//   r<N>/newcomers       counter: nodes that joined round N without being members of
+//                        round N-1
 //   r<N>/sealed          the number of members of round N, written once (compare_set)
 //   r<N>/events          counter; r<N>/event/<i> is set after each change to round N
 //                        (a join, the opening, the seal, closing), so that a node
@@ -183,6 +185,13 @@ absl::Status StoreRendezvousHandler::connection_error(const absl::Status& status
   return rendezvous_connection_error(absl::StrCat(describe(), ": ", av(doing), ": ", status.message()));
 }
 
+absl::StatusOr<int64_t> StoreRendezvousHandler::counter(const std::string& key) {
+  // Read without creating the key, so that looking leaves no trace.
+  FERRY_ASSIGN_OR_RETURN(bool exists, store_->check({key}));
+  if (!exists) return 0;
+  return store_->add(key, 0);
+}
+
 absl::Status StoreRendezvousHandler::append_event(int round) {
   absl::StatusOr<int64_t> event = store_->add(round_key(round, "events"), 1);
   if (!event.ok()) return connection_error(event.status(), "announcing a change");
@@ -264,11 +273,53 @@ absl::StatusOr<StoreRendezvousHandler::Joined> StoreRendezvousHandler::wait_for_
   }
 }
 
+absl::StatusOr<bool> StoreRendezvousHandler::wait_for_room(int round, Clock::time_point deadline) {
+  // A newcomer: the round before holds `members` nodes and `joined` newcomers already
+  // wait for this one. With no room left at max_nodes, joining would only push a member out (the
+  // first max_nodes to join are taken), so it waits for the round to complete without
+  // it and tries the next.
+  absl::StatusOr<Bytes> previous = store_->get(round_key(round - 1, "sealed"), std::chrono::milliseconds(0));
+  if (!previous.ok()) return connection_error(previous.status(), "reading the running round");
+  int members = 0;
+  if (!absl::SimpleAtoi(to_string(*previous), &members)) {
+    return rendezvous_state_error(absl::StrCat(describe(), ": round ", round - 1, " holds a member count of \"",
+                                               to_string(*previous), "\""));
+  }
+  absl::StatusOr<int64_t> events = store_->add(round_key(round, "events"), 0);
+  if (!events.ok()) return connection_error(events.status(), "waiting for room");
+  int64_t next_event = *events + 1;
+  for (;;) {
+    // Members rejoining are in `members` already; newcomers are counted apart.
+    absl::StatusOr<int64_t> joined = counter(round_key(round, "newcomers"));
+    if (!joined.ok()) return connection_error(joined.status(), "waiting for room");
+    if (members + *joined < options_.max_nodes) return true;
+    absl::StatusOr<bool> closed = store_->check({"closed"});
+    if (!closed.ok()) return connection_error(closed.status(), "checking whether the run is closed");
+    if (*closed) return rendezvous_closed_error(absl::StrCat(describe(), " is closed"));
+    absl::StatusOr<bool> done = store_->check({round_key(round, "sealed")});
+    if (!done.ok()) return connection_error(done.status(), "waiting for room");
+    if (*done) return false;
+    Clock::time_point now = Clock::now();
+    if (now >= deadline) {
+      return rendezvous_timeout_error(absl::StrCat(describe(), " timed out after ", seconds_text(options_.join_timeout),
+                                                   ": the job is full (", members, " running node(s), ", *joined,
+                                                   " waiting, max ", options_.max_nodes, ")"));
+    }
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now) + std::chrono::milliseconds(1);
+    absl::Status waited = store_->wait({round_key(round, absl::StrCat("event/", next_event))}, left);
+    if (waited.ok()) {
+      ++next_event;
+    } else if (waited.code() != absl::StatusCode::kDeadlineExceeded) {
+      return connection_error(waited, "waiting for room");
+    }
+  }
+}
+
 absl::StatusOr<RendezvousInfo> StoreRendezvousHandler::next_rendezvous() {
   if (shut_down_.load()) return rendezvous_closed_error(absl::StrCat(describe(), ": the handler was shut down"));
   const Clock::time_point deadline = Clock::now() + options_.join_timeout;
-  const bool was_member = round_.load() >= 0;
-  for (int round = round_.load() + 1;; ++round) {
+  const int last_round = round_.load();
+  for (int round = last_round + 1;; ++round) {
     absl::StatusOr<bool> closed = store_->check({"closed"});
     if (!closed.ok()) return connection_error(closed.status(), "checking whether the run is closed");
     if (*closed) return rendezvous_closed_error(absl::StrCat(describe(), " is closed"));
@@ -277,15 +328,25 @@ absl::StatusOr<RendezvousInfo> StoreRendezvousHandler::next_rendezvous() {
     if (!sealed.ok()) return connection_error(sealed.status(), "looking for the open round");
     if (*sealed) continue;
 
+    // A member of the round just before opens this one (its workers failed, or it
+    // admits newcomers); anyone else is a newcomer, admitted when a member opens it.
+    const bool opener = last_round >= 0 && round == last_round + 1;
+    if (!opener && round > 0) {
+      FERRY_ASSIGN_OR_RETURN(bool room, wait_for_room(round, deadline));
+      if (!room) continue;
+    }
     absl::StatusOr<int64_t> joined = store_->add(round_key(round, "joined"), 1);
     if (!joined.ok()) return connection_error(joined.status(), "joining a round");
     int slot = static_cast<int>(*joined - 1);
-    if (was_member) {
+    if (opener) {
       absl::Status opened = store_->set(round_key(round, "opened"), to_bytes("1"));
       if (!opened.ok()) return connection_error(opened, "opening a round");
+    } else if (round > 0) {
+      absl::StatusOr<int64_t> newcomers = store_->add(round_key(round, "newcomers"), 1);
+      if (!newcomers.ok()) return connection_error(newcomers.status(), "joining a round");
     }
     FERRY_RETURN_IF_ERROR(append_event(round));
-    FERRY_ASSIGN_OR_RETURN(Joined joined_round, wait_for_round(round, slot, was_member, deadline));
+    FERRY_ASSIGN_OR_RETURN(Joined joined_round, wait_for_round(round, slot, opener, deadline));
     if (!joined_round.member) continue;
     round_.store(round);
     world_size_.store(joined_round.world_size);
@@ -318,10 +379,12 @@ absl::StatusOr<int> StoreRendezvousHandler::num_nodes_waiting() {
   int round = round_.load();
   if (round < 0) return 0;
   const std::string next = round_key(round + 1, "joined");
-  absl::StatusOr<bool> any = store_->check({next});
-  if (!any.ok()) return connection_error(any.status(), "counting waiting nodes");
-  if (!*any) return 0;
-  absl::StatusOr<int64_t> waiting = store_->add(next, 0);
+  absl::StatusOr<bool> opened = store_->check({round_key(round + 1, "opened")});
+  if (!opened.ok()) return connection_error(opened.status(), "counting waiting nodes");
+  // Newcomers count only while the job has room for them; a member that left for the
+  // next round (its workers failed) always does: every member must follow it.
+  if (!*opened && world_size_.load() >= options_.max_nodes) return 0;
+  absl::StatusOr<int64_t> waiting = counter(next);
   if (!waiting.ok()) return connection_error(waiting.status(), "counting waiting nodes");
   return static_cast<int>(*waiting);
 }

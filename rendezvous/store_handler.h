@@ -17,11 +17,13 @@
 // timeout passed since the node sealing it saw them; the nodes that joined before the
 // seal are the round's members, ranked in the order they joined. A node that comes to
 // a sealed round joins the next one and waits there: the members of the running round
-// see it in num_nodes_waiting() and re-rendezvous to take it in. A member that calls
-// next_rendezvous() again (its workers failed) also joins the next round, which the
-// other members see the same way. Only a member of an earlier round opens a round for
-// sealing, so a node that arrives late cannot form a round of its own while the job
-// runs; if every member of the running round is gone, a late node times out.
+// see it in num_nodes_waiting() and re-rendezvous to take it in, as long as the running
+// round has fewer than max_nodes (a newcomer to a full job waits for room, up to its join
+// timeout). A member that calls next_rendezvous() again (its workers failed) joins the
+// next round too, which every other member sees the same way. Only a member of the
+// round before opens a round for sealing, so a node that arrives late cannot form a
+// round of its own while the job runs; if every member of the running round is gone, a
+// late node times out.
 //
 // Every key lives under "ferry/rdzv/<run_id>/": runs never see each other's keys, and
 // each round's store (RendezvousInfo::store) is scoped to the run and the round.
@@ -53,7 +55,7 @@ struct StoreRendezvousOptions {
   std::chrono::milliseconds last_call_timeout = std::chrono::seconds(30);
   // How long shutdown() of the node hosting the store waits for the other nodes of its
   // round to shut down before it stops the server under them.
-  std::chrono::milliseconds shutdown_timeout = std::chrono::seconds(30);
+  std::chrono::milliseconds shutdown_timeout = std::chrono::seconds(300);
   // For messages: where the store is ("127.0.0.1:29400").
   std::string endpoint;
 };
@@ -105,7 +107,12 @@ class StoreRendezvousHandler final : public RendezvousHandler {
   struct Joined;
   absl::StatusOr<Joined> wait_for_round(int round, int slot, bool opener,
                                         std::chrono::steady_clock::time_point deadline);
+  // Before a newcomer joins `round`: true when there is room, false once the round
+  // completed without it.
+  absl::StatusOr<bool> wait_for_room(int round, std::chrono::steady_clock::time_point deadline);
   absl::Status append_event(int round);
+  // The counter at `key`, 0 when missing (without creating it).
+  absl::StatusOr<int64_t> counter(const std::string& key);
   absl::Status try_seal(int round, int64_t count);
   // A store error as a Connection error naming what was being done.
   absl::Status connection_error(const absl::Status& status, std::string_view doing) const;

@@ -319,6 +319,41 @@ TEST(StoreRendezvousHandlerTest, ALateNodeWaitsAndIsAdmittedAtTheNextRound) {
   EXPECT_FALSE(*second[0]->store->check({"k"}));
 }
 
+TEST(StoreRendezvousHandlerTest, ANewcomerToAFullJobWaitsForRoomWithoutDisturbingIt) {
+  auto store = std::make_shared<HashStore>();
+  auto nodes = make_nodes(store, 2, options("full-job", 1, 2, 50ms));
+  for (auto& r : rendezvous_all(raw(nodes))) ASSERT_TRUE(r.ok()) << r.status();
+  auto newcomer = *StoreRendezvousHandler::create(store, options("full-job", 1, 2, 50ms, 300ms));
+  auto result = newcomer->next_rendezvous();
+  EXPECT_EQ(rendezvous_error_kind(result.status()), RendezvousErrorKind::kTimeout) << result.status();
+  EXPECT_THAT(result.status().message(),
+              HasSubstr("timed out after 300ms: the job is full (2 running node(s), 0 waiting, max 2)"));
+  // The running members were never asked to make room.
+  EXPECT_EQ(*nodes[0]->num_nodes_waiting(), 0);
+  EXPECT_FALSE(*store->check({"ferry/rdzv/full-job/r1/joined"}));
+}
+
+TEST(StoreRendezvousHandlerTest, ANewcomerFindsRoomBesideAMemberThatAlreadyRejoined) {
+  auto store = std::make_shared<HashStore>();
+  auto o = options("room", 2, 3, 10s);
+  auto nodes = make_nodes(store, 3, o);
+  for (auto& r : rendezvous_all({nodes[0].get(), nodes[1].get()})) ASSERT_TRUE(r.ok()) << r.status();
+  // Member 0 leaves for round 1 first; the newcomer then counts the running round's two
+  // members, not member 0 twice, and joins.
+  auto member0 = std::async(std::launch::async, [&] { return nodes[0]->next_rendezvous(); });
+  ASSERT_TRUE(eventually([&] { return *store->check({"ferry/rdzv/room/r1/opened"}); }));
+  auto newcomer = std::async(std::launch::async, [&] { return nodes[2]->next_rendezvous(); });
+  ASSERT_TRUE(eventually([&] { return *store->check({"ferry/rdzv/room/r1/newcomers"}); }));
+  EXPECT_EQ(*nodes[1]->num_nodes_waiting(), 2);
+  auto member1 = nodes[1]->next_rendezvous();
+  ASSERT_EQ(member0.wait_for(20s), std::future_status::ready);
+  ASSERT_EQ(newcomer.wait_for(20s), std::future_status::ready);
+  for (auto r : {member0.get(), newcomer.get(), member1}) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->world_size, 3);
+  }
+}
+
 TEST(StoreRendezvousHandlerTest, AMemberRejoiningStartsANewRoundTheOthersSee) {
   auto store = std::make_shared<HashStore>();
   auto nodes = make_nodes(store, 2, options("rejoin", 2, 2));
