@@ -232,6 +232,24 @@ TEST(RunCommandTest, AThirdNodeJoiningRescalesTheJobAtTheNextRound) {
   EXPECT_THAT(c.out(), Not(HasSubstr("world=4")));  // the late node only ever ran in the bigger round
 }
 
+TEST(RunCommandTest, TwoNodesRunARealRpcJob) {
+#ifndef MODEL_PARALLEL_EXAMPLE
+  GTEST_SKIP() << "built without the examples (FERRY_BUILD_EXAMPLES=OFF)";
+#else
+  // examples/02_model_parallel: 4 workers calling each other with rpc_sync/rpc_async,
+  // meeting through env:// as the two launchers set it up.
+  std::string ep = endpoint();
+  std::vector<std::string> args{"run", "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-endpoint", ep,
+                                "--rdzv-id", "rpc", MODEL_PARALLEL_EXAMPLE, "5"};
+  Node a(args);
+  Node b(args);
+  ASSERT_EQ(a.finish(), 0) << a.out() << a.err();
+  ASSERT_EQ(b.finish(), 0) << b.out() << b.err();
+  EXPECT_THAT(a.out() + b.out(), HasSubstr("[rank0]: loss went from "));
+  EXPECT_THAT(a.out() + b.out(), HasSubstr("over 5 steps across 4 workers"));
+#endif
+}
+
 TEST(RunCommandTest, OnceMaxRestartsAreUsedUpItExitsWithTheWorkersCode) {
   Node node(run_args({"--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "--monitor-interval", "0.05"},
                      {"--exit-rank", "1", "--exit-code", "7", "--hang"}));
