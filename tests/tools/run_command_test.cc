@@ -276,18 +276,23 @@ TEST(RunCommandTest, MinNodesNeverReachedIsAClearRendezvousTimeout) {
   EXPECT_THAT(node.out(), Not(HasSubstr("started")));
 }
 
-TEST(RunCommandTest, SigtermStopsEverythingWithNoOrphans) {
-  Node node(run_args({"--standalone", "--nproc-per-node", "3"}, {"--hang"}));
-  ASSERT_TRUE(node.wait_for("hanging pid=", 3)) << node.out() << node.err();
-  std::vector<pid_t> pids = pids_after(node.out(), "pid");
-  std::vector<pid_t> grandchildren = pids_after(node.out(), "grandchild");
-  ASSERT_EQ(pids.size(), 3u);
-  ASSERT_EQ(grandchildren.size(), 3u);
-  kill(node.pid(), SIGTERM);
-  EXPECT_EQ(node.finish(), 128 + SIGTERM) << node.err();
-  EXPECT_THAT(node.err(), HasSubstr("stopped by SIGTERM; stopping the workers"));
-  pids.insert(pids.end(), grandchildren.begin(), grandchildren.end());
-  for (pid_t pid : pids) EXPECT_TRUE(gone(pid)) << "pid " << pid << " survived";
+TEST(RunCommandTest, SigtermAndSigintStopEverythingWithNoOrphans) {
+  for (int sig : {SIGTERM, SIGINT}) {
+    const std::string name = sig == SIGTERM ? "SIGTERM" : "SIGINT";
+    Node node(run_args({"--standalone", "--nproc-per-node", "3"}, {"--hang"}));
+    ASSERT_TRUE(node.wait_for("hanging pid=", 3)) << node.out() << node.err();
+    std::vector<pid_t> pids = pids_after(node.out(), "pid");
+    std::vector<pid_t> grandchildren = pids_after(node.out(), "grandchild");
+    ASSERT_EQ(pids.size(), 3u);
+    ASSERT_EQ(grandchildren.size(), 3u);
+    kill(node.pid(), sig);
+    EXPECT_EQ(node.finish(), 128 + sig) << node.err();
+    EXPECT_THAT(node.err(), HasSubstr("stopped by " + name + "; stopping the workers"));
+    // Stopped workers are not reported as failures.
+    EXPECT_EQ(count(node.err(), "worker rank"), 0) << node.err();
+    pids.insert(pids.end(), grandchildren.begin(), grandchildren.end());
+    for (pid_t pid : pids) EXPECT_TRUE(gone(pid)) << name << ": pid " << pid << " survived";
+  }
 }
 
 TEST(RunCommandTest, SigintDuringTheRendezvousStopsTheLauncher) {
