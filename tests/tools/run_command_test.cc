@@ -362,4 +362,12 @@ TEST(RunCommandTest, TheProgramKeepsItsOwnFlags) {
   EXPECT_THAT(r.out, HasSubstr("[rank1]: 1 --nnodes x\n"));
 }
 
+TEST(RunCommandTest, EveryOutputLineIsPrefixedEvenTheLastWithoutANewline) {
+  ::ferry::testing::ProgramRun r = ::ferry::testing::run_program(
+      FERRY_BINARY, {"run", "--standalone", "sh", "-c", "printf 'a\\nb'; printf 'e1\\ne2' >&2"}, 20s);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "[rank0]: a\n[rank0]: b\n");
+  EXPECT_THAT(r.err, HasSubstr("[rank0]: e1\n[rank0]: e2\n"));
+}
+
 }  // namespace
