@@ -335,9 +335,16 @@ TEST(StoreRendezvousHandlerTest, ANewcomerToAFullJobWaitsForRoomWithoutDisturbin
 
 TEST(StoreRendezvousHandlerTest, ANewcomerFindsRoomBesideAMemberThatAlreadyRejoined) {
   auto store = std::make_shared<HashStore>();
-  auto o = options("room", 2, 3, 10s);
+  // A last call long enough that only max_nodes completes round 1, whoever comes when.
+  auto o = options("room", 2, 3, 60s);
   auto nodes = make_nodes(store, 3, o);
-  for (auto& r : rendezvous_all({nodes[0].get(), nodes[1].get()})) ASSERT_TRUE(r.ok()) << r.status();
+  // Round 0 with two nodes: completed here by hand, as the last call would, but now.
+  auto first = std::async(std::launch::async, [&] { return rendezvous_all({nodes[0].get(), nodes[1].get()}); });
+  ASSERT_TRUE(eventually([&] { return *store->add("ferry/rdzv/room/r0/joined", 0) == 2; }));
+  ASSERT_TRUE(store->compare_set("ferry/rdzv/room/r0/sealed", {}, to_bytes("2")).ok());
+  for (int e = 1; e <= 4; ++e) ASSERT_TRUE(store->set("ferry/rdzv/room/r0/event/" + std::to_string(e), {}).ok());
+  ASSERT_EQ(first.wait_for(20s), std::future_status::ready);
+  for (auto& r : first.get()) ASSERT_TRUE(r.ok()) << r.status();
   // Member 0 leaves for round 1 first; the newcomer then counts the running round's two
   // members, not member 0 twice, and joins.
   auto member0 = std::async(std::launch::async, [&] { return nodes[0]->next_rendezvous(); });
