@@ -402,8 +402,9 @@ bool StoreRendezvousHandler::shutdown() {
       FERRY_LOG(WARNING) << describe() << ": shutdown: " << left.status().message();
       clean = false;
     } else if (*left >= world_size_.load()) {
-      clean = store_->set(round_key(round, "all_left"), to_bytes("1")).ok() && clean;
+      // Closing first: all_left lets the host stop the store, so it is the last write.
       clean = set_closed().ok() && clean;
+      clean = store_->set(round_key(round, "all_left"), to_bytes("1")).ok() && clean;
     }
     if (server_ != nullptr && left.ok()) {
       absl::Status waited = store_->wait({round_key(round, "all_left")}, options_.shutdown_timeout);
