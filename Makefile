@@ -1,5 +1,6 @@
 # The two commands of the README:
-#   make demo   installs dependencies if missing, builds, runs the main example
+#   make demo   installs dependencies if missing, builds what the demo needs (the ferry
+#               tool and the main example), runs the example under `ferry run`
 #   make test   installs dependencies if missing, builds and runs every test, then again
 #               built with AddressSanitizer and UndefinedBehaviorSanitizer
 BUILD      ?= build
@@ -23,7 +24,8 @@ $(BUILD)/build.ninja: | deps
 build: deps $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
 
-demo: build
+demo: deps $(BUILD)/build.ninja
+	cmake --build $(BUILD) -j $(JOBS) --target ferry_cli 02_model_parallel
 	./examples/run_demo.sh $(BUILD)
 
 test: test-plain test-san

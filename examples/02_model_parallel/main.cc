@@ -6,6 +6,9 @@
 //
 // Runs as 4 real processes on this host (forked here), meeting through file:// in a
 // temporary directory. Usage: 02_model_parallel [steps]
+// Under a launcher that sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, each process
+// is one worker meeting the others through env:// instead:
+//   ferry run --standalone --nproc-per-node 4 build/examples/02_model_parallel 50
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -144,6 +147,15 @@ int run(int rank, const std::string& init_method, int steps) {
 
 int main(int argc, char** argv) {
   int steps = argc > 1 ? std::atoi(argv[1]) : 50;
+  if (std::getenv("RANK") != nullptr && std::getenv("MASTER_ADDR") != nullptr) {  // started by a launcher
+    const char* world = std::getenv("WORLD_SIZE");
+    if (world == nullptr || std::atoi(world) != kWorld) {
+      std::fprintf(stderr, "02_model_parallel needs WORLD_SIZE=%d (e.g. --nproc-per-node %d), got %s\n", kWorld, kWorld,
+                   world == nullptr ? "none" : world);
+      return 2;
+    }
+    return run(std::atoi(std::getenv("RANK")), "env://", steps);
+  }
   std::string dir = std::filesystem::temp_directory_path() / ("ferry-demo-" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
   std::string init_method = "file://" + dir + "/store";

@@ -1,11 +1,14 @@
 // 03_custom_backend: registering your own RPC backend. "TCP_ONLY" is a backend with its
 // own options type (a thread count) whose init handler starts a TensorPipeAgent over
 // TCP and the basic channel only, with no process group. Two forked workers start it
-// through init_rpc and call each other.
+// through init_rpc and call each other; or, under a launcher that sets RANK, WORLD_SIZE,
+// MASTER_ADDR and MASTER_PORT, each process is one of the two, meeting through env://:
+//   ferry run --standalone --nproc-per-node 2 build/examples/03_custom_backend
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -76,6 +79,15 @@ int run(int rank, const std::string& init_method) {
 }  // namespace
 
 int main() {
+  if (std::getenv("RANK") != nullptr && std::getenv("MASTER_ADDR") != nullptr) {  // started by a launcher
+    const char* world = std::getenv("WORLD_SIZE");
+    if (world == nullptr || std::atoi(world) != 2) {
+      std::fprintf(stderr, "03_custom_backend needs WORLD_SIZE=2 (--nproc-per-node 2), got %s\n",
+                   world == nullptr ? "none" : world);
+      return 2;
+    }
+    return run(std::atoi(std::getenv("RANK")), "env://");
+  }
   std::string store = (std::filesystem::temp_directory_path() / ("ferry-03-" + std::to_string(getpid()))).string();
   std::vector<pid_t> children;
   for (int rank = 0; rank < 2; ++rank) {
