@@ -52,6 +52,12 @@ Message make_request(std::string_view fn, size_t inline_bytes, const Args&... ar
   return m;
 }
 
+// Why a call cannot go out, as the agent's membership says: the worker is unknown
+// (kNotFound), or it left the group or was lost (kUnavailable).
+inline absl::Status no_such_worker(const RpcAgent& agent, const absl::Status& why) {
+  return absl::Status(why.code(), absl::StrCat("rpc from \"", agent.self().name, "\": ", why.message()));
+}
+
 template <typename R>
 absl::StatusOr<WireOf<R>> decode_reply(const absl::StatusOr<Message>& reply) {
   if (!reply.ok()) return reply.status();
@@ -65,7 +71,7 @@ absl::StatusOr<WireOf<R>> decode_reply(const absl::StatusOr<Message>& reply) {
 // Calls `fn` on worker `to` through `agent`. Continuations (then(), add_callback())
 // run on the agent's pool, never on a transport thread, so they may block and may
 // call rpc_sync themselves. Errors: kNotFound for an
-// unknown worker or function, kInvalidArgument for a signature mismatch,
+// unknown worker or function, kUnavailable for one that left or was lost, kInvalidArgument for a signature mismatch,
 // kDeadlineExceeded after `timeout` (none: the agent's default; zero: no timeout),
 // kUnavailable when the worker is lost, and the remote function's own errors, whose
 // messages name the worker they came from.
@@ -74,10 +80,7 @@ Future<internal::WireOf<R>> call_async(RpcAgent& agent, std::string_view to, std
                                        std::optional<std::chrono::milliseconds> timeout, const Args&... args) {
   using W = internal::WireOf<R>;
   absl::StatusOr<WorkerInfo> dst = agent.worker_info(to);
-  if (!dst.ok()) {
-    return make_ready_future<W>(absl::NotFoundError(absl::StrCat(
-        "rpc from \"", agent.self().name, "\" to unknown worker \"", internal::av(to), "\"")));
-  }
+  if (!dst.ok()) return make_ready_future<W>(internal::no_such_worker(agent, dst.status()));
   Message request = internal::make_request<R>(fn, inline_tensor_bytes(), args...);
   // Decoding never blocks, so it may run on the transport thread; the user's own
   // continuations on the returned future still run on the agent's pool.
@@ -91,10 +94,7 @@ template <typename R, typename... Args>
 R call_sync(RpcAgent& agent, std::string_view to, std::string_view fn,
             std::optional<std::chrono::milliseconds> timeout, const Args&... args) {
   absl::StatusOr<WorkerInfo> dst = agent.worker_info(to);
-  if (!dst.ok()) {
-    throw RpcError(absl::NotFoundError(
-        absl::StrCat("rpc from \"", agent.self().name, "\" to unknown worker \"", internal::av(to), "\"")));
-  }
+  if (!dst.ok()) throw RpcError(internal::no_such_worker(agent, dst.status()));
   Message request = internal::make_request<R>(fn, inline_tensor_bytes(), args...);
   // Wait on the reply itself and decode here: no continuation, no extra future.
   Future<Message> reply = agent.send(dst->id, std::move(request), timeout);

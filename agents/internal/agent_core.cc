@@ -175,10 +175,7 @@ Future<Message> AgentCore::send(int to, Message message, std::optional<std::chro
   std::shared_ptr<const Membership::Table> table = members_.snapshot();
   const Member* peer = table->find(to);
   if (peer == nullptr) {
-    absl::Status absent = table->absent(to);
-    // A worker that left or was lost is unreachable, not unknown.
-    if (table->has_departed(to)) return make_ready_future<Message>(absl::UnavailableError(absent.message()));
-    return make_ready_future<Message>(std::move(absent));
+    return make_ready_future<Message>(table->absent(to));
   }
   if (any_lost_.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(lost_mu_);

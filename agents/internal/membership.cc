@@ -33,7 +33,7 @@ bool Membership::Table::has_departed(int id) const {
 absl::Status Membership::Table::absent(int id) const {
   for (const auto& [name, gone] : departed) {
     if (gone.first == id) {
-      return absl::NotFoundError(absl::StrCat("worker \"", name, "\" (id ", id, ") ", went(gone.second)));
+      return absl::UnavailableError(absl::StrCat("worker \"", name, "\" (id ", id, ") ", went(gone.second)));
     }
   }
   return absl::NotFoundError(absl::StrCat("no worker with id ", id, " (group of ", by_id.size(), ")"));
@@ -42,7 +42,7 @@ absl::Status Membership::Table::absent(int id) const {
 absl::Status Membership::Table::absent(std::string_view name) const {
   auto it = departed.find(av(name));
   if (it != departed.end()) {
-    return absl::NotFoundError(
+    return absl::UnavailableError(
         absl::StrCat("worker \"", av(name), "\" (id ", it->second.first, ") ", went(it->second.second)));
   }
   return absl::NotFoundError(absl::StrCat("unknown worker \"", av(name), "\""));

@@ -51,8 +51,8 @@ class Membership {
     const Member* find(std::string_view name) const;
     // Whether worker `id` was a member once and is gone.
     bool has_departed(int id) const;
-    // Why worker `id` is not a member: kNotFound naming it, saying whether it left, was
-    // lost, or was never known.
+    // Why worker `id` is not a member: kUnavailable when it left or was lost (saying
+    // which), kNotFound when it was never known.
     absl::Status absent(int id) const;
     absl::Status absent(std::string_view name) const;
   };

@@ -154,7 +154,10 @@ Message Group::serve(const Message& request) {
       core.set_device_maps(mine.device_maps, update->reverse_device_maps);
     } else {
       absl::Status gone = core.retire_member(update->worker.rank, kDrain);
-      if (!gone.ok() && gone.code() != absl::StatusCode::kNotFound) return error(gone);
+      // Already gone (it was lost, or told twice): nothing left to do.
+      if (!gone.ok() && gone.code() != absl::StatusCode::kNotFound && gone.code() != absl::StatusCode::kUnavailable) {
+        return error(gone);
+      }
     }
     return reply_with(request.id(), {});
   }

@@ -87,8 +87,8 @@ TEST(Membership, VersionedSnapshotsAndDepartures) {
   ASSERT_OK(members.remove(1, MembershipChange::kLeft).status());
   ASSERT_OK(members.remove(0, MembershipChange::kLost).status());
   std::shared_ptr<const Membership::Table> none = members.snapshot();
-  EXPECT_THAT(none->absent("b"), StatusIs(absl::StatusCode::kNotFound, HasSubstr("\"b\" (id 1) left the group")));
-  EXPECT_THAT(none->absent(0), StatusIs(absl::StatusCode::kNotFound, HasSubstr("\"a\" (id 0) was lost")));
+  EXPECT_THAT(none->absent("b"), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("\"b\" (id 1) left the group")));
+  EXPECT_THAT(none->absent(0), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("\"a\" (id 0) was lost")));
   EXPECT_THAT(none->absent("zz"), StatusIs(absl::StatusCode::kNotFound, HasSubstr("unknown worker \"zz\"")));
   EXPECT_TRUE(none->has_departed(1));
   EXPECT_THAT(members.remove(1, MembershipChange::kLeft), StatusIs(absl::StatusCode::kNotFound));
