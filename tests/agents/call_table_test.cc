@@ -91,7 +91,7 @@ TEST(Membership, VersionedSnapshotsAndDepartures) {
   EXPECT_THAT(none->absent(0), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("\"a\" (id 0) was lost")));
   EXPECT_THAT(none->absent("zz"), StatusIs(absl::StatusCode::kNotFound, HasSubstr("unknown worker \"zz\"")));
   EXPECT_TRUE(none->has_departed(1));
-  EXPECT_THAT(members.remove(1, MembershipChange::kLeft), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(members.remove(1, MembershipChange::kLeft), StatusIs(absl::StatusCode::kUnavailable));
   // Rejoining clears the departure.
   ASSERT_OK(members.add(Member{WorkerInfo{"b", 1}, "addr-b2"}));
   EXPECT_FALSE(members.snapshot()->has_departed(1));
