@@ -88,6 +88,7 @@ absl::StatusOr<std::shared_ptr<TensorPipeAgent>> TensorPipeAgent::start(std::sha
   core_options.rpc_timeout = options.rpc_timeout;
   core_options.device_maps = std::move(options.device_maps);
   core_options.reverse_device_maps = std::move(options.reverse_device_maps);
+  core_options.devices = std::move(options.devices);
   core_options.store_prefix = kKeyPrefix;
   FERRY_ASSIGN_OR_RETURN(std::shared_ptr<internal::AgentCore> core,
                          internal::AgentCore::start(WorkerInfo{std::move(name), rank}, std::move(store),

@@ -23,12 +23,27 @@ bool any_target(const std::vector<std::string>& targets) {
 }
 
 // Seals `message` into a Wire, staging CUDA tensors through `map` towards `peer`.
-absl::StatusOr<Wire> to_wire(Message message, const DeviceMap* map, const std::string& peer) {
+absl::StatusOr<Wire> to_wire(CudaStaging& staging, Message message, const DeviceMap* map, const std::string& peer) {
   Wire wire;
   wire.tensors = std::move(message.tensors());
-  FERRY_RETURN_IF_ERROR(stage_outgoing(wire.tensors, wire.targets, map, peer));
+  FERRY_RETURN_IF_ERROR(staging.stage_outgoing(wire.tensors, wire.targets, map, peer));
   wire.metadata = message.seal();
   return wire;
+}
+
+// The local devices a worker's maps name, when it listed none itself.
+std::vector<Device> devices_of(const DeviceMaps& maps, const DeviceMaps& reverse) {
+  std::vector<Device> out;
+  auto add = [&](Device d) {
+    if (!d.is_cpu() && std::find(out.begin(), out.end(), d) == out.end()) out.push_back(d);
+  };
+  for (const auto& [peer, map] : maps) {
+    for (const auto& [mine, theirs] : map) add(mine);
+  }
+  for (const auto& [peer, map] : reverse) {
+    for (const auto& [theirs, mine] : map) add(mine);
+  }
+  return out;
 }
 
 std::chrono::milliseconds left_until(Clock::time_point deadline) {
@@ -46,7 +61,10 @@ AgentCore::AgentCore(WorkerInfo self, std::shared_ptr<Store> store, AgentCoreOpt
       handler_(std::move(handler)),
       transport_(std::move(transport)),
       device_maps_(std::make_shared<const DeviceMaps>(options_.device_maps)),
-      reverse_device_maps_(std::make_shared<const DeviceMaps>(options_.reverse_device_maps)) {}
+      reverse_device_maps_(std::make_shared<const DeviceMaps>(options_.reverse_device_maps)) {
+  staging_ = std::make_unique<CudaStaging>(
+      options_.devices.empty() ? devices_of(options_.device_maps, options_.reverse_device_maps) : options_.devices);
+}
 
 absl::StatusOr<std::shared_ptr<AgentCore>> AgentCore::start(WorkerInfo self, std::shared_ptr<Store> store,
                                                             AgentCoreOptions options, RequestHandler handler,
@@ -162,7 +180,8 @@ void AgentCore::set_join(std::function<absl::Status(std::chrono::milliseconds)> 
   join_ = std::make_shared<const std::function<absl::Status(std::chrono::milliseconds)>>(std::move(join));
 }
 
-void AgentCore::set_device_maps(DeviceMaps device_maps, DeviceMaps reverse_device_maps) {
+void AgentCore::set_device_maps(DeviceMaps device_maps, DeviceMaps reverse_device_maps, std::vector<Device> devices) {
+  staging_->set_devices(devices.empty() ? devices_of(device_maps, reverse_device_maps) : std::move(devices));
   device_maps_.store(std::make_shared<const DeviceMaps>(std::move(device_maps)), std::memory_order_release);
   reverse_device_maps_.store(std::make_shared<const DeviceMaps>(std::move(reverse_device_maps)),
                              std::memory_order_release);
@@ -187,8 +206,8 @@ Future<Message> AgentCore::send(int to, Message message, std::optional<std::chro
   Wire wire;
   wire.tensors = std::move(message.tensors());
   std::shared_ptr<const DeviceMaps> maps = device_maps();
-  absl::Status staged = stage_outgoing(wire.tensors, wire.targets, map_towards(*maps, peer->info.name),
-                                       peer->info.name);
+  absl::Status staged = staging_->stage_outgoing(wire.tensors, wire.targets, map_towards(*maps, peer->info.name),
+                                                 peer->info.name);
   if (!staged.ok()) return make_ready_future<Message>(std::move(staged));
   CallTable::Started call = calls_->start(to, peer->info.name, timeout.value_or(options_.rpc_timeout));
   message.set_id(call.id);
@@ -263,7 +282,7 @@ void AgentCore::serve(const std::shared_ptr<ReplyPath>& from, std::vector<std::s
   if (absl::StatusOr<WorkerInfo> known = worker_info(caller.name); known.ok()) caller = *known;
   // Tensors bound for a device land here, on the pool: a device copy must not hold
   // up the transport.
-  absl::Status landed = land_incoming(request.tensors(), targets);
+  absl::Status landed = staging_->land_incoming(request.tensors(), targets);
   Message reply;
   if (!landed.ok()) {
     reply = make_error_message(request.id(), self_.name,
@@ -295,7 +314,7 @@ void AgentCore::serve(const std::shared_ptr<ReplyPath>& from, std::vector<std::s
   reply.set_id(request.id());
   requests_served_.fetch_add(1, std::memory_order_relaxed);
   std::shared_ptr<const DeviceMaps> reverse = reverse_device_maps();
-  absl::StatusOr<Wire> wire = to_wire(std::move(reply), map_towards(*reverse, caller.name), caller.name);
+  absl::StatusOr<Wire> wire = to_wire(*staging_, std::move(reply), map_towards(*reverse, caller.name), caller.name);
   if (!wire.ok()) {
     // The result holds a tensor that cannot travel back: the caller gets why.
     Message error = make_error_message(
@@ -338,7 +357,7 @@ void AgentCore::on_reply(int peer, Wire wire) {
 
 void AgentCore::complete_reply(int peer, std::vector<std::string> targets, Message reply) {
   uint64_t id = reply.id();
-  absl::Status landed = land_incoming(reply.tensors(), targets);
+  absl::Status landed = staging_->land_incoming(reply.tensors(), targets);
   if (!landed.ok()) {
     calls_->complete(id, landed);
   } else if (reply.type() == MessageType::kError) {
@@ -469,6 +488,8 @@ std::map<std::string, std::string> AgentCore::debug_info() const {
   info["requests_served"] = std::to_string(requests_served_.load());
   info["num_worker_threads"] = std::to_string(pool_->size());
   info["queued_requests"] = std::to_string(pool_->queued());
+  info["pinned_buffer_hits"] = std::to_string(staging_->pinned_hits());
+  info["pinned_buffer_misses"] = std::to_string(staging_->pinned_misses());
   return info;
 }
 

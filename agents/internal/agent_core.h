@@ -24,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "agents/internal/activity.h"
 #include "agents/internal/call_table.h"
+#include "agents/internal/cuda_staging.h"
 #include "agents/internal/membership.h"
 #include "agents/internal/thread_pool.h"
 #include "agents/internal/transport.h"
@@ -42,6 +43,9 @@ struct AgentCoreOptions {
   // back on.
   DeviceMaps device_maps;
   DeviceMaps reverse_device_maps;
+  // The CUDA devices this agent handles; empty: those its maps name (the local side of
+  // device_maps and of reverse_device_maps).
+  std::vector<Device> devices;
   // Store keys of this agent's join() rounds start with this.
   std::string store_prefix = "ferry/rpc/";
 };
@@ -72,8 +76,8 @@ class AgentCore final : public RpcAgent, public TransportEvents, public std::ena
   absl::Status remove_member(int id, MembershipChange why);
   // Dynamic groups: a lost peer is removed from the membership (static: kept, marked).
   void set_dynamic(bool dynamic) { dynamic_.store(dynamic); }
-  // Dynamic groups: device maps change as workers join.
-  void set_device_maps(DeviceMaps device_maps, DeviceMaps reverse_device_maps);
+  // Dynamic groups: device maps and devices change as workers join.
+  void set_device_maps(DeviceMaps device_maps, DeviceMaps reverse_device_maps, std::vector<Device> devices);
   uint64_t membership_version() const { return members_.snapshot()->version; }
   // A member that is leaving: new calls to it fail at once saying it left, the calls
   // already in flight to it may finish (at most `drain`), then it is removed as
@@ -127,6 +131,7 @@ class AgentCore final : public RpcAgent, public TransportEvents, public std::ena
   std::shared_ptr<ThreadPool> pool_;
   std::unique_ptr<CallTable> calls_;
   Membership members_;
+  std::unique_ptr<CudaStaging> staging_;
   std::atomic<std::shared_ptr<const DeviceMaps>> device_maps_;
   std::atomic<std::shared_ptr<const DeviceMaps>> reverse_device_maps_;
   std::atomic<bool> dynamic_{false};

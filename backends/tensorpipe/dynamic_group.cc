@@ -151,7 +151,7 @@ Message Group::serve(const Message& request) {
       absl::Status added = core.add_member(Member{WorkerInfo{update->worker.name, update->worker.rank},
                                                   update->worker.address});
       if (!added.ok() && added.code() != absl::StatusCode::kAlreadyExists) return error(added);
-      core.set_device_maps(mine.device_maps, update->reverse_device_maps);
+      core.set_device_maps(mine.device_maps, update->reverse_device_maps, update->devices);
     } else {
       absl::Status gone = core.retire_member(update->worker.rank, kDrain);
       // Already gone (it was lost, or told twice): nothing left to do.
@@ -254,7 +254,7 @@ absl::Status join_dynamic_group(const std::shared_ptr<TensorPipeAgent>& agent, c
     update.devices = std::move(setup.devices);
     FERRY_RETURN_IF_ERROR(call(*agent, alive[i].rank, "update", encode(update), timeout).status());
   }
-  core.set_device_maps(options.device_maps(), own.reverse_device_maps);
+  core.set_device_maps(options.device_maps(), own.reverse_device_maps, own.devices);
   alive.push_back(MemberRecord{args.name, args.rank, agent->address()});
   FERRY_RETURN_IF_ERROR(args.store->set(kMembersKey, encode(alive)));
   core.set_join([group](std::chrono::milliseconds t) { return group->leave(t); });

@@ -150,13 +150,9 @@ TEST(DynamicGroup, CallsInFlightToAndFromALeaverFinishAndLaterCallsSayItLeft) {
       std::lock_guard<std::mutex> lock(mu);
       EXPECT_EQ(left_events, std::vector<std::string>{"w2"});
     }
-    ASSERT_OK(*coord->add("done", 1) > 0 ? absl::OkStatus() : absl::InternalError("add"));
-    if (rank == 1) {
-      ASSERT_OK(coord->wait({"w0_done"}, seconds(30)));
-    }
-    if (rank == 0) {
-      ASSERT_OK(coord->set("w0_done", to_bytes("1")));
-    }
+    // Both have looked before either leaves (a leave is itself an event).
+    ASSERT_OK(coord->set(absl::StrCat("checked/", rank), to_bytes("1")));
+    ASSERT_OK(coord->wait({"checked/0", "checked/1"}, seconds(30)));
     ASSERT_OK(shutdown());
   }, seconds(90)));
 }
