@@ -54,6 +54,10 @@ absl::Status TensorPipeAgentSettings::validate() const {
     return absl::InvalidArgumentError(absl::StrCat("num_worker_threads must be in [1, ", kMaxWorkerThreads,
                                                    "], got ", num_worker_threads));
   }
+  if (heartbeat_interval.count() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("heartbeat_interval must be >= 0 ms (0: off), got ",
+                                                   heartbeat_interval.count(), " ms"));
+  }
   return internal::check_tensorpipe_options({transports, channels, {}});
 }
 
@@ -86,6 +90,7 @@ absl::StatusOr<std::shared_ptr<TensorPipeAgent>> TensorPipeAgent::start(std::sha
   internal::AgentCoreOptions core_options;
   core_options.num_worker_threads = options.num_worker_threads;
   core_options.rpc_timeout = options.rpc_timeout;
+  core_options.heartbeat = options.heartbeat_interval;
   core_options.device_maps = std::move(options.device_maps);
   core_options.reverse_device_maps = std::move(options.reverse_device_maps);
   core_options.devices = std::move(options.devices);

@@ -54,9 +54,14 @@ struct TensorPipeAgentSettings {
   // viable ones (see shm_crowds_host(); mpt_uv only when listed).
   std::optional<std::vector<std::string>> transports;
   std::optional<std::vector<std::string>> channels;
+  // A peer with calls pending that sends nothing for this long is pinged, and declared
+  // lost (its calls fail with kUnavailable, even those without a timeout) when the ping
+  // goes unanswered as long again: a stopped or unreachable peer that never closed its
+  // sockets. Zero turns it off.
+  std::chrono::milliseconds heartbeat_interval{std::chrono::seconds(5)};
 
   // kInvalidArgument, saying what was expected: num_worker_threads outside [1, 4096],
-  // an unknown or empty transport or channel list.
+  // a negative heartbeat_interval, an unknown or empty transport or channel list.
   absl::Status validate() const;
 };
 

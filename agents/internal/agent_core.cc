@@ -81,6 +81,12 @@ absl::StatusOr<std::shared_ptr<AgentCore>> AgentCore::start(WorkerInfo self, std
       new AgentCore(std::move(self), std::move(store), std::move(options), std::move(handler), std::move(transport)));
   core->pool_ = std::make_shared<ThreadPool>(core->options_.num_worker_threads, core->activity_);
   core->calls_ = std::make_unique<CallTable>(core->pool_, core->activity_);
+  if (core->options_.heartbeat.count() > 0) {
+    std::weak_ptr<AgentCore> weak = core;
+    core->calls_->set_heartbeat(core->options_.heartbeat, [weak](int peer) {
+      if (std::shared_ptr<AgentCore> c = weak.lock()) c->suspect(peer);
+    });
+  }
   absl::StatusOr<std::string> address = core->transport_->listen(core);
   if (!address.ok()) {
     core->shutdown();
@@ -400,6 +406,33 @@ void AgentCore::on_peer_lost(int peer, absl::Status why) {
   }
   calls_->fail_peer(peer, why);
   if (first) notify(info, MembershipChange::kLost);
+}
+
+void AgentCore::suspect(int peer) {
+  {
+    std::lock_guard<std::mutex> lock(pinging_mu_);
+    if (!pinging_.insert(peer).second) return;  // one ping at a time
+  }
+  std::shared_ptr<const Membership::Table> table = members_.snapshot();
+  const Member* member = table->find(peer);
+  std::string name = member != nullptr ? member->info.name : absl::StrCat("id ", peer);
+  std::weak_ptr<AgentCore> weak = weak_from_this();
+  std::chrono::milliseconds interval = options_.heartbeat;
+  send(peer, Message(MessageType::kPing, 0), interval)
+      .add_callback([weak, peer, name, interval](const absl::StatusOr<Message>& pong) {
+        std::shared_ptr<AgentCore> core = weak.lock();
+        if (!core) return;
+        {
+          std::lock_guard<std::mutex> lock(core->pinging_mu_);
+          core->pinging_.erase(peer);
+        }
+        if (pong.status().code() == absl::StatusCode::kDeadlineExceeded) {
+          core->transport_->disconnect(peer);
+          core->on_peer_lost(peer, absl::UnavailableError(absl::StrCat(
+                                       "worker \"", name, "\" (id ", peer, ") sent nothing for ", 2 * interval.count(),
+                                       " ms and did not answer a heartbeat; declared lost")));
+        }
+      });
 }
 
 void AgentCore::add_membership_listener(MembershipListener listener) {

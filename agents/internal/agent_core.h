@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "agents/internal/activity.h"
 #include "agents/internal/call_table.h"
@@ -46,6 +47,10 @@ struct AgentCoreOptions {
   // The CUDA devices this agent handles; empty: those its maps name (the local side of
   // device_maps and of reverse_device_maps).
   std::vector<Device> devices;
+  // A peer with calls pending that sends nothing for this long is pinged; one that does
+  // not answer the ping within it too is lost (its calls fail with kUnavailable, even
+  // those with no timeout). Zero: off.
+  std::chrono::milliseconds heartbeat{std::chrono::seconds(5)};
   // Store keys of this agent's join() rounds start with this.
   std::string store_prefix = "ferry/rpc/";
 };
@@ -113,6 +118,7 @@ class AgentCore final : public RpcAgent, public TransportEvents, public std::ena
             std::unique_ptr<Transport> transport);
   void serve(const std::shared_ptr<ReplyPath>& from, std::vector<std::string> targets, Message request);
   void forget_lost(int id);
+  void suspect(int peer);
   void complete_reply(int peer, std::vector<std::string> targets, Message reply);
   void notify(WorkerInfo worker, MembershipChange change);
   std::shared_ptr<const DeviceMaps> device_maps() const { return device_maps_.load(std::memory_order_acquire); }
@@ -140,6 +146,8 @@ class AgentCore final : public RpcAgent, public TransportEvents, public std::ena
   mutable std::mutex lost_mu_;
   absl::flat_hash_map<int, absl::Status> lost_;  // guarded by lost_mu_
   std::atomic<bool> any_lost_{false};
+  std::mutex pinging_mu_;
+  absl::flat_hash_set<int> pinging_;  // guarded by pinging_mu_: peers with a heartbeat ping out
 
   std::mutex hooks_mu_;
   std::shared_ptr<const RequestHandler> control_handler_;                               // guarded by hooks_mu_

@@ -25,6 +25,13 @@ CallTable::Started CallTable::start(int peer, std::string_view peer_name, std::c
       auto it = deadlines_.emplace(pending.deadline, id).first;
       earliest = it == deadlines_.begin();
     }
+    if (heartbeat_.count() > 0 && !checks_.contains(peer)) {
+      // Silence is measured from now, or from the last reply if that is later.
+      heard_.try_emplace(peer, Clock::now());
+      Clock::time_point at = std::max(heard_[peer], Clock::now()) + heartbeat_;
+      schedule_check(peer, at);
+      earliest = earliest || deadlines_.begin()->second == (kHeartbeatBit | static_cast<uint64_t>(peer));
+    }
     calls_.emplace(id, std::move(pending));
   }
   // Only a new earliest deadline changes when the timer must wake.
@@ -57,12 +64,24 @@ bool CallTable::wait_peer_idle(int peer, std::chrono::milliseconds timeout) {
   return done;
 }
 
+void CallTable::set_heartbeat(std::chrono::milliseconds interval, std::function<void(int peer)> suspect) {
+  std::lock_guard<std::mutex> lock(mu_);
+  heartbeat_ = interval;
+  suspect_ = std::move(suspect);
+}
+
+void CallTable::schedule_check(int peer, Clock::time_point at) {
+  checks_[peer] = at;
+  deadlines_.emplace(at, kHeartbeatBit | static_cast<uint64_t>(peer));
+}
+
 bool CallTable::complete(uint64_t id, absl::StatusOr<Message> result) {
   Pending pending;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = calls_.find(id);
     if (it == calls_.end()) return false;
+    if (heartbeat_.count() > 0) heard_[it->second.peer] = Clock::now();
     pending = std::move(it->second);
     calls_.erase(it);
     if (pending.deadline != Clock::time_point::max()) deadlines_.erase({pending.deadline, id});
@@ -95,6 +114,7 @@ size_t CallTable::fail_all(const absl::Status& status) {
     std::lock_guard<std::mutex> lock(mu_);
     failed.swap(calls_);
     deadlines_.clear();
+    checks_.clear();
   }
   for (auto& [id, p] : failed) finish(p, status);
   return failed.size();
@@ -131,16 +151,38 @@ void CallTable::run_timer() {
       continue;
     }
     std::vector<std::pair<uint64_t, Pending>> expired;
+    std::vector<int> suspects;
     Clock::time_point now = Clock::now();
     while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
       uint64_t id = deadlines_.begin()->second;
       deadlines_.erase(deadlines_.begin());
+      if (id & kHeartbeatBit) {
+        int peer = static_cast<int>(id & ~kHeartbeatBit);
+        checks_.erase(peer);
+        bool waiting = false;
+        for (const auto& [call, p] : calls_) {
+          if (p.peer == peer) {
+            waiting = true;
+            break;
+          }
+        }
+        if (!waiting) continue;  // nothing pending: the next call schedules a check
+        Clock::time_point heard = heard_[peer];
+        if (now - heard < heartbeat_) {
+          schedule_check(peer, heard + heartbeat_);
+        } else {
+          suspects.push_back(peer);
+          schedule_check(peer, now + heartbeat_);
+        }
+        continue;
+      }
       auto it = calls_.find(id);
       if (it == calls_.end()) continue;
       expired.emplace_back(id, std::move(it->second));
       calls_.erase(it);
     }
     lock.unlock();
+    for (int peer : suspects) suspect_(peer);
     for (auto& [id, p] : expired) {
       absl::Status timed_out = absl::DeadlineExceededError(
           absl::StrCat("rpc to worker \"", p.peer_name, "\" (call ", id, ") timed out"));

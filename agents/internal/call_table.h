@@ -15,6 +15,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -60,6 +61,12 @@ class CallTable {
   // Stops the timer thread (pending calls stay). Idempotent; not from the timer thread.
   void stop();
 
+  // Watches peers with calls pending: when a peer has sent nothing (no reply) for
+  // `interval` while calls to it are pending, `suspect(peer)` runs on the timer thread
+  // (it must not block), and again every `interval` while that lasts. Zero: off.
+  // Set before the first call.
+  void set_heartbeat(std::chrono::milliseconds interval, std::function<void(int peer)> suspect);
+
  private:
   struct Pending {
     Promise<Message> promise;
@@ -68,6 +75,9 @@ class CallTable {
     std::string peer_name;
   };
   void run_timer();
+  // Deadline-queue entries with this bit set are heartbeat checks of peer (id & ~bit).
+  static constexpr uint64_t kHeartbeatBit = uint64_t{1} << 63;
+  void schedule_check(int peer, Clock::time_point at);  // under mu_
   // Sets the result outside the lock, then counts the call out.
   void finish(Pending& pending, absl::StatusOr<Message> result);
 
@@ -81,6 +91,10 @@ class CallTable {
   absl::flat_hash_map<uint64_t, Pending> calls_;                    // guarded by mu_
   absl::btree_set<std::pair<Clock::time_point, uint64_t>> deadlines_;  // guarded by mu_
   bool stopping_ = false;                                          // guarded by mu_
+  std::chrono::milliseconds heartbeat_{0};
+  std::function<void(int)> suspect_;
+  absl::flat_hash_map<int, Clock::time_point> heard_;    // guarded by mu_; last reply per peer
+  absl::flat_hash_map<int, Clock::time_point> checks_;   // guarded by mu_; scheduled heartbeat checks
   std::thread timer_;
 };
 

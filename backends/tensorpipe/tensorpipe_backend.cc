@@ -21,7 +21,8 @@ namespace ferry {
 namespace {
 
 constexpr char kInitPrefix[] = "ferry/rpc/init/";
-constexpr const char* kKnownKwargs[] = {"num_worker_threads", "transports", "channels", "device_maps", "devices"};
+constexpr const char* kKnownKwargs[] = {"num_worker_threads", "transports", "channels", "device_maps", "devices",
+                                        "heartbeat_interval_ms"};
 
 template <typename T>
 absl::StatusOr<T> kwarg_as(const std::string& key, const KwargValue& value, const char* expected) {
@@ -104,6 +105,9 @@ absl::StatusOr<std::unique_ptr<RpcBackendOptions>> construct_tensorpipe_options(
       // Clamped only to fit an int: validate() below says what the range is.
       options->num_worker_threads =
           static_cast<int>(std::clamp<int64_t>(n, -1, TensorPipeAgentSettings::kMaxWorkerThreads + 1));
+    } else if (key == "heartbeat_interval_ms") {
+      FERRY_ASSIGN_OR_RETURN(int64_t ms, kwarg_as<int64_t>(key, value, "int64"));
+      options->heartbeat_interval = std::chrono::milliseconds(ms);
     } else if (key == "transports") {
       FERRY_ASSIGN_OR_RETURN(options->transports, kwarg_as<std::vector<std::string>>(key, value, "vector<string>"));
     } else if (key == "channels") {

@@ -46,6 +46,7 @@ AgentKind tensorpipe_kind(const std::string& transport) {
   options.transports = std::vector<std::string>{transport};
   options.init_timeout = seconds(20);
   options.rpc_timeout = seconds(30);
+  options.heartbeat_interval = milliseconds(300);
   auto tp = [](RpcAgent& a) -> TensorPipeAgent& { return dynamic_cast<TensorPipeAgent&>(a); };
   return AgentKind{
       "tensorpipe_" + transport,
@@ -197,6 +198,37 @@ TEST_P(AgentConformance, ALostPeerFailsItsCallsAtOnce) {
     EXPECT_THAT(agent->send(1, request("again")).result(), StatusIs(absl::StatusCode::kUnavailable));
     for (int i = 0; i < 500 && lost.load() == 0; ++i) std::this_thread::sleep_for(milliseconds(10));
     EXPECT_EQ(lost.load(), 1);
+    agent->shutdown();
+  }, seconds(60));
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_TRUE(results[0].exited && results[0].exit_code == 0) << results[0].describe();
+  EXPECT_EQ(results[1].term_signal, SIGKILL) << results[1].describe();
+}
+
+TEST_P(AgentConformance, ASilentPeerIsDeclaredLostByTheHeartbeat) {
+  ferry::testing::TempDir dir;
+  std::vector<ferry::testing::ProcessResult> results = ferry::testing::run_processes(2, [&](int rank) {
+    auto agent = make(GetParam(), dir.path(), rank, 2);
+    std::shared_ptr<Store> store = file_store(dir.path());
+    if (rank == 1) {
+      // Stopped, with every socket still open: only silence tells.
+      ASSERT_OK(store->set("pid", to_bytes(std::to_string(getpid()))));
+      ASSERT_OK(store->wait({"go"}, seconds(20)));
+      raise(SIGSTOP);
+      return;
+    }
+    // A slow call keeps the peer busy but answering pings: not lost.
+    EXPECT_OK(agent->send(1, request("sleep:900"), milliseconds(0)).status());
+    pid_t peer = static_cast<pid_t>(std::stol(to_string(*store->get("pid", seconds(20)))));
+    ASSERT_OK(store->set("go", to_bytes("1")));
+    std::this_thread::sleep_for(milliseconds(200));  // let it stop
+    auto start = std::chrono::steady_clock::now();
+    // No timeout: without the heartbeat this would wait forever.
+    Future<Message> forever = agent->send(1, request("hello?"), milliseconds(0));
+    absl::Status why = forever.status();
+    EXPECT_THAT(why, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("did not answer a heartbeat")));
+    EXPECT_LT(std::chrono::steady_clock::now() - start, seconds(5));
+    kill(peer, SIGKILL);
     agent->shutdown();
   }, seconds(60));
   ASSERT_EQ(results.size(), 2u);
