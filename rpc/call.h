@@ -21,6 +21,7 @@
 #include "base/future.h"
 #include "base/status.h"
 #include "rpc/function_registry.h"
+#include "rpc/outgoing_call.h"
 #include "serialization/types.h"
 
 namespace ferry {
@@ -52,6 +53,17 @@ Message make_request(std::string_view fn, size_t inline_bytes, const Args&... ar
   return m;
 }
 
+// make_request, with an argument that refuses to be written (an RRef outside a call
+// it can travel in) reported as kInvalidArgument naming the function.
+template <typename R, typename... Args>
+absl::StatusOr<Message> make_request_checked(std::string_view fn, const Args&... args) {
+  try {
+    return make_request<R>(fn, inline_tensor_bytes(), args...);
+  } catch (const cereal::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("call to \"", av(fn), "\": cannot send its arguments: ", e.what()));
+  }
+}
+
 template <typename R>
 absl::StatusOr<WireOf<R>> decode_reply(const absl::StatusOr<Message>& reply) {
   if (!reply.ok()) return reply.status();
@@ -77,10 +89,14 @@ Future<internal::WireOf<R>> call_async(RpcAgent& agent, std::string_view to, std
     return make_ready_future<W>(absl::NotFoundError(absl::StrCat(
         "rpc from \"", agent.self().name, "\" to unknown worker \"", internal::av(to), "\"")));
   }
-  Message request = internal::make_request<R>(fn, inline_tensor_bytes(), args...);
-  return agent.send(dst->id, std::move(request), timeout).then([](const absl::StatusOr<Message>& reply) {
-    return internal::decode_reply<R>(reply);
-  });
+  internal::OutgoingCall call(agent, dst->id);
+  absl::StatusOr<Message> request = internal::make_request_checked<R>(fn, args...);
+  if (!request.ok()) return make_ready_future<W>(request.status());
+  // What the arguments asked to keep alive (RRefs they carry) is held until the reply.
+  return agent.send(dst->id, *std::move(request), timeout)
+      .then([keep = call.take_keep_alive()](const absl::StatusOr<Message>& reply) {
+        return internal::decode_reply<R>(reply);
+      });
 }
 
 // Blocking form of call_async; throws RpcError carrying the status on failure.
@@ -92,9 +108,11 @@ R call_sync(RpcAgent& agent, std::string_view to, std::string_view fn,
     throw RpcError(absl::NotFoundError(
         absl::StrCat("rpc from \"", agent.self().name, "\" to unknown worker \"", internal::av(to), "\"")));
   }
-  Message request = internal::make_request<R>(fn, inline_tensor_bytes(), args...);
+  internal::OutgoingCall call(agent, dst->id);
+  absl::StatusOr<Message> request = internal::make_request_checked<R>(fn, args...);
+  if (!request.ok()) throw RpcError(request.status());
   // Wait on the reply itself and decode here: no continuation, no extra future.
-  Future<Message> reply = agent.send(dst->id, std::move(request), timeout);
+  Future<Message> reply = agent.send(dst->id, *std::move(request), timeout);
   absl::StatusOr<internal::WireOf<R>> value = internal::decode_reply<R>(reply.result());
   if (!value.ok()) throw RpcError(value.status());
   if constexpr (!std::is_void_v<R>) return *std::move(value);
