@@ -326,9 +326,9 @@ RRefContext::Counts RRefContext::counts() const {
   return c;
 }
 
-absl::Status RRefContext::wait_until_nothing_owned(std::chrono::milliseconds timeout) const {
+absl::Status RRefContext::wait_until_owned_at_most(size_t count, std::chrono::milliseconds timeout) const {
   absl::MutexLock lock(&mu_);
-  auto empty = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return table_.empty(); };
+  auto empty = [this, count]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return table_.size() <= count; };
   if (mu_.AwaitWithTimeout(absl::Condition(&empty), absl::FromChrono(timeout))) return absl::OkStatus();
   size_t forks = 0;
   for (const auto& [id, entry] : table_) forks += entry.forks.size();

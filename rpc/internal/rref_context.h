@@ -114,9 +114,12 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
     size_t membership_events = 0;  // lost/left workers the agent reported
   };
   Counts counts() const;
-  // Waits until this worker owns no referenced value. kDeadlineExceeded (with the
-  // counts) after `timeout`.
-  absl::Status wait_until_nothing_owned(std::chrono::milliseconds timeout) const;
+  // Waits until this worker owns at most `count` referenced values. kDeadlineExceeded
+  // (with the counts) after `timeout`.
+  absl::Status wait_until_owned_at_most(size_t count, std::chrono::milliseconds timeout) const;
+  absl::Status wait_until_nothing_owned(std::chrono::milliseconds timeout) const {
+    return wait_until_owned_at_most(0, timeout);
+  }
 
   std::shared_ptr<RpcAgent> agent() const { return agent_.lock(); }
   const std::string& self_name() const { return self_name_; }
