@@ -27,6 +27,8 @@ struct Opaque {};
   (void)ferry::rpc_sync("worker1", add, 1, 2);
   (void)ferry::rpc_async("worker1", length, "text");
   (void)ferry::remote("worker1", add, 1, 2);
+  (void)ferry::remote<int64_t>("worker1", add, 1, 2);
+  (void)ferry::remote<int64_t>("worker1", "add", int64_t{1}, int64_t{2});
   (void)sizeof(Opaque);
 #endif
 }
