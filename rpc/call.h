@@ -8,13 +8,16 @@
 //
 // The call's signature is made from the C++ types of `args` and R exactly as given
 // (1 is an int32, int64_t{1} an int64), and must match the registered function's.
+// Typed handles (rpc/remote_function.h) convert the arguments for you.
 #pragma once
 
 #include <chrono>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "agents/rpc_agent.h"
@@ -92,11 +95,15 @@ Future<internal::WireOf<R>> call_async(RpcAgent& agent, std::string_view to, std
   internal::OutgoingCall call(agent, dst->id);
   absl::StatusOr<Message> request = internal::make_request_checked<R>(fn, args...);
   if (!request.ok()) return make_ready_future<W>(request.status());
+  std::vector<std::shared_ptr<const void>> keep = call.take_keep_alive();
+  Future<Message> reply = agent.send(dst->id, *std::move(request), timeout);
+  if (keep.empty()) {
+    return reply.then([](const absl::StatusOr<Message>& r) { return internal::decode_reply<R>(r); });
+  }
   // What the arguments asked to keep alive (RRefs they carry) is held until the reply.
-  return agent.send(dst->id, *std::move(request), timeout)
-      .then([keep = call.take_keep_alive()](const absl::StatusOr<Message>& reply) {
-        return internal::decode_reply<R>(reply);
-      });
+  return reply.then([keep = std::move(keep)](const absl::StatusOr<Message>& r) {
+    return internal::decode_reply<R>(r);
+  });
 }
 
 // Blocking form of call_async; throws RpcError carrying the status on failure.
