@@ -142,6 +142,11 @@ void register_functions() {
   (void)done;
 }
 
+// A survivor of a killed peer may write to the dead peer's socket; the TensorPipe agent
+// does not ignore SIGPIPE yet (Call.KilledPeerFailsPendingCallsPromptly dies of it now
+// and then). Drop this once the agent does.
+void ignore_sigpipe() { signal(SIGPIPE, SIG_IGN); }
+
 void start(const std::string& dir, int rank, int world) {
   register_functions();
   TensorPipeRpcBackendOptions options;
@@ -286,6 +291,7 @@ TEST(RRef, ToHereAfterTheOwnerDiedFailsNamingIt) {
   auto results = ferry::testing::run_processes(2, [&](int rank) {
     start(dir.path(), rank, 2);
     if (rank == 0) {
+      ignore_sigpipe();
       RRef<Tracked> t = remote("worker1", fns.make, 1);
       EXPECT_EQ(t.to_here().value, 1);
       EXPECT_THAT(rpc_async("worker1", fns.die).result(), StatusIs(absl::StatusCode::kUnavailable));
@@ -317,6 +323,7 @@ TEST(RRef, OwnerDropsTheForksOfAHolderThatDied) {
   auto results = ferry::testing::run_processes(2, [&](int rank) {
     start(dir.path(), rank, 2);
     if (rank == 0) {
+      ignore_sigpipe();
       {
         RRef<Tracked> t = make_local_rref(Tracked(5));
         EXPECT_EQ(rpc_sync("worker1", fns.keep, t), 1);
