@@ -24,9 +24,7 @@ thread_local OutgoingCall* current_call = nullptr;
 
 // The request being served on this thread, for the RRefs in its arguments.
 struct ServingScope {
-  ServingScope(RRefContext* ctx, const WorkerInfo& from) : ctx(ctx), from(from), previous(current) {
-    current = this;
-  }
+  ServingScope(RRefContext* ctx, const WorkerInfo& from) : ctx(ctx), from(from), previous(current) { current = this; }
   ~ServingScope() { current = previous; }
   ServingScope(const ServingScope&) = delete;
   ServingScope& operator=(const ServingScope&) = delete;
@@ -148,8 +146,9 @@ Message RRefContext::serve_internal(const FunctionRegistry& registry, std::strin
   {
     absl::MutexLock lock(&mu_);
     if (closed_) {
-      return make_error_message(request.id(), self_name_,
-                                absl::CancelledError(absl::StrCat(self_name_, ": shutting down; ", av(name), " refused")));
+      return make_error_message(
+          request.id(), self_name_,
+          absl::CancelledError(absl::StrCat(self_name_, ": shutting down; ", av(name), " refused")));
     }
   }
   absl::Status s;
@@ -221,8 +220,8 @@ absl::Status RRefContext::handle_fork(PayloadReader& reader, const WorkerInfo& f
     if (parent_confirmed) {
       // The sender's own reference was confirmed, so the entry existed: it has been
       // released since (the sender gave up waiting for the call that carried it).
-      return absl::NotFoundError(absl::StrCat(self_name_, ": RRef ", id.str(),
-                                              " is no longer held here: every reference to it was released"));
+      return absl::NotFoundError(
+          absl::StrCat(self_name_, ": RRef ", id.str(), " is no longer held here: every reference to it was released"));
     }
     // The creation has not arrived yet; it will find this entry.
     it = table_.try_emplace(id).first;
@@ -357,8 +356,9 @@ std::shared_ptr<RRefState> RRefContext::remote(std::string_view to, const std::s
   }
   absl::StatusOr<WorkerInfo> dst = agent->worker_info(to);
   if (!dst.ok()) {
-    return failed(to, type, absl::NotFoundError(absl::StrCat("remote(\"", av(fn), "\") from \"", self_name_,
-                                                             "\" to unknown worker \"", av(to), "\"")));
+    return failed(to, type,
+                  absl::NotFoundError(absl::StrCat("remote(\"", av(fn), "\") from \"", self_name_,
+                                                   "\" to unknown worker \"", av(to), "\"")));
   }
   RRefId id = next_id();
   OutgoingCall call(*agent, dst->id);
@@ -373,8 +373,9 @@ std::shared_ptr<RRefState> RRefContext::remote(std::string_view to, const std::s
       PayloadWriter w(args);
       write_args(w);
     } catch (const cereal::Exception& e) {
-      return failed(to, type, absl::InvalidArgumentError(absl::StrCat("remote(\"", av(fn),
-                                                                      "\"): cannot send its arguments: ", e.what())));
+      return failed(
+          to, type,
+          absl::InvalidArgumentError(absl::StrCat("remote(\"", av(fn), "\"): cannot send its arguments: ", e.what())));
     }
     std::vector<std::shared_ptr<const void>> keep = call.take_keep_alive();
     auto record = std::make_shared<OwnerRecord>(id);
@@ -397,8 +398,9 @@ std::shared_ptr<RRefState> RRefContext::remote(std::string_view to, const std::s
     PayloadWriter w(request);
     write_args(w);
   } catch (const cereal::Exception& e) {
-    return failed(to, type, absl::InvalidArgumentError(absl::StrCat("remote(\"", av(fn),
-                                                                    "\"): cannot send its arguments: ", e.what())));
+    return failed(
+        to, type,
+        absl::InvalidArgumentError(absl::StrCat("remote(\"", av(fn), "\"): cannot send its arguments: ", e.what())));
   }
   Promise<Void> confirmed;
   state->confirmed = confirmed.get_future();
@@ -446,12 +448,11 @@ void RRefContext::save(PayloadWriter& writer, const std::shared_ptr<RRefState>& 
                                          "\" cannot be sent: its creation failed: ", state->start_error.ToString()));
   }
   if (&call->agent() != agent_.lock().get()) {
-    throw cereal::Exception(absl::StrCat(describe(state->id, state->owner),
-                                         " belongs to another agent than the call's"));
+    throw cereal::Exception(
+        absl::StrCat(describe(state->id, state->owner), " belongs to another agent than the call's"));
   }
   FERRY_CHECK(state->type == type);
-  bool parent_confirmed =
-      state->owned || (state->confirmed.is_ready() && state->confirmed.status().ok());
+  bool parent_confirmed = state->owned || (state->confirmed.is_ready() && state->confirmed.status().ok());
   // The sender's reference lives until the call's reply, so that the receiver can
   // register its own fork before this one can be released.
   call->keep_alive(state);
@@ -465,8 +466,8 @@ std::shared_ptr<RRefState> RRefContext::load(PayloadReader& reader, const std::s
   bool parent_confirmed = false;
   reader(id, owner_id, sent_type, parent_confirmed);
   if (sent_type != type) {
-    throw cereal::Exception(absl::StrCat("received an RRef to a ", sent_type, " where an RRef to a ", type,
-                                         " was expected"));
+    throw cereal::Exception(
+        absl::StrCat("received an RRef to a ", sent_type, " where an RRef to a ", type, " was expected"));
   }
   std::shared_ptr<RpcAgent> agent = agent_.lock();
   if (agent == nullptr) throw cereal::Exception("received an RRef while shutting down");
@@ -632,8 +633,8 @@ std::shared_ptr<RRefState> rref_remote(std::string_view to, const std::string& t
 std::shared_ptr<RRefState> rref_make_local(OwnedValue value) {
   std::shared_ptr<RRefContext> ctx = default_rref_context();
   if (ctx == nullptr) {
-    throw RpcError(absl::FailedPreconditionError(
-        "make_local_rref: no worker is running in this process; call init_rpc first"));
+    throw RpcError(
+        absl::FailedPreconditionError("make_local_rref: no worker is running in this process; call init_rpc first"));
   }
   return ctx->make_local(std::move(value));
 }

@@ -72,15 +72,15 @@ WorkerInfo rref_owner(const RRefState& state);
 bool rref_is_owner(const RRefState& state);
 std::string rref_describe(const RRefState& state);
 // The agent of the RRef's worker, or an error naming the RRef once it has shut down.
-absl::StatusOr<std::shared_ptr<RpcAgent>> rref_agent(const RRefState& state);
+[[nodiscard]] absl::StatusOr<std::shared_ptr<RpcAgent>> rref_agent(const RRefState& state);
 // Fetches the value from the owner: the reply holds one `type`. Errors name the RRef
 // and its owner.
 Future<Message> rref_fetch(const std::shared_ptr<RRefState>& state, const std::string& type,
                            std::optional<std::chrono::milliseconds> timeout);
 // On the owner: the live value, once created (waits at most `timeout`). Errors: not
 // the owner (kFailedPrecondition), the creation's own error, a type other than `type`.
-absl::StatusOr<std::shared_ptr<void>> rref_local_value(const RRefState& state, const std::string& type,
-                                                       std::optional<std::chrono::milliseconds> timeout);
+[[nodiscard]] absl::StatusOr<std::shared_ptr<void>> rref_local_value(const RRefState& state, const std::string& type,
+                                                                     std::optional<std::chrono::milliseconds> timeout);
 // Starts remote(): creates the reference and sends the creation of a `type` by `fn`
 // (whose call signature is `signature`) to worker `to`; `write_args` writes the
 // arguments. Never throws: an error before sending is kept in the RRef.
@@ -234,18 +234,17 @@ RRef<T> remote(std::string_view to, const RemoteFunction<T(A...)>& fn, Ts&&... a
   if constexpr (internal::ArgumentCheck<std::tuple<A...>, Ts...>::value) {
     // The conversions happen here; the writer runs before remote() returns.
     return internal::RRefAccess<T>::make(internal::rref_remote(
-        to, TypeName<T>::get(), fn.name(), fn.signature(), [&](PayloadWriter& w) {
-          (w(internal::convert_argument<A>(std::forward<Ts>(args))), ...);
-        }));
+        to, TypeName<T>::get(), fn.name(), fn.signature(),
+        [&](PayloadWriter& w) { (w(internal::convert_argument<A>(std::forward<Ts>(args))), ...); }));
   }
 }
 
 // The string form: the call's signature is made from T and the exact types of `args`.
 template <typename T, typename... Args>
 RRef<T> remote(std::string_view to, std::string_view fn, const Args&... args) {
-  return internal::RRefAccess<T>::make(internal::rref_remote(
-      to, TypeName<T>::get(), fn, internal::cached_call_signature<T, Args...>(),
-      [&](PayloadWriter& w) { (w(args), ...); }));
+  return internal::RRefAccess<T>::make(internal::rref_remote(to, TypeName<T>::get(), fn,
+                                                             internal::cached_call_signature<T, Args...>(),
+                                                             [&](PayloadWriter& w) { (w(args), ...); }));
 }
 
 }  // namespace ferry

@@ -217,7 +217,7 @@ int main(int argc, char** argv) {
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failures;
   }
   std::filesystem::remove_all(dir);
-  std::printf("%s\n", failures == 0 ? "parameter server finished: every worker exited cleanly"
-                                    : "parameter server FAILED");
+  std::printf("%s\n",
+              failures == 0 ? "parameter server finished: every worker exited cleanly" : "parameter server FAILED");
   return failures == 0 ? 0 : 1;
 }

@@ -33,8 +33,8 @@
 namespace {
 
 constexpr int64_t kWidth = 192;
-constexpr int64_t kRows = 32;   // per micro-batch
-constexpr int kLayers = 4;      // matmuls per stage, to give each stage real work
+constexpr int64_t kRows = 32;  // per micro-batch
+constexpr int kLayers = 4;     // matmuls per stage, to give each stage real work
 
 ferry::Tensor random_tensor(std::vector<int64_t> shape, uint32_t seed, double scale) {
   ferry::Tensor t = *ferry::Tensor::empty(std::move(shape), ferry::DType::kFloat32);

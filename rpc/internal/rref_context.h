@@ -64,11 +64,11 @@ class RRefState {
   RRefId id;
   WorkerInfo owner;
   std::string type;
-  absl::Status start_error;  // remote() failed before anything was sent
-  bool owned = false;        // this worker is the owner
+  absl::Status start_error;             // remote() failed before anything was sent
+  bool owned = false;                   // this worker is the owner
   std::shared_ptr<OwnerRecord> record;  // when owned
-  RRefId fork;                           // when not owned: this worker's fork
-  Future<Void> confirmed;                // when not owned: OK once the owner has recorded `fork`
+  RRefId fork;                          // when not owned: this worker's fork
+  Future<Void> confirmed;               // when not owned: OK once the owner has recorded `fork`
 };
 
 // Thread-safe.
@@ -99,8 +99,8 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   std::shared_ptr<RRefState> load(PayloadReader& reader, const std::string& type);
   Future<Message> fetch(const std::shared_ptr<RRefState>& state, const std::string& type,
                         std::optional<std::chrono::milliseconds> timeout);
-  absl::StatusOr<std::shared_ptr<void>> local_value(const RRefState& state, const std::string& type,
-                                                    std::optional<std::chrono::milliseconds> timeout);
+  [[nodiscard]] absl::StatusOr<std::shared_ptr<void>> local_value(const RRefState& state, const std::string& type,
+                                                                  std::optional<std::chrono::milliseconds> timeout);
   void on_state_destroyed(RRefState& state);
 
   // Owner side: drops every fork held by worker `worker_id` (it was lost or left).
@@ -108,16 +108,16 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   size_t drop_references_held_by(int worker_id);
 
   struct Counts {
-    size_t owned = 0;   // values this worker owns that someone references
-    size_t forks = 0;   // forks of them held by other workers
-    size_t users = 0;   // live references here to values owned elsewhere
+    size_t owned = 0;              // values this worker owns that someone references
+    size_t forks = 0;              // forks of them held by other workers
+    size_t users = 0;              // live references here to values owned elsewhere
     size_t membership_events = 0;  // lost/left workers the agent reported
   };
   Counts counts() const;
   // Waits until this worker owns at most `count` referenced values. kDeadlineExceeded
   // (with the counts) after `timeout`.
-  absl::Status wait_until_owned_at_most(size_t count, std::chrono::milliseconds timeout) const;
-  absl::Status wait_until_nothing_owned(std::chrono::milliseconds timeout) const {
+  [[nodiscard]] absl::Status wait_until_owned_at_most(size_t count, std::chrono::milliseconds timeout) const;
+  [[nodiscard]] absl::Status wait_until_nothing_owned(std::chrono::milliseconds timeout) const {
     return wait_until_owned_at_most(0, timeout);
   }
 
@@ -140,8 +140,8 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   absl::Status handle_release(PayloadReader& reader);
   absl::StatusOr<Message> handle_fetch(PayloadReader& reader, const Message& request);
   // Runs `fn` from `reader` into `record` (on the owner), with this context current.
-  void create_value(const FunctionRegistry& registry, const std::shared_ptr<OwnerRecord>& record,
-                    std::string_view fn, std::string_view signature, PayloadReader& reader, const WorkerInfo& from);
+  void create_value(const FunctionRegistry& registry, const std::shared_ptr<OwnerRecord>& record, std::string_view fn,
+                    std::string_view signature, PayloadReader& reader, const WorkerInfo& from);
   // Removes `id`'s entry when nothing references it; returns the record to destroy
   // after unlocking (its value's destructor is user code).
   std::shared_ptr<OwnerRecord> erase_if_unreferenced(const RRefId& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -59,7 +59,8 @@ TEST(RemoteFunction, CallsConvertArgumentsToTheDeclaredTypes) {
       return "hello " + who;
     });
     ASSERT_OK(greet.status());
-    auto count = register_remote_function("count", [](std::vector<int32_t> v) { return static_cast<int64_t>(v.size()); });
+    auto count =
+        register_remote_function("count", [](std::vector<int32_t> v) { return static_cast<int64_t>(v.size()); });
     ASSERT_OK(count.status());
     auto nothing = register_remote_function("nothing", [](int32_t) {});
     ASSERT_OK(nothing.status());

@@ -90,8 +90,8 @@ class RRefContextTest : public ::testing::Test {
   RRefContextTest() {
     EXPECT_OK(registry_.add("make", make_registered_function([](int64_t v) { return Counted(v); })));
     EXPECT_OK(registry_.add("fail", make_registered_function([](int64_t) -> absl::StatusOr<Counted> {
-      return absl::InternalError("no counted today");
-    })));
+                              return absl::InternalError("no counted today");
+                            })));
     agent_ = std::make_shared<MembershipAgent>();
     ctx_ = std::make_shared<RRefContext>("owner");
     ctx_->attach(agent_);
@@ -107,8 +107,8 @@ class RRefContextTest : public ::testing::Test {
                  from);
   }
   absl::StatusOr<Counted> fetch(RRefId id, int from) {
-    Message reply = ctx_->serve(registry_, protocol("ferry::rref::fetch", id, TypeName<Counted>::get()),
-                                agent_->worker(from));
+    Message reply =
+        ctx_->serve(registry_, protocol("ferry::rref::fetch", id, TypeName<Counted>::get()), agent_->worker(from));
     absl::Status s = status_of(reply);
     if (!s.ok()) return s;
     return decode_reply<Counted>(absl::StatusOr<Message>(std::move(reply)));
@@ -155,7 +155,8 @@ TEST_F(RRefContextTest, ReleasesCountForksOut) {
   EXPECT_EQ(ctx_->counts().owned, 0u);
   EXPECT_EQ(live.load(), 0);
   // Gone: a fetch, or a fork from a confirmed sender, is refused with the reason.
-  EXPECT_THAT(fetch(a, 1).status(), StatusIs(absl::StatusCode::kNotFound, HasSubstr("every reference to it was released")));
+  EXPECT_THAT(fetch(a, 1).status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("every reference to it was released")));
   EXPECT_THAT(serve(protocol("ferry::rref::fork", a, RRefId{2, 21}, true), 2),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("is no longer held here")));
   EXPECT_EQ(ctx_->counts().owned, 0u);
@@ -186,8 +187,8 @@ TEST_F(RRefContextTest, ACreationErrorIsKeptAndFetched) {
   EXPECT_THAT(fetch(c, 1).status(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("has signature")));
   // A fetch for another type than the value's.
   ASSERT_OK(create(RRefId{1, 4}, RRefId{1, 13}, 1, "make", 2));
-  Message reply = ctx_->serve(registry_, protocol("ferry::rref::fetch", RRefId{1, 4}, std::string("float64")),
-                      agent_->worker(1));
+  Message reply =
+      ctx_->serve(registry_, protocol("ferry::rref::fetch", RRefId{1, 4}, std::string("float64")), agent_->worker(1));
   EXPECT_THAT(status_of(reply), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not a float64")));
   // Malformed and unknown protocol messages.
   EXPECT_THAT(serve(protocol("ferry::rref::fork", int8_t{1}), 1),
@@ -201,7 +202,8 @@ TEST_F(RRefContextTest, AfterCloseProtocolMessagesAreRefused) {
   EXPECT_EQ(live.load(), 1);
   ctx_->close();
   EXPECT_EQ(live.load(), 0);
-  EXPECT_THAT(create(RRefId{1, 2}, RRefId{1, 11}, 1), StatusIs(absl::StatusCode::kCancelled, HasSubstr("shutting down")));
+  EXPECT_THAT(create(RRefId{1, 2}, RRefId{1, 11}, 1),
+              StatusIs(absl::StatusCode::kCancelled, HasSubstr("shutting down")));
 }
 
 }  // namespace

@@ -76,9 +76,8 @@ const Functions fns;
 void register_functions() {
   static bool done = [] {
     (void)register_function("make", [](int64_t v) { return Tracked(v); });
-    (void)register_function("fail_make", [](int64_t v) -> Tracked {
-      throw std::runtime_error("cannot make " + std::to_string(v));
-    });
+    (void)register_function("fail_make",
+                            [](int64_t v) -> Tracked { throw std::runtime_error("cannot make " + std::to_string(v)); });
     (void)register_function("add_to", [](RRef<Tracked> t, int64_t by) {
       Tracked& value = t.local_value();
       value.history.push_back(by);
@@ -263,13 +262,14 @@ TEST(RRef, ToHereOfAFailedCreationReturnsItsError) {
         EXPECT_THAT(e.what(), HasSubstr("cannot make 5"));
       }
       // A call through it fails the same way on the owner.
-      EXPECT_THAT(t.rpc_async(fns.add_to, 1).result(), StatusIs(absl::StatusCode::kUnknown, HasSubstr("cannot make 5")));
+      EXPECT_THAT(t.rpc_async(fns.add_to, 1).result(),
+                  StatusIs(absl::StatusCode::kUnknown, HasSubstr("cannot make 5")));
       // Unknown function, wrong signature, unknown worker, no worker.
       EXPECT_THAT(remote<Tracked>("worker1", "nope").to_here_async().result(),
                   StatusIs(absl::StatusCode::kNotFound, HasSubstr("no function named \"nope\"")));
-      EXPECT_THAT(remote<Tracked>("worker1", "make", 5).to_here_async().result(),
-                  StatusIs(absl::StatusCode::kInvalidArgument,
-                           HasSubstr("but the call was made with signature (int32) -> ")));
+      EXPECT_THAT(
+          remote<Tracked>("worker1", "make", 5).to_here_async().result(),
+          StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("but the call was made with signature (int32) -> ")));
       RRef<Tracked> lost = remote("worker9", fns.make, 1);
       EXPECT_THAT(lost.to_here_async().result(),
                   StatusIs(absl::StatusCode::kNotFound, HasSubstr("unknown worker \"worker9\"")));
@@ -288,26 +288,30 @@ TEST(RRef, ToHereOfAFailedCreationReturnsItsError) {
 
 TEST(RRef, ToHereAfterTheOwnerDiedFailsNamingIt) {
   ferry::testing::TempDir dir;
-  auto results = ferry::testing::run_processes(2, [&](int rank) {
-    start(dir.path(), rank, 2);
-    if (rank == 0) {
-      ignore_sigpipe();
-      RRef<Tracked> t = remote("worker1", fns.make, 1);
-      EXPECT_EQ(t.to_here().value, 1);
-      EXPECT_THAT(rpc_async("worker1", fns.die).result(), StatusIs(absl::StatusCode::kUnavailable));
-      absl::Status fetched = t.to_here_async().status();
-      EXPECT_THAT(fetched, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("owned by \"worker1\"")));
-      EXPECT_THAT(t.rpc_async(fns.add_to, 1).result(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("worker1")));
-      // A remote() to the dead owner fails the same way.
-      EXPECT_THAT(remote("worker1", fns.make, 2).to_here_async().result(),
-                  StatusIs(absl::StatusCode::kUnavailable, HasSubstr("worker1")));
-      t = RRef<Tracked>();  // nothing to tell a dead owner; must not hang or crash
-      EXPECT_OK(shutdown(/*graceful=*/false));
-    } else {
-      // Serve until killed by the call to "die".
-      std::this_thread::sleep_for(std::chrono::seconds(60));
-    }
-  }, std::chrono::seconds(90));
+  auto results = ferry::testing::run_processes(
+      2,
+      [&](int rank) {
+        start(dir.path(), rank, 2);
+        if (rank == 0) {
+          ignore_sigpipe();
+          RRef<Tracked> t = remote("worker1", fns.make, 1);
+          EXPECT_EQ(t.to_here().value, 1);
+          EXPECT_THAT(rpc_async("worker1", fns.die).result(), StatusIs(absl::StatusCode::kUnavailable));
+          absl::Status fetched = t.to_here_async().status();
+          EXPECT_THAT(fetched, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("owned by \"worker1\"")));
+          EXPECT_THAT(t.rpc_async(fns.add_to, 1).result(),
+                      StatusIs(absl::StatusCode::kUnavailable, HasSubstr("worker1")));
+          // A remote() to the dead owner fails the same way.
+          EXPECT_THAT(remote("worker1", fns.make, 2).to_here_async().result(),
+                      StatusIs(absl::StatusCode::kUnavailable, HasSubstr("worker1")));
+          t = RRef<Tracked>();  // nothing to tell a dead owner; must not hang or crash
+          EXPECT_OK(shutdown(/*graceful=*/false));
+        } else {
+          // Serve until killed by the call to "die".
+          std::this_thread::sleep_for(std::chrono::seconds(60));
+        }
+      },
+      std::chrono::seconds(90));
   ASSERT_EQ(results.size(), 2u);
   EXPECT_TRUE(results[0].exited && results[0].exit_code == 0) << results[0].describe();
   EXPECT_EQ(results[1].term_signal, SIGKILL) << results[1].describe();
@@ -320,35 +324,38 @@ TEST(RRef, ToHereAfterTheOwnerDiedFailsNamingIt) {
 // lost peers, require the listener path (see the note at the end).
 TEST(RRef, OwnerDropsTheForksOfAHolderThatDied) {
   ferry::testing::TempDir dir;
-  auto results = ferry::testing::run_processes(2, [&](int rank) {
-    start(dir.path(), rank, 2);
-    if (rank == 0) {
-      ignore_sigpipe();
-      {
-        RRef<Tracked> t = make_local_rref(Tracked(5));
-        EXPECT_EQ(rpc_sync("worker1", fns.keep, t), 1);
-        EXPECT_EQ(rpc_sync("worker1", fns.keep, t), 2);
-      }
-      EXPECT_EQ(rrefs()->counts().owned, 1u);
-      EXPECT_EQ(rrefs()->counts().forks, 2u);
-      EXPECT_EQ(live_tracked.load(), 1);
-      EXPECT_THAT(rpc_async("worker1", fns.die).result(), StatusIs(absl::StatusCode::kUnavailable));
-      absl::Status freed = rrefs()->wait_until_nothing_owned(std::chrono::seconds(5));
-      if (rrefs()->counts().membership_events == 0) {
-        // TODO(agent core): drop this branch once TensorPipeAgent calls its
-        // membership listeners on peer loss; then require freed.ok() here.
-        EXPECT_FALSE(freed.ok());
-        EXPECT_EQ(rrefs()->drop_references_held_by(1), 2u);
-        freed = rrefs()->wait_until_nothing_owned(std::chrono::seconds(5));
-      }
-      EXPECT_OK(freed);
-      EXPECT_EQ(live_tracked.load(), 0);
-      EXPECT_EQ(rrefs()->drop_references_held_by(1), 0u);
-      EXPECT_OK(shutdown(/*graceful=*/false));
-    } else {
-      std::this_thread::sleep_for(std::chrono::seconds(60));
-    }
-  }, std::chrono::seconds(90));
+  auto results = ferry::testing::run_processes(
+      2,
+      [&](int rank) {
+        start(dir.path(), rank, 2);
+        if (rank == 0) {
+          ignore_sigpipe();
+          {
+            RRef<Tracked> t = make_local_rref(Tracked(5));
+            EXPECT_EQ(rpc_sync("worker1", fns.keep, t), 1);
+            EXPECT_EQ(rpc_sync("worker1", fns.keep, t), 2);
+          }
+          EXPECT_EQ(rrefs()->counts().owned, 1u);
+          EXPECT_EQ(rrefs()->counts().forks, 2u);
+          EXPECT_EQ(live_tracked.load(), 1);
+          EXPECT_THAT(rpc_async("worker1", fns.die).result(), StatusIs(absl::StatusCode::kUnavailable));
+          absl::Status freed = rrefs()->wait_until_nothing_owned(std::chrono::seconds(5));
+          if (rrefs()->counts().membership_events == 0) {
+            // TODO(agent core): drop this branch once TensorPipeAgent calls its
+            // membership listeners on peer loss; then require freed.ok() here.
+            EXPECT_FALSE(freed.ok());
+            EXPECT_EQ(rrefs()->drop_references_held_by(1), 2u);
+            freed = rrefs()->wait_until_nothing_owned(std::chrono::seconds(5));
+          }
+          EXPECT_OK(freed);
+          EXPECT_EQ(live_tracked.load(), 0);
+          EXPECT_EQ(rrefs()->drop_references_held_by(1), 0u);
+          EXPECT_OK(shutdown(/*graceful=*/false));
+        } else {
+          std::this_thread::sleep_for(std::chrono::seconds(60));
+        }
+      },
+      std::chrono::seconds(90));
   ASSERT_EQ(results.size(), 2u);
   EXPECT_TRUE(results[0].exited && results[0].exit_code == 0) << results[0].describe();
   EXPECT_EQ(results[1].term_signal, SIGKILL) << results[1].describe();
@@ -356,35 +363,38 @@ TEST(RRef, OwnerDropsTheForksOfAHolderThatDied) {
 
 TEST(RRef, ThousandsCreatedAndDroppedLeaveNothingBehind) {
   ferry::testing::TempDir dir;
-  ferry::testing::expect_all_succeed(ferry::testing::run_processes(3, [&](int rank) {
-    start(dir.path(), rank, 3);
-    if (rank == 1) {
-      constexpr int kCount = 3000;
-      std::vector<RRef<Tracked>> refs;
-      refs.reserve(kCount);
-      for (int i = 0; i < kCount; ++i) refs.push_back(remote("worker0", fns.make, i));
-      std::vector<Future<Tracked>> fetched;
-      for (const auto& r : refs) fetched.push_back(r.to_here_async());
-      for (size_t i = 0; i < fetched.size(); ++i) EXPECT_EQ(fetched[i].wait().value, static_cast<int64_t>(i));
-      fetched.clear();
-      // Every 20th also goes to worker2, in batches.
-      std::vector<RRef<Tracked>> batch;
-      for (int i = 0; i < kCount; i += 20) batch.push_back(refs[static_cast<size_t>(i)]);
-      EXPECT_EQ(rpc_sync("worker2", fns.keep_all, batch), kCount / 20);
-      batch.clear();
-      EXPECT_EQ(rpc_sync("worker0", fns.owned), kCount);
-      EXPECT_EQ(rpc_sync("worker0", fns.live), kCount);
-      // Drop half here, then the rest, then worker2's.
-      refs.erase(refs.begin(), refs.begin() + kCount / 2);
-      refs.clear();
-      EXPECT_EQ(rpc_sync("worker2", fns.drop_kept), kCount / 20);
-      EXPECT_EQ(rpc_sync("worker0", fns.wait_until_nothing_owned, 30000), "OK");
-      EXPECT_EQ(rrefs()->counts().users, 0u);
-      EXPECT_EQ(rpc_sync("worker0", fns.live), 0);
-      EXPECT_EQ(rpc_sync("worker2", fns.users), 0);
-    }
-    ASSERT_OK(shutdown());
-  }, std::chrono::seconds(150)));
+  ferry::testing::expect_all_succeed(ferry::testing::run_processes(
+      3,
+      [&](int rank) {
+        start(dir.path(), rank, 3);
+        if (rank == 1) {
+          constexpr int kCount = 3000;
+          std::vector<RRef<Tracked>> refs;
+          refs.reserve(kCount);
+          for (int i = 0; i < kCount; ++i) refs.push_back(remote("worker0", fns.make, i));
+          std::vector<Future<Tracked>> fetched;
+          for (const auto& r : refs) fetched.push_back(r.to_here_async());
+          for (size_t i = 0; i < fetched.size(); ++i) EXPECT_EQ(fetched[i].wait().value, static_cast<int64_t>(i));
+          fetched.clear();
+          // Every 20th also goes to worker2, in batches.
+          std::vector<RRef<Tracked>> batch;
+          for (int i = 0; i < kCount; i += 20) batch.push_back(refs[static_cast<size_t>(i)]);
+          EXPECT_EQ(rpc_sync("worker2", fns.keep_all, batch), kCount / 20);
+          batch.clear();
+          EXPECT_EQ(rpc_sync("worker0", fns.owned), kCount);
+          EXPECT_EQ(rpc_sync("worker0", fns.live), kCount);
+          // Drop half here, then the rest, then worker2's.
+          refs.erase(refs.begin(), refs.begin() + kCount / 2);
+          refs.clear();
+          EXPECT_EQ(rpc_sync("worker2", fns.drop_kept), kCount / 20);
+          EXPECT_EQ(rpc_sync("worker0", fns.wait_until_nothing_owned, 30000), "OK");
+          EXPECT_EQ(rrefs()->counts().users, 0u);
+          EXPECT_EQ(rpc_sync("worker0", fns.live), 0);
+          EXPECT_EQ(rpc_sync("worker2", fns.users), 0);
+        }
+        ASSERT_OK(shutdown());
+      },
+      std::chrono::seconds(150)));
 }
 
 }  // namespace
