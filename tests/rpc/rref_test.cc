@@ -70,6 +70,7 @@ struct Functions {
   RemoteFunction<RRef<Tracked>(int64_t)> return_rref{"return_rref"};
   RemoteFunction<int64_t(int64_t)> ident{"ident"};
   RemoteFunction<int32_t()> die{"die"};
+  RemoteFunction<Tracked(RRef<Tracked>, int64_t)> copy_plus{"copy_plus"};
 };
 const Functions fns;
 
@@ -132,6 +133,11 @@ void register_functions() {
     });
     (void)register_function("return_rref", [](int64_t v) { return make_local_rref(Tracked(v)); });
     (void)register_function("ident", [](int64_t v) { return v; });
+    (void)register_function("copy_plus", [](RRef<Tracked> t, int64_t plus) {
+      Tracked copy = t.to_here();
+      copy.value += plus;
+      return copy;
+    });
     (void)register_function("die", []() -> int32_t {
       raise(SIGKILL);
       return 0;
@@ -180,6 +186,9 @@ TEST(RRef, RemoteToHereAndCallsOnTheOwner) {
         EXPECT_THAT(e.what(), HasSubstr("only its owner has the value"));
       }
       // The string form of remote().
+      // An RRef in remote()'s own arguments, sent to its owner.
+      RRef<Tracked> plus = remote("worker1", fns.copy_plus, t, 1);
+      EXPECT_EQ(plus.to_here().value, 23);
       RRef<Tracked> s = remote<Tracked>("worker1", "make", int64_t{3});
       EXPECT_EQ(s.to_here().value, 3);
       // remote() to this worker: owned here, made before remote() returns.
@@ -213,6 +222,8 @@ TEST(RRef, OwnerFreesTheValueOnceEveryHolderDropsItForksAcrossThreeWorkers) {
         EXPECT_EQ(rpc_sync("worker2", fns.keep, a), 1);
         EXPECT_EQ(rpc_sync("worker2", fns.keep_and_pass, a, "worker1"), 1);
         EXPECT_EQ(rpc_sync("worker2", fns.keep, a), 3);
+        // An RRef in remote()'s arguments to a third worker, which makes a new value from it.
+        EXPECT_EQ(remote("worker2", fns.copy_plus, a, 1000).to_here().value, 1007);
         // A fork sent to the owner becomes a reference there.
         RRef<Tracked> b = remote("worker0", fns.make, 20);
         EXPECT_EQ(rpc_sync("worker0", fns.keep, b), 1);
