@@ -20,6 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "agents/rpc_agent.h"
 #include "base/future.h"
+#include "rpc/call.h"
 #include "rpc/function_registry.h"
 
 namespace ferry::internal {
@@ -157,6 +158,53 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   mutable absl::Mutex mu_;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_map<RRefId, Entry> table_ ABSL_GUARDED_BY(mu_);
+};
+
+// The protocol's messages: a request to one of these names, an empty signature, then
+// the fields.
+inline constexpr std::string_view kCreate = "ferry::rref::create";
+inline constexpr std::string_view kFork = "ferry::rref::fork";
+inline constexpr std::string_view kFetch = "ferry::rref::fetch";
+inline constexpr std::string_view kRelease = "ferry::rref::release";
+
+template <typename... Fields>
+Message protocol_request(std::string_view name, const Fields&... fields) {
+  Message m(MessageType::kRequest, 0);
+  PayloadWriter w(m);
+  write_string(w, name);
+  write_string(w, "");
+  (w(fields), ...);
+  return m;
+}
+
+// "RRef 1:7 owned by \"worker0\"", for messages.
+inline std::string describe(const RRefId& id, const WorkerInfo& owner) {
+  return absl::StrCat("RRef ", id.str(), " owned by \"", owner.name, "\"");
+}
+inline absl::Status prefixed(const absl::Status& s, std::string_view prefix) {
+  return absl::Status(s.code(), absl::StrCat(av(prefix), s.message()));
+}
+
+// The request being served on this thread (RRefContext::serve opens one), for the
+// RRefs in its arguments. Scopes nest and belong to their thread.
+class ServingScope {
+ public:
+  ServingScope(RRefContext* ctx, const WorkerInfo& from) : ctx_(ctx), from_(from), previous_(current_) {
+    current_ = this;
+  }
+  ~ServingScope() { current_ = previous_; }
+  ServingScope(const ServingScope&) = delete;
+  ServingScope& operator=(const ServingScope&) = delete;
+
+  RRefContext* ctx() const { return ctx_; }
+  const WorkerInfo& from() const { return from_; }
+  static ServingScope* current() { return current_; }
+
+ private:
+  RRefContext* ctx_;
+  const WorkerInfo& from_;
+  ServingScope* previous_;
+  static thread_local ServingScope* current_;
 };
 
 // The context of the process's worker (init_rpc sets it, shutdown clears it), or null.
