@@ -167,18 +167,28 @@ class RRef {
   }
 
   // Calls `fn` on the owner with this RRef as its first argument (where local_value()
-  // gives the value) and `args` converted to fn's other declared types.
+  // gives the value) and `args` converted to fn's other declared types. A per-call
+  // RpcTimeout may come first, as for ferry::rpc_async.
   template <typename R, typename... A, typename... Ts>
-  Future<internal::WireOf<R>> rpc_async(const RemoteFunction<R(RRef<T>, A...)>& fn, Ts&&... args) const {
-    absl::StatusOr<std::shared_ptr<RpcAgent>> agent = internal::rref_agent(*state_);
-    if (!agent.ok()) return make_ready_future<internal::WireOf<R>>(agent.status());
-    return call_async(**agent, owner().name, fn, std::nullopt, *this, std::forward<Ts>(args)...);
+  requires(!internal::kFirstIsTimeout<Ts...>) Future<internal::WireOf<R>> rpc_async(
+      const RemoteFunction<R(RRef<T>, A...)>& fn, Ts&&... args)
+  const { return call_async_through(fn, std::nullopt, std::forward<Ts>(args)...); }
+  template <typename R, typename... A, typename... Ts>
+  Future<internal::WireOf<R>> rpc_async(const RemoteFunction<R(RRef<T>, A...)>& fn, RpcTimeout timeout,
+                                        Ts&&... args) const {
+    return call_async_through(fn, timeout.value, std::forward<Ts>(args)...);
   }
   // rpc_async(), waited for; throws RpcError on failure.
   template <typename R, typename... A, typename... Ts>
-  R rpc_sync(const RemoteFunction<R(RRef<T>, A...)>& fn, Ts&&... args) const {
+  requires(!internal::kFirstIsTimeout<Ts...>) R rpc_sync(const RemoteFunction<R(RRef<T>, A...)>& fn, Ts&&... args)
+  const {
     std::shared_ptr<RpcAgent> agent = value_or_throw(internal::rref_agent(*state_));
     return call_sync(*agent, owner().name, fn, std::nullopt, *this, std::forward<Ts>(args)...);
+  }
+  template <typename R, typename... A, typename... Ts>
+  R rpc_sync(const RemoteFunction<R(RRef<T>, A...)>& fn, RpcTimeout timeout, Ts&&... args) const {
+    std::shared_ptr<RpcAgent> agent = value_or_throw(internal::rref_agent(*state_));
+    return call_sync(*agent, owner().name, fn, timeout.value, *this, std::forward<Ts>(args)...);
   }
 
   // cereal: an RRef in a call's arguments.
@@ -188,6 +198,14 @@ class RRef {
  private:
   friend struct internal::RRefAccess<T>;
   explicit RRef(std::shared_ptr<internal::RRefState> state) : state_(std::move(state)) {}
+
+  template <typename R, typename... A, typename... Ts>
+  Future<internal::WireOf<R>> call_async_through(const RemoteFunction<R(RRef<T>, A...)>& fn,
+                                                 std::optional<std::chrono::milliseconds> timeout, Ts&&... args) const {
+    absl::StatusOr<std::shared_ptr<RpcAgent>> agent = internal::rref_agent(*state_);
+    if (!agent.ok()) return make_ready_future<internal::WireOf<R>>(agent.status());
+    return call_async(**agent, owner().name, fn, timeout, *this, std::forward<Ts>(args)...);
+  }
 
   absl::StatusOr<T> local_copy(std::optional<std::chrono::milliseconds> timeout) const {
     absl::StatusOr<std::shared_ptr<void>> object = internal::rref_local_value(*state_, TypeName<T>::get(), timeout);

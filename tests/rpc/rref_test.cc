@@ -173,10 +173,12 @@ TEST(RRef, RemoteToHereAndCallsOnTheOwner) {
       EXPECT_EQ(t.to_here().value, 10);
       // Functions run on the owner, on the live value: the changes stay there.
       EXPECT_EQ(t.rpc_sync(fns.add_to, 5), 15);
+      EXPECT_EQ(t.rpc_async(fns.add_to, RpcTimeout{std::chrono::seconds(20)}, 3).wait(), 18);
+      EXPECT_EQ(t.rpc_sync(fns.add_to, RpcTimeout{std::chrono::seconds(20)}, -3), 15);
       EXPECT_EQ(t.rpc_async(fns.add_to, 7).wait(), 22);
       Tracked fetched = t.to_here_async().wait();
       EXPECT_EQ(fetched.value, 22);
-      EXPECT_EQ(fetched.history, (std::vector<int64_t>{10, 5, 7}));
+      EXPECT_EQ(fetched.history, (std::vector<int64_t>{10, 5, 3, -3, 7}));
       // Only the owner has the value itself.
       try {
         t.local_value();
