@@ -8,19 +8,23 @@
 //
 // The call's signature is made from the C++ types of `args` and R exactly as given
 // (1 is an int32, int64_t{1} an int64), and must match the registered function's.
+// Typed handles (rpc/remote_function.h) convert the arguments for you.
 #pragma once
 
 #include <chrono>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "agents/rpc_agent.h"
 #include "base/future.h"
 #include "base/status.h"
 #include "rpc/function_registry.h"
+#include "rpc/outgoing_call.h"
 #include "serialization/types.h"
 
 namespace ferry {
@@ -58,6 +62,17 @@ inline absl::Status no_such_worker(const RpcAgent& agent, const absl::Status& wh
   return absl::Status(why.code(), absl::StrCat("rpc from \"", agent.self().name, "\": ", why.message()));
 }
 
+// make_request, with an argument that refuses to be written (an RRef outside a call
+// it can travel in) reported as kInvalidArgument naming the function.
+template <typename R, typename... Args>
+absl::StatusOr<Message> make_request_checked(std::string_view fn, const Args&... args) {
+  try {
+    return make_request<R>(fn, inline_tensor_bytes(), args...);
+  } catch (const cereal::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("call to \"", av(fn), "\": cannot send its arguments: ", e.what()));
+  }
+}
+
 template <typename R>
 absl::StatusOr<WireOf<R>> decode_reply(const absl::StatusOr<Message>& reply) {
   if (!reply.ok()) return reply.status();
@@ -81,11 +96,19 @@ Future<internal::WireOf<R>> call_async(RpcAgent& agent, std::string_view to, std
   using W = internal::WireOf<R>;
   absl::StatusOr<WorkerInfo> dst = agent.worker_info(to);
   if (!dst.ok()) return make_ready_future<W>(internal::no_such_worker(agent, dst.status()));
-  Message request = internal::make_request<R>(fn, inline_tensor_bytes(), args...);
+  internal::OutgoingCall call(agent, dst->id);
+  absl::StatusOr<Message> request = internal::make_request_checked<R>(fn, args...);
+  if (!request.ok()) return make_ready_future<W>(request.status());
+  std::vector<std::shared_ptr<const void>> keep = call.take_keep_alive();
+  Future<Message> reply = agent.send(dst->id, *std::move(request), timeout);
   // Decoding never blocks, so it may run on the transport thread; the user's own
   // continuations on the returned future still run on the agent's pool.
-  return agent.send(dst->id, std::move(request), timeout).then_inline([](const absl::StatusOr<Message>& reply) {
-    return internal::decode_reply<R>(reply);
+  if (keep.empty()) {
+    return reply.then_inline([](const absl::StatusOr<Message>& r) { return internal::decode_reply<R>(r); });
+  }
+  // What the arguments asked to keep alive (RRefs they carry) is held until the reply.
+  return reply.then_inline([keep = std::move(keep)](const absl::StatusOr<Message>& r) {
+    return internal::decode_reply<R>(r);
   });
 }
 
@@ -95,9 +118,11 @@ R call_sync(RpcAgent& agent, std::string_view to, std::string_view fn,
             std::optional<std::chrono::milliseconds> timeout, const Args&... args) {
   absl::StatusOr<WorkerInfo> dst = agent.worker_info(to);
   if (!dst.ok()) throw RpcError(internal::no_such_worker(agent, dst.status()));
-  Message request = internal::make_request<R>(fn, inline_tensor_bytes(), args...);
+  internal::OutgoingCall call(agent, dst->id);
+  absl::StatusOr<Message> request = internal::make_request_checked<R>(fn, args...);
+  if (!request.ok()) throw RpcError(request.status());
   // Wait on the reply itself and decode here: no continuation, no extra future.
-  Future<Message> reply = agent.send(dst->id, std::move(request), timeout);
+  Future<Message> reply = agent.send(dst->id, *std::move(request), timeout);
   absl::StatusOr<internal::WireOf<R>> value = internal::decode_reply<R>(reply.result());
   if (!value.ok()) throw RpcError(value.status());
   if constexpr (!std::is_void_v<R>) return *std::move(value);

@@ -11,5 +11,7 @@
 #include "base/status.h"
 #include "rpc/call.h"
 #include "rpc/function_registry.h"
+#include "rpc/remote_function.h"
 #include "rpc/rpc.h"
+#include "rpc/rref.h"
 #include "tensor/tensor.h"

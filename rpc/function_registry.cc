@@ -4,6 +4,7 @@
 #include <shared_mutex>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
 #include "base/status.h"
 #include "serialization/error.h"
 
@@ -24,6 +25,10 @@ FunctionRegistry& FunctionRegistry::global() {
 
 absl::Status FunctionRegistry::add(std::string name, RegisteredFunction function) {
   if (name.empty()) return absl::InvalidArgumentError("register_function: the name is empty");
+  if (absl::StartsWith(name, kReservedFunctionPrefix)) {
+    return absl::InvalidArgumentError(absl::StrCat("register_function: \"", name, "\": names starting with \"",
+                                                   kReservedFunctionPrefix, "\" are reserved for ferry itself"));
+  }
   std::unique_lock lock(impl_->mu);
   auto [it, inserted] = impl_->functions.try_emplace(name, nullptr);
   if (!inserted) {
@@ -45,6 +50,23 @@ std::shared_ptr<const RegisteredFunction> FunctionRegistry::find(std::string_vie
   return it == impl_->functions.end() ? nullptr : it->second;
 }
 
+absl::StatusOr<std::shared_ptr<const RegisteredFunction>> find_function(const FunctionRegistry& registry,
+                                                                        std::string_view self,
+                                                                        std::string_view name,
+                                                                        std::string_view signature) {
+  std::shared_ptr<const RegisteredFunction> fn = registry.find(name);
+  if (fn == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat(internal::av(self), ": no function named \"", internal::av(name), "\" is registered"));
+  }
+  if (fn->signature != signature) {
+    return absl::InvalidArgumentError(absl::StrCat(internal::av(self), ": function \"", internal::av(name),
+                                                   "\" has signature ", fn->signature,
+                                                   " but the call was made with signature ", internal::av(signature)));
+  }
+  return fn;
+}
+
 Message dispatch_request(const FunctionRegistry& registry, std::string_view self_name, const Message& request) {
   std::string self(self_name);
   PayloadReader reader(request);
@@ -64,32 +86,11 @@ Message dispatch_request(const FunctionRegistry& registry, std::string_view self
   if (!header.ok()) {
     return make_error_message(request.id(), self, absl::InvalidArgumentError(absl::StrCat(self, ": ", header.message())));
   }
-  std::shared_ptr<const RegisteredFunction> fn = registry.find(name);
-  if (fn == nullptr) {
-    return make_error_message(
-        request.id(), self,
-        absl::NotFoundError(absl::StrCat(self, ": no function named \"", internal::av(name), "\" is registered")));
-  }
-  if (fn->signature != signature) {
-    return make_error_message(request.id(), self,
-                              absl::InvalidArgumentError(absl::StrCat(
-                                  self, ": function \"", internal::av(name), "\" has signature ", fn->signature,
-                                  " but the call was made with signature ", internal::av(signature))));
-  }
+  absl::StatusOr<std::shared_ptr<const RegisteredFunction>> fn = find_function(registry, self, name, signature);
+  if (!fn.ok()) return make_error_message(request.id(), self, fn.status());
   Message response(MessageType::kResponse, request.id());
-  absl::Status s;
-  try {
-    s = fn->invoke(reader, response);
-  } catch (const std::exception& e) {
-    s = absl::UnknownError(absl::StrCat("threw ", internal::demangle(typeid(e).name()), ": ", e.what()));
-  } catch (...) {
-    s = absl::UnknownError("threw a non-standard exception");
-  }
-  if (!s.ok()) {
-    return make_error_message(request.id(), self,
-                              absl::Status(s.code(), absl::StrCat(self, ": function \"", internal::av(name), "\" ",
-                                                                  s.message())));
-  }
+  absl::Status s = run_function_guarded(self, name, [&] { return (*fn)->invoke(reader, response); });
+  if (!s.ok()) return make_error_message(request.id(), self, s);
   return response;
 }
 

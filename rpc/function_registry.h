@@ -94,12 +94,28 @@ std::string call_signature() {
 
 }  // namespace internal
 
+// A function's result kept as a live object on the worker that ran it: the value an
+// RRef (rpc/rref.h) refers to. `save` writes the object (a `type`) into a payload;
+// null when the type cannot be serialized.
+struct OwnedValue {
+  std::shared_ptr<void> object;
+  std::string type;
+  void (*save)(PayloadWriter& writer, const void* object) = nullptr;
+};
+
 // A registered function with its types erased. `invoke` reads the arguments from
 // `args` (positioned after the call header) and writes the result into `response`.
+// `make_value` reads the arguments the same way and keeps the result as an OwnedValue
+// (for remote(), rpc/rref.h).
 struct RegisteredFunction {
   std::string signature;
   std::function<absl::Status(PayloadReader& args, Message& response)> invoke;
+  std::function<absl::StatusOr<OwnedValue>(PayloadReader& args)> make_value;
 };
+
+// Names starting with this prefix are ferry's own (e.g. "ferry::rref::fetch");
+// register_function refuses them.
+inline constexpr char kReservedFunctionPrefix[] = "ferry::";
 
 // Thread-safe: registration and lookup may happen from any thread at any time.
 class FunctionRegistry {
@@ -107,7 +123,8 @@ class FunctionRegistry {
   // The registry the free functions and every agent of this process use.
   static FunctionRegistry& global();
 
-  // Errors: kAlreadyExists when `name` is taken; kInvalidArgument for an empty name.
+  // Errors: kAlreadyExists when `name` is taken; kInvalidArgument for an empty name or
+  // one starting with kReservedFunctionPrefix.
   absl::Status add(std::string name, RegisteredFunction function);
   // Removes `name`; returns whether it was there.
   bool remove(std::string_view name);
@@ -123,6 +140,28 @@ class FunctionRegistry {
 };
 
 // Wraps `fn` for the registry.
+namespace internal {
+template <typename Args>
+absl::Status read_arguments(PayloadReader& reader, Args& args) {
+  return read_guarded("arguments", [&] {
+    std::apply([&](auto&... a) { (reader(a), ...); }, args);
+    if (reader.remaining() != 0) {
+      throw cereal::Exception(absl::StrCat(reader.remaining(), " unexpected bytes after the arguments"));
+    }
+  });
+}
+
+// Keeps a function's result as a live object (see OwnedValue).
+template <typename Wire, typename V>
+absl::StatusOr<OwnedValue> own_value(V&& value) {
+  OwnedValue out;
+  out.object = std::make_shared<Wire>(std::forward<V>(value));
+  out.type = TypeName<Wire>::get();
+  out.save = [](PayloadWriter& w, const void* object) { w(*static_cast<const Wire*>(object)); };
+  return out;
+}
+}  // namespace internal
+
 template <typename F>
 RegisteredFunction make_registered_function(F fn) {
   using Traits = internal::CallableTraits<std::decay_t<F>>;
@@ -131,14 +170,30 @@ RegisteredFunction make_registered_function(F fn) {
   using Wire = typename internal::WireResult<Result>::type;
   RegisteredFunction out;
   out.signature = internal::TupleSignature<Args>::get() + " -> " + TypeName<Wire>::get();
-  out.invoke = [fn = std::move(fn)](PayloadReader& reader, Message& response) mutable -> absl::Status {
+  auto shared = std::make_shared<F>(std::move(fn));
+  out.make_value = [shared](PayloadReader& reader) -> absl::StatusOr<OwnedValue> {
+    F& fn = *shared;
     Args args;
-    absl::Status decoded = read_guarded("arguments", [&] {
-      std::apply([&](auto&... a) { (reader(a), ...); }, args);
-      if (reader.remaining() != 0) {
-        throw cereal::Exception(absl::StrCat(reader.remaining(), " unexpected bytes after the arguments"));
-      }
-    });
+    FERRY_RETURN_IF_ERROR(internal::read_arguments(reader, args));
+    if constexpr (std::is_void_v<Result>) {
+      std::apply(fn, std::move(args));
+      return internal::own_value<Void>(Void{});
+    } else if constexpr (std::is_same_v<Result, absl::Status>) {
+      absl::Status s = std::apply(fn, std::move(args));
+      if (!s.ok()) return absl::Status(s.code(), absl::StrCat("failed: ", s.message()));
+      return internal::own_value<Void>(Void{});
+    } else if constexpr (internal::IsStatusOr<Result>::value) {
+      Result r = std::apply(fn, std::move(args));
+      if (!r.ok()) return absl::Status(r.status().code(), absl::StrCat("failed: ", r.status().message()));
+      return internal::own_value<Wire>(*std::move(r));
+    } else {
+      return internal::own_value<Wire>(std::apply(fn, std::move(args)));
+    }
+  };
+  out.invoke = [shared](PayloadReader& reader, Message& response) -> absl::Status {
+    F& fn = *shared;
+    Args args;
+    absl::Status decoded = internal::read_arguments(reader, args);
     if (!decoded.ok()) return decoded;
     PayloadWriter writer(response);
     if constexpr (std::is_void_v<Result>) {
@@ -165,6 +220,30 @@ RegisteredFunction make_registered_function(F fn) {
 template <typename F>
 [[nodiscard]] absl::Status register_function(std::string name, F fn) {
   return FunctionRegistry::global().add(std::move(name), make_registered_function(std::move(fn)));
+}
+
+// Finds `name` in `registry` and checks that the call's `signature` is its own; the
+// errors (kNotFound, kInvalidArgument) name worker `self_name` as dispatch_request's do.
+absl::StatusOr<std::shared_ptr<const RegisteredFunction>> find_function(const FunctionRegistry& registry,
+                                                                        std::string_view self_name,
+                                                                        std::string_view name,
+                                                                        std::string_view signature);
+
+// Runs `body` (which invokes function `name`) and turns an exception or an error status
+// into a status naming worker `self_name` and the function, as dispatch_request does.
+template <typename Body>
+absl::Status run_function_guarded(std::string_view self_name, std::string_view name, Body&& body) {
+  absl::Status s;
+  try {
+    s = body();
+  } catch (const std::exception& e) {
+    s = absl::UnknownError(absl::StrCat("threw ", internal::demangle(typeid(e).name()), ": ", e.what()));
+  } catch (...) {
+    s = absl::UnknownError("threw a non-standard exception");
+  }
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat(internal::av(self_name), ": function \"", internal::av(name), "\" ",
+                                             s.message()));
 }
 
 // Runs the request `request` against `registry` on behalf of worker `self_name` and

@@ -9,6 +9,7 @@
 #include "base/logging.h"
 #include "base/status.h"
 #include "rendezvous/rendezvous.h"
+#include "rpc/internal/rref_context.h"
 
 namespace ferry {
 namespace {
@@ -114,13 +115,22 @@ absl::Status init_rpc(const std::string& name, const BackendType& backend, int r
   // default agent (get_worker_info, nested calls): requests wait until this process
   // has installed it.
   auto ready = std::make_shared<Latch>();
-  RequestHandler handler = [name, ready](const Message& request, const WorkerInfo&) {
+  // Requests go through the worker's RRef context: it serves ferry's own RRef protocol
+  // messages and makes itself current for the RRefs in other calls' arguments.
+  auto rrefs = std::make_shared<internal::RRefContext>(name);
+  RequestHandler handler = [ready, rrefs](const Message& request, const WorkerInfo& from) {
     ready->wait();
-    return dispatch_request(FunctionRegistry::global(), name, request);
+    return rrefs->serve(FunctionRegistry::global(), request, from);
   };
   BackendInitArgs args{rdzv.store, name, rank, world_size, options, std::move(handler)};
   absl::StatusOr<std::shared_ptr<RpcAgent>> agent = init_backend(backend, args);
-  if (agent.ok()) set_current_agent(*agent);
+  if (agent.ok()) {
+    rrefs->attach(*agent);
+    internal::set_default_rref_context(rrefs);
+    set_current_agent(*agent);
+  } else {
+    rrefs->close();
+  }
   ready->open();
   return agent.status();
 }
@@ -143,12 +153,19 @@ absl::Status shutdown(bool graceful, std::chrono::milliseconds timeout) {
   }
   absl::Status joined = graceful ? agent->join(timeout) : absl::OkStatus();
   if (joined.code() == absl::StatusCode::kFailedPrecondition) return joined;  // may not leave yet: still running
+  std::shared_ptr<internal::RRefContext> rrefs;
   {
     std::lock_guard<std::mutex> lock(lifecycle_mutex());
-    if (current_agent() == agent) set_current_agent(nullptr);
+    if (current_agent() == agent) {
+      set_current_agent(nullptr);
+      rrefs = internal::default_rref_context();
+      internal::set_default_rref_context(nullptr);
+    }
   }
   // Outside the lock: failing the pending calls runs their callbacks, which may call in.
   agent->shutdown();
+  // Then the values this worker owns go (their destructors are user code).
+  if (rrefs != nullptr) rrefs->close();
   return joined;
 }
 

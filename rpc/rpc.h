@@ -32,6 +32,7 @@
 #include "base/future.h"
 #include "rpc/call.h"
 #include "rpc/function_registry.h"
+#include "rpc/remote_function.h"
 
 namespace ferry {
 
@@ -39,6 +40,13 @@ namespace ferry {
 struct RpcTimeout {
   std::chrono::milliseconds value;
 };
+
+namespace internal {
+template <typename... T>
+inline constexpr bool kFirstIsTimeout = false;
+template <typename First, typename... Rest>
+inline constexpr bool kFirstIsTimeout<First, Rest...> = std::is_same_v<std::decay_t<First>, RpcTimeout>;
+}  // namespace internal
 
 // Starts this process's worker `name` (rank `rank` of `world_size`) with `backend`:
 // rendezvous through options.init_method (env://, tcp://HOST:PORT, file://PATH; rank
@@ -125,6 +133,40 @@ R rpc_sync(std::string_view to, std::string_view fn, RpcTimeout timeout, const A
 template <typename R, typename... Args>
 R rpc_sync(std::string_view to, std::string_view fn, const Args&... args) {
   return call_sync<R>(*internal::default_agent(), to, fn, std::nullopt, args...);
+}
+
+// rpc_async / rpc_sync through a typed handle (rpc/remote_function.h): the arguments
+// are converted to the handle's declared types at compile time.
+//   ferry::RemoteFunction<int64_t(int64_t, int64_t)> add("add");
+//   int64_t three = ferry::rpc_sync("worker1", add, 1, 2);
+template <typename R, typename... A, typename... Ts>
+  requires(!internal::kFirstIsTimeout<Ts...>)
+Future<internal::WireOf<R>> rpc_async(std::string_view to, const RemoteFunction<R(A...)>& fn, Ts&&... args) {
+  std::shared_ptr<RpcAgent> agent = current_agent();
+  if (agent == nullptr) {
+    return make_ready_future<internal::WireOf<R>>(
+        absl::FailedPreconditionError("rpc_async: no worker is running in this process; call init_rpc first"));
+  }
+  return call_async(*agent, to, fn, std::nullopt, std::forward<Ts>(args)...);
+}
+template <typename R, typename... A, typename... Ts>
+Future<internal::WireOf<R>> rpc_async(std::string_view to, const RemoteFunction<R(A...)>& fn, RpcTimeout timeout,
+                                      Ts&&... args) {
+  std::shared_ptr<RpcAgent> agent = current_agent();
+  if (agent == nullptr) {
+    return make_ready_future<internal::WireOf<R>>(
+        absl::FailedPreconditionError("rpc_async: no worker is running in this process; call init_rpc first"));
+  }
+  return call_async(*agent, to, fn, timeout.value, std::forward<Ts>(args)...);
+}
+template <typename R, typename... A, typename... Ts>
+  requires(!internal::kFirstIsTimeout<Ts...>)
+R rpc_sync(std::string_view to, const RemoteFunction<R(A...)>& fn, Ts&&... args) {
+  return call_sync(*internal::default_agent(), to, fn, std::nullopt, std::forward<Ts>(args)...);
+}
+template <typename R, typename... A, typename... Ts>
+R rpc_sync(std::string_view to, const RemoteFunction<R(A...)>& fn, RpcTimeout timeout, Ts&&... args) {
+  return call_sync(*internal::default_agent(), to, fn, timeout.value, std::forward<Ts>(args)...);
 }
 
 }  // namespace ferry
