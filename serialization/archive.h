@@ -76,6 +76,7 @@ class PayloadReader : public cereal::InputArchive<PayloadReader, cereal::AllowEm
     if (size > remaining()) {
       throw cereal::Exception(absl::StrCat("payload truncated: needed ", size, " more bytes, ", remaining(), " left"));
     }
+    if (size == 0) return;  // an empty vector's data() may be null, which memcpy must not get
     std::memcpy(data, pos_, size);
     pos_ += size;
   }

@@ -350,6 +350,8 @@ TEST(RRef, OwnerDropsTheForksOfAHolderThatDied) {
           // every fork the dead holder had.
           EXPECT_GT(rrefs()->counts().membership_events, 0u);
           EXPECT_OK(freed);
+          // The listener drops the value on the pool, just after the table empties.
+          for (int i = 0; i < 500 && live_tracked.load() != 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
           EXPECT_EQ(live_tracked.load(), 0);
           EXPECT_EQ(rrefs()->drop_references_held_by(1), 0u);
           EXPECT_OK(shutdown(/*graceful=*/false));
