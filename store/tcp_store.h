@@ -35,10 +35,18 @@ struct TCPStoreServerOptions {
   std::string host = "0.0.0.0";
   // 0 picks a free port; TCPStoreServer::port() reports it.
   uint16_t port = 0;
+  // Requests larger than this close their connection; answers larger than this (a
+  // multi_get of many or repeated large keys) fail with kResourceExhausted.
   uint32_t max_message_bytes = kDefaultMaxStoreMessageBytes;
+  // Connections served at once. A client beyond it is answered kResourceExhausted and
+  // closed; TCPStore's connect retries it until its timeout.
+  size_t max_connections = 1024;
+  // Answers a connection may leave unread before the server stops handling (and
+  // reading) its further requests until it reads them.
+  size_t max_queued_bytes = 4u << 20;
 };
 
-// The store's server: one libuv event-loop thread serves any number of clients. A get
+// The store's server: one libuv event-loop thread serves up to max_connections clients. A get
 // or wait whose keys are missing is parked, costing no thread, and answered when the
 // keys are set or its timeout passes. A client that sends a malformed, truncated or
 // oversized request is disconnected with a logged reason; other clients and their keys
