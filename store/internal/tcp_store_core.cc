@@ -69,7 +69,11 @@ void ServerCore::on_data(ConnId id, const uint8_t* data, size_t size) {
 
 void ServerCore::on_drained(ConnId id) {
   Conn* conn = find(id);
-  if (conn == nullptr || conn->parked || backed_up(id)) return;
+  if (conn == nullptr) return;
+  if (conn->parked || backed_up(id)) {
+    update_reading(id, *conn);
+    return;
+  }
   process(id);
 }
 
