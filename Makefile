@@ -1,16 +1,23 @@
 # The two commands of the README:
 #   make demo   installs dependencies if missing, builds, runs the main example
 #   make test   installs dependencies if missing, builds and runs every test, then again
-#               built with AddressSanitizer and UndefinedBehaviorSanitizer
+#               built with AddressSanitizer and UndefinedBehaviorSanitizer, then runs
+#               each fuzz target briefly (fuzz-smoke)
+#   make fuzz   builds the libFuzzer targets (clang, in build-fuzz) and runs each for
+#               FUZZ_SECONDS
 BUILD      ?= build
 SAN_BUILD  ?= build-san
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 120
+FUZZ_SMOKE_SECONDS ?= 10
+FUZZERS    := store_server payload pg_header devmaps
 JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
 CTEST_ARGS ?=
 # CUDA's runtime maps memory where ASan's shadow gap would be.
 SAN_ENV    := ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
-.PHONY: all deps build demo test test-plain test-san clean
+.PHONY: all deps build demo test test-plain test-san fuzz fuzz-build fuzz-smoke clean
 
 all: build
 
@@ -26,7 +33,7 @@ build: deps $(BUILD)/build.ninja
 demo: build
 	./examples/run_demo.sh $(BUILD)
 
-test: test-plain test-san
+test: test-plain test-san fuzz-smoke
 
 test-plain: build
 	ctest --test-dir $(BUILD) -j $(JOBS) --output-on-failure $(CTEST_ARGS)
@@ -39,5 +46,21 @@ test-san: deps $(SAN_BUILD)/build.ninja
 	cmake --build $(SAN_BUILD) -j $(JOBS)
 	$(SAN_ENV) ctest --test-dir $(SAN_BUILD) -j $(JOBS) --output-on-failure -LE install $(CTEST_ARGS)
 
+$(FUZZ_BUILD)/build.ninja: | deps
+	cmake -S . -B $(FUZZ_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 \
+	  -DFERRY_SANITIZE=address,undefined,fuzzer-no-link -DFERRY_BUILD_FUZZ=ON -DFERRY_BUILD_TESTS=OFF \
+	  -DFERRY_BUILD_EXAMPLES=OFF -DFERRY_BUILD_BENCH=OFF -DFERRY_INSTALL=OFF -DFERRY_WITH_CUDA=OFF $(CMAKE_ARGS)
+
+fuzz-build: deps $(FUZZ_BUILD)/build.ninja
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target $(FUZZERS:%=%_fuzz)
+
+# One target at a time, each for a bounded time.
+fuzz: fuzz-build
+	@for f in $(FUZZERS); do ./fuzz/run.sh $(FUZZ_BUILD) $$f $(FUZZ_SECONDS) || exit 1; done
+
+fuzz-smoke: fuzz-build
+	@for f in $(FUZZERS); do ./fuzz/run.sh $(FUZZ_BUILD) $$f $(FUZZ_SMOKE_SECONDS) || exit 1; done
+
 clean:
-	rm -rf $(BUILD) $(SAN_BUILD)
+	rm -rf $(BUILD) $(SAN_BUILD) $(FUZZ_BUILD)

@@ -101,6 +101,7 @@ class PayloadReader : public cereal::InputArchive<PayloadReader, cereal::AllowEm
         table_(message.tensors()) {}
 
   void load_binary(void* data, size_t size) {
+    if (size == 0) return;  // `data` may be null (an empty vector's); memcpy must not see it
     if (size > remaining()) {
       throw cereal::Exception(absl::StrCat("payload truncated: needed ", size, " more bytes, ", remaining(), " left"));
     }

@@ -211,6 +211,22 @@ TEST(Payload, CountsAreCheckedAgainstTheElementsSmallestEncoding) {
   EXPECT_EQ(std::get<3>(*back)[1], 5);
 }
 
+// Found by fuzz/payload_fuzz.cc: a 0-dim tensor's empty shape made the reader pass a
+// null pointer to memcpy (undefined behaviour, reported by UBSan in the sanitizer build).
+TEST(Payload, ZeroDimTensorsAndEmptyVectorsRoundTrip) {
+  Message m(MessageType::kResponse, 1);
+  Tensor scalar = *Tensor::zeros({}, DType::kInt64);
+  {
+    PayloadWriter w(m);
+    w(scalar, std::vector<int64_t>{}, std::vector<std::string>{});
+  }
+  auto back = read_payload<Tensor, std::vector<int64_t>, std::vector<std::string>>(m);
+  ASSERT_OK(back.status());
+  EXPECT_EQ(std::get<0>(*back).dim(), 0);
+  EXPECT_EQ(std::get<0>(*back).numel(), 1);
+  EXPECT_TRUE(std::get<1>(*back).empty());
+}
+
 TEST(MessageSize, AnnouncedBytesAreCheckedAgainstTheLimitWithoutOverflow) {
   std::vector<uint64_t> fine{1000, 2000};
   EXPECT_OK(check_message_size(100, fine, 3100));
