@@ -384,6 +384,7 @@ absl::StatusOr<std::unique_ptr<TCPStore>> TCPStore::create(const TCPStoreOptions
     server_options.host = options.listen_host.value_or(options.host);
     server_options.port = options.port;
     server_options.max_message_bytes = options.max_message_bytes;
+    if (options.world_size) server_options.world_size = *options.world_size;
     FERRY_ASSIGN_OR_RETURN(server, TCPStoreServer::create(server_options));
     port = server->port();
     // The server may listen on every interface; its own client uses loopback.

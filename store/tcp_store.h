@@ -44,6 +44,11 @@ struct TCPStoreServerOptions {
   // Answers a connection may leave unread before the server stops handling (and
   // reading) its further requests until it reads them.
   size_t max_queued_bytes = 4u << 20;
+  // The number of workers of this server's run. When set, a worker that connects after
+  // that many did is refused (kResourceExhausted; TCPStore's connect retries until its
+  // timeout): it belongs to another run, typically the next run's rank reaching this
+  // run's server before it shut down. Tools and probes (not workers) are not counted.
+  std::optional<int64_t> world_size = std::nullopt;
 };
 
 // The store's server: one libuv event-loop thread serves up to max_connections clients. A get

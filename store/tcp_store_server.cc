@@ -108,6 +108,7 @@ class TCPStoreServer::Impl final : public ServerTransport {
     limits.max_message_bytes = options.max_message_bytes;
     limits.max_connections = options.max_connections;
     limits.max_queued_bytes = options.max_queued_bytes;
+    limits.world_size = options.world_size;
     return limits;
   }
 
@@ -460,6 +461,10 @@ absl::StatusOr<std::unique_ptr<TCPStoreServer>> TCPStoreServer::create(const TCP
   if (options.max_message_bytes < 64) {
     return absl::InvalidArgumentError(
         absl::StrCat("store server: max_message_bytes must be at least 64, got ", options.max_message_bytes));
+  }
+  if (options.world_size && *options.world_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("store server: world_size must be at least 1, got ", *options.world_size));
   }
   if (options.max_connections < 1) {
     return absl::InvalidArgumentError(

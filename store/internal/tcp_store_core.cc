@@ -158,6 +158,14 @@ bool ServerCore::handle_hello(ConnId id, Conn& conn, Reader& r) {
     close(id, absl::StrCat("protocol version ", version, ", this server speaks ", kProtocolVersion), /*flush=*/true);
     return false;
   }
+  if (is_worker && limits_.world_size && workers_ >= *limits_.world_size) {
+    transport_.write(id, error_frame(absl::ResourceExhaustedError(absl::StrCat(
+                             "store server already has all ", *limits_.world_size,
+                             " workers of its run; a worker of another run (this server may be the last run's, "
+                             "shutting down) must wait for its own"))));
+    close(id, "", /*flush=*/true);
+    return false;
+  }
   conn.greeted = true;
   if (is_worker) ++workers_;
   transport_.write(id, Writer().u8(0).u32(kProtocolVersion).finish());

@@ -61,6 +61,10 @@ struct ServerLimits {
   // An input buffer whose capacity grew past this (one large request) is released as
   // soon as it has been handled.
   size_t keep_buffer_bytes = 64u << 10;
+  // The workers of this server's run: a worker handshake beyond it is refused with
+  // kResourceExhausted (its client retries), since it belongs to another run, e.g. the
+  // next run's rank reaching this run's server before the server has shut down.
+  std::optional<int64_t> world_size;
 };
 
 // Thread-compatible: one thread (the libuv loop) drives it.

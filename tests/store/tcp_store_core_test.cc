@@ -260,6 +260,35 @@ TEST_F(SmallLimitsTest, LargeInputBufferIsReleasedAfterUse) {
   EXPECT_LE(core.input_capacity(1), 1024u);
 }
 
+TEST(CoreWorldSizeTest, WorkersBeyondTheRunAreRefused) {
+  RecordingTransport transport;
+  ServerLimits limits;
+  limits.world_size = 1;
+  ServerCore core(transport, limits);
+  auto worker_hello = [] {
+    Bytes body{static_cast<uint8_t>(Op::kHello)};
+    put_u32(body, kMagic);
+    put_u32(body, kProtocolVersion);
+    body.push_back(1);
+    return frame(body);
+  };
+  Bytes hello1 = worker_hello();
+  ASSERT_TRUE(core.on_open(1, "w1"));
+  core.on_data(1, hello1.data(), hello1.size());
+  EXPECT_EQ(core.num_workers(), 1);
+  ASSERT_TRUE(core.on_open(2, "w2"));
+  core.on_data(2, hello1.data(), hello1.size());
+  EXPECT_TRUE(transport.closed.contains(2));
+  ASSERT_EQ(transport.frames[2].size(), 1u);
+  EXPECT_EQ(transport.frames[2][0][4], static_cast<uint8_t>(absl::StatusCode::kResourceExhausted));
+  EXPECT_EQ(core.num_workers(), 1);
+  // A non-worker (tool) handshake is fine.
+  Bytes tool = hello();
+  ASSERT_TRUE(core.on_open(3, "tool"));
+  core.on_data(3, tool.data(), tool.size());
+  EXPECT_FALSE(transport.closed.contains(3));
+}
+
 TEST(WriterTest, FieldsLongerThanAFrameCanSayAreRefusedNotWrapped) {
   Writer w;
   w.u8(2);

@@ -563,5 +563,26 @@ TEST(TCPStoreTest, SendToAServerThatStoppedReadingFailsAtTheTimeout) {
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("send timed out")));
 }
 
+// The next run's rank can reach this run's server before it shut down (a relaunch on
+// the same port): once the run's world_size workers connected, another worker is
+// refused, and its connect retries until its own run's server is up.
+TEST(TCPStoreTest, WorkerBeyondTheRunsWorldSizeIsRefusedAndRetries) {
+  TCPStoreOptions options;
+  options.host = "127.0.0.1";
+  options.is_server = true;
+  options.world_size = 1;
+  options.timeout = 5s;
+  FERRY_ASSERT_OK_AND_ASSIGN(auto rank0, TCPStore::create(options));
+  EXPECT_OK(rank0->set("addr/0", to_bytes("this run")));
+  auto late = TCPStore::create("127.0.0.1", rank0->port(), false, /*world_size=*/1, 300ms);
+  EXPECT_THAT(late, StatusIs(absl::StatusCode::kDeadlineExceeded,
+                             AllOf(HasSubstr("already has all 1 workers of its run"), HasSubstr("refused"))));
+  // A tool (not a worker) is still served.
+  auto tool = connect_to(rank0->port());
+  ASSERT_NE(tool, nullptr);
+  FERRY_ASSERT_OK_AND_ASSIGN(Bytes v, tool->get("addr/0", 1s));
+  EXPECT_EQ(to_string(v), "this run");
+}
+
 }  // namespace
 }  // namespace ferry
