@@ -136,6 +136,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   limits.max_connections = 4;
   limits.max_queued_bytes = 8192;
   limits.keep_buffer_bytes = 1024;
+  limits.world_size = 3;
   FuzzTransport transport;
   ServerCore core(transport, limits);
   std::vector<ConnId> live;
