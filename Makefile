@@ -2,14 +2,14 @@
 #   make demo   installs dependencies if missing, builds, runs the main example
 #   make test   installs dependencies if missing, builds and runs every test, then again
 #               built with AddressSanitizer and UndefinedBehaviorSanitizer, then runs
-#               each fuzz target briefly (fuzz-smoke)
+#               each fuzz target for 5 s (fuzz-smoke)
 #   make fuzz   builds the libFuzzer targets (clang, in build-fuzz) and runs each for
 #               FUZZ_SECONDS
 BUILD      ?= build
 SAN_BUILD  ?= build-san
 FUZZ_BUILD ?= build-fuzz
 FUZZ_SECONDS ?= 120
-FUZZ_SMOKE_SECONDS ?= 10
+FUZZ_SMOKE_SECONDS ?= 5
 FUZZERS    := store_server payload pg_header devmaps
 JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
