@@ -51,11 +51,12 @@ struct TCPStoreServerOptions {
   std::optional<int64_t> world_size = std::nullopt;
 };
 
-// The store's server: one libuv event-loop thread serves up to max_connections clients. A get
-// or wait whose keys are missing is parked, costing no thread, and answered when the
-// keys are set or its timeout passes. A client that sends a malformed, truncated or
-// oversized request is disconnected with a logged reason; other clients and their keys
-// are not affected.
+// The store's server: one libuv event-loop thread serves up to max_connections
+// clients. A get or wait whose keys are missing is parked, costing no thread, and
+// answered when the keys are set or its timeout passes. A client that sends a
+// malformed, truncated or oversized request, or whose request makes a handler fail, is
+// disconnected with a logged reason; other clients and their keys are not affected.
+// The limits are in TCPStoreServerOptions (see docs/hardening.md).
 //
 // Thread-safe: every method may be called from any thread. Owns its loop thread, which
 // shutdown() (or the destructor) stops and joins. Creating a server makes the process
@@ -123,7 +124,8 @@ struct TCPStoreOptions {
 // holds up another's set(). A connection lost in the middle of a call fails that call
 // with kUnavailable (it is not retried: add is not idempotent); the next call connects
 // again, and fails with kUnavailable if the server stays unreachable. A blocking call
-// that times out fails with kDeadlineExceeded naming its keys and the time waited.
+// that times out fails with kDeadlineExceeded naming its keys and the time waited. A
+// send the server does not take within the store's timeout fails with kUnavailable.
 class TCPStore final : public Store {
  public:
   static absl::StatusOr<std::unique_ptr<TCPStore>> create(const TCPStoreOptions& options);
