@@ -2,16 +2,23 @@
 #   make demo   installs dependencies if missing, builds what the demo needs (the ferry
 #               tool and the main example), runs the example under `ferry run`
 #   make test   installs dependencies if missing, builds and runs every test, then again
-#               built with AddressSanitizer and UndefinedBehaviorSanitizer
+#               built with AddressSanitizer and UndefinedBehaviorSanitizer, then runs
+#               each fuzz target for 5 s (fuzz-smoke)
+#   make fuzz   builds the libFuzzer targets (clang, in build-fuzz) and runs each for
+#               FUZZ_SECONDS
 BUILD      ?= build
 SAN_BUILD  ?= build-san
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 120
+FUZZ_SMOKE_SECONDS ?= 5
+FUZZERS    := store_server payload pg_header devmaps
 JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
 CTEST_ARGS ?=
 # CUDA's runtime maps memory where ASan's shadow gap would be.
 SAN_ENV    := ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
-.PHONY: all deps build demo test test-plain test-san clean
+.PHONY: all deps build demo test test-plain test-san fuzz fuzz-build fuzz-smoke clean
 
 all: build
 
@@ -28,7 +35,7 @@ demo: deps $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS) --target ferry_cli 02_model_parallel
 	./examples/run_demo.sh $(BUILD)
 
-test: test-plain test-san
+test: test-plain test-san fuzz-smoke
 
 test-plain: build
 	ctest --test-dir $(BUILD) -j $(JOBS) --output-on-failure $(CTEST_ARGS)
@@ -41,5 +48,21 @@ test-san: deps $(SAN_BUILD)/build.ninja
 	cmake --build $(SAN_BUILD) -j $(JOBS)
 	$(SAN_ENV) ctest --test-dir $(SAN_BUILD) -j $(JOBS) --output-on-failure -LE install $(CTEST_ARGS)
 
+$(FUZZ_BUILD)/build.ninja: | deps
+	cmake -S . -B $(FUZZ_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 \
+	  -DFERRY_SANITIZE=address,undefined,fuzzer-no-link -DFERRY_BUILD_FUZZ=ON -DFERRY_BUILD_TESTS=OFF \
+	  -DFERRY_BUILD_EXAMPLES=OFF -DFERRY_BUILD_BENCH=OFF -DFERRY_INSTALL=OFF -DFERRY_WITH_CUDA=OFF $(CMAKE_ARGS)
+
+fuzz-build: deps $(FUZZ_BUILD)/build.ninja
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target $(FUZZERS:%=%_fuzz)
+
+# One target at a time, each for a bounded time.
+fuzz: fuzz-build
+	@for f in $(FUZZERS); do ./fuzz/run.sh $(FUZZ_BUILD) $$f $(FUZZ_SECONDS) || exit 1; done
+
+fuzz-smoke: fuzz-build
+	@for f in $(FUZZERS); do ./fuzz/run.sh $(FUZZ_BUILD) $$f $(FUZZ_SMOKE_SECONDS) || exit 1; done
+
 clean:
-	rm -rf $(BUILD) $(SAN_BUILD)
+	rm -rf $(BUILD) $(SAN_BUILD) $(FUZZ_BUILD)

@@ -483,9 +483,7 @@ class ProcessGroup::Impl {
   absl::Status finish_recv(const std::string& name, P2POp& op, const Tensor& tensor, uint32_t tag, int* sender) {
     FERRY_RETURN_IF_ERROR(wait_recv(name, op.header_buf.get(), sender));
     const CollectiveHeader& h = op.header;
-    if (h.magic != CollectiveHeader::kMagic || h.kind != kP2PKind || !is_valid_dtype(h.dtype) || h.numel < 0) {
-      return absl::InternalError(absl::StrCat(name, ": the message header from rank ", *sender, " is corrupt"));
-    }
+    FERRY_RETURN_IF_ERROR(internal::validate_p2p_header(h, kP2PKind, *sender, name));
     const size_t incoming = static_cast<size_t>(h.numel) * dtype_size(static_cast<DType>(h.dtype));
     const CollectiveHeader mine =
         internal::make_header(CollectiveKind::kBroadcast, &tensor, 0, ReduceOp::kSum, absl::OkStatus());

@@ -25,9 +25,12 @@
 // transport pairs are: every later operation fails at once with the same error; make
 // a new group to go on.
 //
-// Serialized values: all_gather_object<T> takes any T that cereal can serialize with a
-// binary archive (include the cereal/types/ headers T needs, e.g.
-// <cereal/types/string.hpp>) and that is default-constructible.
+// Serialized values: all_gather_object<T> takes any T that ferry's payload archive can
+// serialize (include serialization/types.h, or the cereal/types/ headers T needs, e.g.
+// <cereal/types/string.hpp>) and that is default-constructible; CPU tensors inside it
+// travel inline. A peer's bytes are decoded by the bounded reader: a hostile or
+// mismatched value fails with kDataLoss naming the rank, and never allocates more
+// than its bytes can hold.
 #pragma once
 
 #include <atomic>
@@ -35,7 +38,9 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
-#include <sstream>
+#include <cstddef>
+#include <exception>
+#include <tuple>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -43,8 +48,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "cereal/archives/binary.hpp"
 #include "process_group/work.h"
+#include "serialization/archive.h"
+#include "serialization/message.h"
 #include "store/store.h"
 #include "tensor/tensor.h"
 
@@ -225,16 +231,24 @@ class ProcessGroup {
 
 template <typename T>
 absl::StatusOr<std::vector<T>> ProcessGroup::all_gather_object(const T& value) {
+  // Encoded with ferry's payload archive, whose reader checks every length against the
+  // bytes present: a peer's bytes can fail to decode, never make this rank allocate
+  // what they merely claim.
   Bytes bytes;
   absl::Status local = absl::OkStatus();
   try {
-    std::ostringstream os(std::ios::binary);
+    Message m;
     {
-      cereal::BinaryOutputArchive archive(os);
-      archive(value);
+      PayloadWriter writer(m, /*inline_threshold=*/SIZE_MAX);
+      writer(value);
     }
-    const std::string s = std::move(os).str();
-    bytes.assign(s.begin(), s.end());
+    if (!m.tensors().empty()) {
+      local = absl::InvalidArgumentError(
+          "all_gather_object: the value holds a tensor that is not on the CPU; move it to the CPU first");
+    } else {
+      std::string_view payload = m.payload();
+      bytes.assign(payload.begin(), payload.end());
+    }
   } catch (const std::exception& e) {
     local = absl::InvalidArgumentError(absl::StrCat("all_gather_object: serializing the value failed: ", e.what()));
   }
@@ -244,16 +258,14 @@ absl::StatusOr<std::vector<T>> ProcessGroup::all_gather_object(const T& value) {
   out.reserve(all->size());
   for (size_t r = 0; r < all->size(); ++r) {
     const Bytes& b = (*all)[r];
-    try {
-      std::istringstream is(std::string(b.begin(), b.end()), std::ios::binary);
-      cereal::BinaryInputArchive archive(is);
-      T v{};
-      archive(v);
-      out.push_back(std::move(v));
-    } catch (const std::exception& e) {
+    Message m;
+    m.buffer().append(b.begin(), b.end());
+    absl::StatusOr<std::tuple<T>> v = read_payload<T>(m, "the value");
+    if (!v.ok()) {
       return absl::DataLossError(absl::StrCat("all_gather_object: the ", b.size(), " bytes from rank ", r,
-                                              " do not deserialize as the requested type: ", e.what()));
+                                              " do not deserialize as the requested type: ", v.status().message()));
     }
+    out.push_back(std::move(std::get<0>(*v)));
   }
   return out;
 }

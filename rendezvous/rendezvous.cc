@@ -126,6 +126,12 @@ absl::StatusOr<RendezvousResult> file_handler(const RendezvousUrl& url, std::chr
   FileStoreOptions options;
   options.timeout = timeout;
   if (world_size > 0) options.world_size = world_size;
+  // A relaunch names its run, so it never joins (or reads the keys of) an earlier
+  // run's file; without it, a file every rank of the last run joined is replaced anyway.
+  if (auto run = url.query.find("run_id"); run != url.query.end()) {
+    if (run->second.empty() || run->second.size() > 255) return error("run_id must be 1 to 255 characters");
+    options.run_id = run->second;
+  }
   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<FileStore> store, FileStore::create(path, options));
   return RendezvousResult{std::move(store), rank, world_size};
 }

@@ -3,7 +3,8 @@
 // Rendezvous by URL: the processes of a job find each other and come out with a shared
 // Store, their rank and the world size. The URL's scheme picks a handler:
 //
-//   file://PATH?rank=R&world_size=N        a FileStore at PATH (one host, shared fs)
+//   file://PATH?rank=R&world_size=N        a FileStore at PATH (one host, shared fs);
+//                                          &run_id=ID names the run (see FileStoreOptions)
 //   tcp://HOST:PORT?rank=R&world_size=N    a TCPStore; rank 0 hosts the server
 //   env://[?rank=R&world_size=N]           a TCPStore at MASTER_ADDR:MASTER_PORT; rank and
 //                                          world size from RANK and WORLD_SIZE unless the

@@ -1,5 +1,6 @@
 #include "serialization/archive.h"
 
+#include <cerrno>
 #include <cstdlib>
 
 #include "base/logging.h"
@@ -21,6 +22,48 @@ size_t inline_tensor_bytes() {
     return static_cast<size_t>(v);
   }();
   return bytes;
+}
+
+uint64_t max_message_bytes() {
+  static const uint64_t bytes = [] {
+    const char* text = std::getenv("FERRY_MAX_MESSAGE_BYTES");
+    if (text == nullptr || *text == '\0') return kDefaultMaxMessageBytes;
+    char* end = nullptr;
+    errno = 0;
+    unsigned long long v = std::strtoull(text, &end, 10);
+    if (*end != '\0' || errno != 0 || v < (1ULL << 20) || text[0] == '-') {
+      FERRY_LOG(WARNING) << "FERRY_MAX_MESSAGE_BYTES=" << text << " is not a byte count of at least 1 MiB; using "
+                         << kDefaultMaxMessageBytes;
+      return kDefaultMaxMessageBytes;
+    }
+    return static_cast<uint64_t>(v);
+  }();
+  return bytes;
+}
+
+absl::Status check_message_size(uint64_t payload_bytes, std::span<const uint64_t> tensor_bytes, uint64_t limit) {
+  uint64_t total = payload_bytes;
+  uint64_t largest = 0;
+  size_t largest_index = 0;
+  bool overflow = false;
+  for (size_t i = 0; i < tensor_bytes.size(); ++i) {
+    if (tensor_bytes[i] > largest) {
+      largest = tensor_bytes[i];
+      largest_index = i;
+    }
+    if (tensor_bytes[i] > UINT64_MAX - total) {
+      overflow = true;
+    } else {
+      total += tensor_bytes[i];
+    }
+  }
+  if (!overflow && total <= limit) return absl::OkStatus();
+  std::string biggest =
+      tensor_bytes.empty() ? "" : absl::StrCat("; its largest tensor (#", largest_index, ") has ", largest, " bytes");
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "message announces ", overflow ? std::string("more than 2^64") : absl::StrCat(total), " bytes (", payload_bytes,
+      " of payload and ", tensor_bytes.size(), tensor_bytes.size() == 1 ? " tensor" : " tensors", biggest,
+      "), over the limit of ", limit, " bytes per message (FERRY_MAX_MESSAGE_BYTES)"));
 }
 
 }  // namespace ferry

@@ -19,12 +19,21 @@
 //   absl::StatusOr<std::tuple<int64_t, Tensor>> v = read_payload<int64_t, Tensor>(m);
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <exception>
+#include <list>
+#include <map>
+#include <optional>
+#include <set>
+#include <span>
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -35,6 +44,25 @@
 #include "tensor/tensor.h"
 
 namespace ferry {
+
+// The largest message (payload plus tensors) a peer may announce before anything is
+// allocated to receive it (see check_message_size). 16 GiB: far above any one RPC a
+// rendezvous-sized job sends, far below what would exhaust a host.
+inline constexpr uint64_t kDefaultMaxMessageBytes = uint64_t{16} << 30;
+
+// The process's limit: FERRY_MAX_MESSAGE_BYTES if set (a byte count, at least 1 MiB),
+// else kDefaultMaxMessageBytes. Read once; a malformed value logs a warning and the
+// default applies.
+uint64_t max_message_bytes();
+
+// Checks what a peer announced for one message before any receive buffer is
+// allocated: the payload's length and every tensor's byte length, whose sum (computed
+// without overflow) must not exceed `limit`. kResourceExhausted names the sum, the
+// largest tensor and the limit; the caller should then close that pipe.
+//
+//   FERRY_RETURN_IF_ERROR(check_message_size(payload_length, tensor_lengths));
+[[nodiscard]] absl::Status check_message_size(uint64_t payload_bytes, std::span<const uint64_t> tensor_bytes,
+                                              uint64_t limit = max_message_bytes());
 
 // Tensors of at most this many bytes travel inside the payload (see
 // docs/performance.md for how it was chosen).
@@ -73,6 +101,7 @@ class PayloadReader : public cereal::InputArchive<PayloadReader, cereal::AllowEm
         table_(message.tensors()) {}
 
   void load_binary(void* data, size_t size) {
+    if (size == 0) return;  // `data` may be null (an empty vector's); memcpy must not see it
     if (size > remaining()) {
       throw cereal::Exception(absl::StrCat("payload truncated: needed ", size, " more bytes, ", remaining(), " left"));
     }
@@ -81,10 +110,11 @@ class PayloadReader : public cereal::InputArchive<PayloadReader, cereal::AllowEm
     pos_ += size;
   }
   // A length read from the wire; one that exceeds the bytes left cannot be honest.
+  // Each element takes at least `min_element_bytes` (at least 1) in the encoding.
   void check_size(uint64_t size, size_t min_element_bytes) const {
     if (min_element_bytes > 0 && size > remaining() / min_element_bytes) {
-      throw cereal::Exception(
-          absl::StrCat("payload declares ", size, " elements but only ", remaining(), " bytes are left"));
+      throw cereal::Exception(absl::StrCat("payload declares ", size, " elements of at least ", min_element_bytes,
+                                           " bytes each but only ", remaining(), " bytes are left"));
     }
   }
   size_t remaining() const { return static_cast<size_t>(end_ - pos_); }
@@ -133,6 +163,69 @@ inline void CEREAL_LOAD_FUNCTION_NAME(PayloadReader& ar, cereal::SizeTag<T>& t) 
   ar.check_size(size, 1);
   t.size = static_cast<std::remove_reference_t<T>>(size);
 }
+// ---- The fewest bytes a value of a type takes in a payload: a count read from the
+// wire is checked against the bytes left times this before a container is sized.
+
+namespace internal {
+template <typename T, typename = void>
+struct MinEncodedBytes {
+  // Unknown types (user structs) may encode in no bytes at all (an empty struct):
+  // counted as one, so a count still cannot exceed the bytes left.
+  static constexpr size_t value = 1;
+};
+template <typename T>
+struct MinEncodedBytes<T, std::enable_if_t<std::is_arithmetic_v<T>>> {
+  static constexpr size_t value = sizeof(T);
+};
+template <typename T>
+inline constexpr size_t kMinEncodedBytes = MinEncodedBytes<T>::value;
+// Containers: their 8-byte size tag.
+template <typename C, typename Tr, typename A>
+struct MinEncodedBytes<std::basic_string<C, Tr, A>> : std::integral_constant<size_t, 8> {};
+template <typename T, typename A>
+struct MinEncodedBytes<std::vector<T, A>> : std::integral_constant<size_t, 8> {};
+template <typename T, typename A>
+struct MinEncodedBytes<std::deque<T, A>> : std::integral_constant<size_t, 8> {};
+template <typename T, typename A>
+struct MinEncodedBytes<std::list<T, A>> : std::integral_constant<size_t, 8> {};
+template <typename K, typename V, typename C, typename A>
+struct MinEncodedBytes<std::map<K, V, C, A>> : std::integral_constant<size_t, 8> {};
+template <typename K, typename V, typename H, typename E, typename A>
+struct MinEncodedBytes<std::unordered_map<K, V, H, E, A>> : std::integral_constant<size_t, 8> {};
+template <typename K, typename C, typename A>
+struct MinEncodedBytes<std::set<K, C, A>> : std::integral_constant<size_t, 8> {};
+template <typename K, typename H, typename E, typename A>
+struct MinEncodedBytes<std::unordered_set<K, H, E, A>> : std::integral_constant<size_t, 8> {};
+// An optional's engaged flag; a tensor's form byte.
+template <typename T>
+struct MinEncodedBytes<std::optional<T>> : std::integral_constant<size_t, 1> {};
+template <>
+struct MinEncodedBytes<Tensor> : std::integral_constant<size_t, 1> {};
+template <typename A, typename B>
+struct MinEncodedBytes<std::pair<A, B>> : std::integral_constant<size_t, kMinEncodedBytes<A> + kMinEncodedBytes<B>> {};
+template <typename... Ts>
+struct MinEncodedBytes<std::tuple<Ts...>> : std::integral_constant<size_t, (size_t{0} + ... + kMinEncodedBytes<Ts>)> {};
+template <typename T, size_t N>
+struct MinEncodedBytes<std::array<T, N>> : std::integral_constant<size_t, N * kMinEncodedBytes<T>> {};
+}  // namespace internal
+
+// Vectors (the container payloads use most, and the one cereal sizes up front) check
+// their count against the element type's smallest encoding before resizing.
+template <class T, class A>
+  requires(!std::is_same_v<T, bool>)
+inline void CEREAL_LOAD_FUNCTION_NAME(PayloadReader& ar, std::vector<T, A>& v) {
+  uint64_t n = 0;
+  ar.load_binary(&n, sizeof(n));
+  ar.check_size(n, std::max<size_t>(internal::kMinEncodedBytes<T>, 1));
+  v.clear();
+  v.resize(static_cast<size_t>(n));
+  if constexpr (std::is_arithmetic_v<T>) {
+    ar.load_binary(v.data(), static_cast<size_t>(n) * sizeof(T));
+  } else {
+    for (T& e : v) ar(e);
+  }
+}
+
 template <class T>
 inline void CEREAL_SAVE_FUNCTION_NAME(PayloadWriter& ar, const cereal::BinaryData<T>& bd) {
   ar.save_binary(bd.data, static_cast<size_t>(bd.size));

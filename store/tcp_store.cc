@@ -91,13 +91,13 @@ class TCPStore::Client {
 
   // Sends `request` and returns the answer's body after the status byte. `wait` is how
   // long the server may take before answering (a blocking request's timeout).
-  absl::StatusOr<Bytes> call(Bytes request, std::string_view what, std::chrono::milliseconds wait) {
+  absl::StatusOr<Bytes> call(Writer writer, std::string_view what, std::chrono::milliseconds wait) {
     // Caught here: the server would only close the connection, which reads as a lost server.
-    if (request.size() - kFrameHeaderBytes > max_message_bytes_) {
-      return absl::InvalidArgumentError(absl::StrCat("TCPStore ", av(what), ": request of ",
-                                                     request.size() - kFrameHeaderBytes,
+    if (writer.too_large() || writer.body_size() > max_message_bytes_) {
+      return absl::InvalidArgumentError(absl::StrCat("TCPStore ", av(what), ": request of ", writer.body_size(),
                                                      " bytes exceeds the limit of ", max_message_bytes_, " bytes"));
     }
+    const Bytes request = std::move(writer).finish();
     std::unique_ptr<Socket> s = acquire();
     if (s == nullptr) {
       auto connected = connect(Clock::now() + std::min(kReconnectWindow, timeout_), false, false);
@@ -107,7 +107,9 @@ class TCPStore::Client {
       }
       s = *std::move(connected);
     }
-    absl::Status sent = send_all(s->fd, request);
+    // A server that stopped reading (overloaded, or stopped) must not hold the caller
+    // past its timeout.
+    absl::Status sent = send_all(s->fd, request, Clock::now() + timeout_);
     if (!sent.ok()) return lost(what, sent);
     auto deadline = Clock::now() + wait + kResponseGrace;
     auto answer = receive(s->fd, deadline);
@@ -217,7 +219,7 @@ class TCPStore::Client {
                       .u32(kProtocolVersion)
                       .u8(is_worker ? 1 : 0)
                       .finish();
-    FERRY_RETURN_IF_ERROR(send_all(s->fd, hello));
+    FERRY_RETURN_IF_ERROR(send_all(s->fd, hello, std::max(deadline, Clock::now() + kResponseGrace)));
     auto answer = receive(s->fd, std::max(deadline, Clock::now() + kResponseGrace));
     if (!answer.ok()) return absl::UnavailableError(absl::StrCat("handshake failed: ", answer.status().message()));
     Reader r(answer->data(), answer->size());
@@ -227,6 +229,11 @@ class TCPStore::Client {
     if (code != 0) {
       std::string message;
       r.str(&message);
+      if (code == static_cast<uint8_t>(absl::StatusCode::kResourceExhausted)) {
+        // A server at its connection limit: worth retrying until the deadline.
+        return absl::ResourceExhaustedError(absl::StrCat("store server at ", address_, " refused the connection: ",
+                                                         message));
+      }
       return absl::FailedPreconditionError(absl::StrCat("store server at ", address_, " refused the handshake: ",
                                                         message));
     }
@@ -258,12 +265,26 @@ class TCPStore::Client {
     return absl::OkStatus();
   }
 
-  static absl::Status send_all(int fd, const Bytes& data) {
+  // Sends all of `data`, or fails: kUnavailable when the socket fails or the deadline
+  // passes with the server not taking the bytes.
+  static absl::Status send_all(int fd, const Bytes& data, Clock::time_point deadline) {
     size_t done = 0;
     while (done < data.size()) {
-      ssize_t n = ::send(fd, data.data() + done, data.size() - done, MSG_NOSIGNAL);
+      ssize_t n = ::send(fd, data.data() + done, data.size() - done, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (n < 0) {
         if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+          pollfd p{fd, POLLOUT, 0};
+          int ready = ::poll(&p, 1, remaining_ms(deadline));
+          if (ready < 0 && errno != EINTR) {
+            return absl::UnavailableError(absl::StrCat("poll failed: ", std::strerror(errno)));
+          }
+          if (ready == 0) {
+            return absl::UnavailableError(absl::StrCat("send timed out: the server took ", done, " of ", data.size(),
+                                                       " bytes before the deadline"));
+          }
+          continue;
+        }
         return absl::UnavailableError(absl::StrCat("send failed: ", std::strerror(errno)));
       }
       done += static_cast<size_t>(n);
@@ -363,6 +384,7 @@ absl::StatusOr<std::unique_ptr<TCPStore>> TCPStore::create(const TCPStoreOptions
     server_options.host = options.listen_host.value_or(options.host);
     server_options.port = options.port;
     server_options.max_message_bytes = options.max_message_bytes;
+    if (options.world_size) server_options.world_size = *options.world_size;
     FERRY_ASSIGN_OR_RETURN(server, TCPStoreServer::create(server_options));
     port = server->port();
     // The server may listen on every interface; its own client uses loopback.
@@ -410,14 +432,14 @@ absl::Status malformed_answer(std::string_view what) {
 absl::Status TCPStore::set(std::string_view key, const Bytes& value) {
   Writer w = request(Op::kSet);
   w.str(key).bytes(value);
-  return client_->call(std::move(w).finish(), "set", timeout()).status();
+  return client_->call(std::move(w), "set", timeout()).status();
 }
 
 absl::StatusOr<Bytes> TCPStore::get(std::string_view key, std::optional<std::chrono::milliseconds> timeout) {
   auto t = effective(timeout);
   Writer w = request(Op::kGet);
   w.str(key).u64(to_wire(t));
-  FERRY_ASSIGN_OR_RETURN(Bytes body, client_->call(std::move(w).finish(), "get", t));
+  FERRY_ASSIGN_OR_RETURN(Bytes body, client_->call(std::move(w), "get", t));
   Reader r(body.data(), body.size());
   Bytes value;
   if (!r.bytes(&value) || !r.done()) return malformed_answer("get");
@@ -427,7 +449,7 @@ absl::StatusOr<Bytes> TCPStore::get(std::string_view key, std::optional<std::chr
 absl::StatusOr<int64_t> TCPStore::add(std::string_view key, int64_t delta) {
   Writer w = request(Op::kAdd);
   w.str(key).i64(delta);
-  FERRY_ASSIGN_OR_RETURN(Bytes body, client_->call(std::move(w).finish(), "add", timeout()));
+  FERRY_ASSIGN_OR_RETURN(Bytes body, client_->call(std::move(w), "add", timeout()));
   Reader r(body.data(), body.size());
   int64_t value = 0;
   if (!r.i64(&value) || !r.done()) return malformed_answer("add");
@@ -437,7 +459,7 @@ absl::StatusOr<int64_t> TCPStore::add(std::string_view key, int64_t delta) {
 absl::StatusOr<Bytes> TCPStore::compare_set(std::string_view key, const Bytes& expected, const Bytes& desired) {
   Writer w = request(Op::kCompareSet);
   w.str(key).bytes(expected).bytes(desired);
-  FERRY_ASSIGN_OR_RETURN(Bytes body, client_->call(std::move(w).finish(), "compare_set", timeout()));
+  FERRY_ASSIGN_OR_RETURN(Bytes body, client_->call(std::move(w), "compare_set", timeout()));
   Reader r(body.data(), body.size());
   Bytes value;
   if (!r.bytes(&value) || !r.done()) return malformed_answer("compare_set");
@@ -447,7 +469,7 @@ absl::StatusOr<Bytes> TCPStore::compare_set(std::string_view key, const Bytes& e
 absl::StatusOr<bool> TCPStore::check(const std::vector<std::string>& keys) {
   Writer w = request(Op::kCheck);
   put_keys(w, keys);
-  FERRY_ASSIGN_OR_RETURN(Bytes body, client_->call(std::move(w).finish(), "check", timeout()));
+  FERRY_ASSIGN_OR_RETURN(Bytes body, client_->call(std::move(w), "check", timeout()));
   Reader r(body.data(), body.size());
   uint8_t all = 0;
   if (!r.u8(&all) || !r.done()) return malformed_answer("check");
@@ -458,13 +480,13 @@ absl::Status TCPStore::wait(const std::vector<std::string>& keys, std::optional<
   auto t = effective(timeout);
   Writer w = request(Op::kWait);
   put_keys(w, keys).u64(to_wire(t));
-  return client_->call(std::move(w).finish(), "wait", t).status();
+  return client_->call(std::move(w), "wait", t).status();
 }
 
 absl::StatusOr<bool> TCPStore::delete_key(std::string_view key) {
   Writer w = request(Op::kDeleteKey);
   w.str(key);
-  FERRY_ASSIGN_OR_RETURN(Bytes body, client_->call(std::move(w).finish(), "delete_key", timeout()));
+  FERRY_ASSIGN_OR_RETURN(Bytes body, client_->call(std::move(w), "delete_key", timeout()));
   Reader r(body.data(), body.size());
   uint8_t existed = 0;
   if (!r.u8(&existed) || !r.done()) return malformed_answer("delete_key");
@@ -472,7 +494,7 @@ absl::StatusOr<bool> TCPStore::delete_key(std::string_view key) {
 }
 
 absl::StatusOr<int64_t> TCPStore::num_keys() {
-  FERRY_ASSIGN_OR_RETURN(Bytes body, client_->call(request(Op::kNumKeys).finish(), "num_keys", timeout()));
+  FERRY_ASSIGN_OR_RETURN(Bytes body, client_->call(request(Op::kNumKeys), "num_keys", timeout()));
   Reader r(body.data(), body.size());
   int64_t n = 0;
   if (!r.i64(&n) || !r.done()) return malformed_answer("num_keys");
@@ -484,7 +506,7 @@ absl::StatusOr<std::vector<Bytes>> TCPStore::multi_get(const std::vector<std::st
   auto t = effective(timeout);
   Writer w = request(Op::kMultiGet);
   put_keys(w, keys).u64(to_wire(t));
-  FERRY_ASSIGN_OR_RETURN(Bytes body, client_->call(std::move(w).finish(), "multi_get", t));
+  FERRY_ASSIGN_OR_RETURN(Bytes body, client_->call(std::move(w), "multi_get", t));
   Reader r(body.data(), body.size());
   uint32_t n = 0;
   if (!r.count(&n, 4) || n != keys.size()) return malformed_answer("multi_get");
@@ -501,7 +523,7 @@ absl::Status TCPStore::multi_set(const std::vector<std::string>& keys, const std
   Writer w = request(Op::kMultiSet);
   w.u32(static_cast<uint32_t>(keys.size()));
   for (size_t i = 0; i < keys.size(); ++i) w.str(keys[i]).bytes(values[i]);
-  return client_->call(std::move(w).finish(), "multi_set", timeout()).status();
+  return client_->call(std::move(w), "multi_set", timeout()).status();
 }
 
 }  // namespace ferry

@@ -35,14 +35,28 @@ struct TCPStoreServerOptions {
   std::string host = "0.0.0.0";
   // 0 picks a free port; TCPStoreServer::port() reports it.
   uint16_t port = 0;
+  // Requests larger than this close their connection; answers larger than this (a
+  // multi_get of many or repeated large keys) fail with kResourceExhausted.
   uint32_t max_message_bytes = kDefaultMaxStoreMessageBytes;
+  // Connections served at once. A client beyond it is answered kResourceExhausted and
+  // closed; TCPStore's connect retries it until its timeout.
+  size_t max_connections = 1024;
+  // Answers a connection may leave unread before the server stops handling (and
+  // reading) its further requests until it reads them.
+  size_t max_queued_bytes = 4u << 20;
+  // The number of workers of this server's run. When set, a worker that connects after
+  // that many did is refused (kResourceExhausted; TCPStore's connect retries until its
+  // timeout): it belongs to another run, typically the next run's rank reaching this
+  // run's server before it shut down. Tools and probes (not workers) are not counted.
+  std::optional<int64_t> world_size = std::nullopt;
 };
 
-// The store's server: one libuv event-loop thread serves any number of clients. A get
-// or wait whose keys are missing is parked, costing no thread, and answered when the
-// keys are set or its timeout passes. A client that sends a malformed, truncated or
-// oversized request is disconnected with a logged reason; other clients and their keys
-// are not affected.
+// The store's server: one libuv event-loop thread serves up to max_connections
+// clients. A get or wait whose keys are missing is parked, costing no thread, and
+// answered when the keys are set or its timeout passes. A client that sends a
+// malformed, truncated or oversized request, or whose request makes a handler fail, is
+// disconnected with a logged reason; other clients and their keys are not affected.
+// The limits are in TCPStoreServerOptions (see docs/hardening.md).
 //
 // Thread-safe: every method may be called from any thread. Owns its loop thread, which
 // shutdown() (or the destructor) stops and joins. Creating a server makes the process
@@ -110,7 +124,8 @@ struct TCPStoreOptions {
 // holds up another's set(). A connection lost in the middle of a call fails that call
 // with kUnavailable (it is not retried: add is not idempotent); the next call connects
 // again, and fails with kUnavailable if the server stays unreachable. A blocking call
-// that times out fails with kDeadlineExceeded naming its keys and the time waited.
+// that times out fails with kDeadlineExceeded naming its keys and the time waited. A
+// send the server does not take within the store's timeout fails with kUnavailable.
 class TCPStore final : public Store {
  public:
   static absl::StatusOr<std::unique_ptr<TCPStore>> create(const TCPStoreOptions& options);

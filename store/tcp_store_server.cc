@@ -1,6 +1,7 @@
-// TCPStoreServer: the libuv side of TCPStore. Everything below the Impl's public
-// methods runs on the loop thread only; the only state shared with other threads is
-// the worker/connection counts under mu_.
+// TCPStoreServer: the libuv side of TCPStore, a transport for the socket-free
+// ServerCore (store/internal/tcp_store_core.h), which holds the keys and parses the
+// requests. Everything below the Impl's public methods runs on the loop thread only;
+// the only state shared with other threads is the worker/connection counts under mu_.
 #include <netdb.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -20,6 +21,7 @@
 #include "base/status.h"
 #include "store/internal/store_util.h"
 #include "store/internal/tcp_protocol.h"
+#include "store/internal/tcp_store_core.h"
 #include "store/tcp_store.h"
 
 namespace ferry {
@@ -36,14 +38,9 @@ std::string sockaddr_to_string(const sockaddr* sa) {
   return sa->sa_family == AF_INET6 ? absl::StrCat("[", host, "]:", port) : absl::StrCat(host, ":", port);
 }
 
-// Handshakes of every protocol version fit in this; anything longer is not one.
-constexpr uint32_t kMaxHandshakeBytes = 256;
-
-Bytes ok_response() { return Writer().u8(0).finish(); }
-
-Bytes error_response(const absl::Status& status) {
-  return Writer().u8(static_cast<uint8_t>(status.code())).str(std::string(status.message())).finish();
-}
+// How long a connection the server refused or finished with keeps being read (and
+// discarded) after its last answer, so that the answer arrives before the close.
+constexpr uint64_t kLingerMs = 2000;
 
 void ignore_sigpipe_once() {
   static std::once_flag once;
@@ -57,10 +54,11 @@ void ignore_sigpipe_once() {
 
 }  // namespace
 
-class TCPStoreServer::Impl {
+class TCPStoreServer::Impl final : public ServerTransport {
  public:
-  explicit Impl(const TCPStoreServerOptions& options) : options_(options) {}
-  ~Impl() { shutdown(); }
+  explicit Impl(const TCPStoreServerOptions& options)
+      : options_(options), core_(*this, limits_from(options)) {}
+  ~Impl() override { shutdown(); }
 
   absl::Status start();
   void shutdown();
@@ -77,33 +75,42 @@ class TCPStoreServer::Impl {
   }
   absl::Status wait_for_workers(int64_t n, std::chrono::milliseconds timeout) const;
 
+  // ServerTransport, called by core_ on the loop thread.
+  void write(ConnId id, Bytes frame) override;
+  size_t queued_bytes(ConnId id) const override;
+  void close(ConnId id, bool flush) override;
+  void start_timer(ConnId id, std::chrono::milliseconds after) override;
+  void stop_timer(ConnId id) override;
+  void set_reading(ConnId id, bool reading) override;
+
  private:
   // One client connection. Freed by the close callback of the last of its two handles.
   struct Connection {
     Impl* server = nullptr;
+    ConnId id = 0;
     uv_tcp_t tcp;
-    uv_timer_t timer;  // the parked request's deadline
+    uv_timer_t timer;  // the parked request's deadline, or the linger time
     int open_handles = 2;
-    bool closing = false;
-    bool greeted = false;
-    std::string peer;
-    Bytes in;          // received, not yet handled
-    size_t in_pos = 0;  // bytes of `in` already handled
-    // The blocking request waiting for keys, if any. While one is parked, the
-    // connection's later requests wait in `in` so that answers stay in order.
-    struct Parked {
-      Op op;
-      std::vector<std::string> keys;
-      std::chrono::steady_clock::time_point start;
-    };
-    std::optional<Parked> parked;
+    bool closing = false;    // its handles are being closed
+    bool lingering = false;  // the core is done with it; reads are discarded until EOF
+    size_t queued = 0;       // bytes handed to uv_write and not yet written
+    std::string failed;      // why a write failed inside a core call, reported next turn
   };
 
   struct WriteRequest {
     uv_write_t req;
     Bytes data;
-    Connection* conn;
+    Connection* conn;  // valid: libuv runs write callbacks before the close callback
   };
+
+  static ServerLimits limits_from(const TCPStoreServerOptions& options) {
+    ServerLimits limits;
+    limits.max_message_bytes = options.max_message_bytes;
+    limits.max_connections = options.max_connections;
+    limits.max_queued_bytes = options.max_queued_bytes;
+    limits.world_size = options.world_size;
+    return limits;
+  }
 
   // Loop-thread callbacks (libuv C API).
   static void on_connection(uv_stream_t* listener, int status);
@@ -111,27 +118,22 @@ class TCPStoreServer::Impl {
   static void on_read(uv_stream_t* stream, ssize_t nread, const uv_buf_t* buf);
   static void on_write(uv_write_t* req, int status);
   static void on_shutdown(uv_shutdown_t* req, int status);
-  static void on_timeout(uv_timer_t* timer);
+  static void on_timer(uv_timer_t* timer);
   static void on_conn_handle_closed(uv_handle_t* handle);
   static void on_stop(uv_async_t* async);
 
   void accept_one();
-  void process(Connection* conn);
-  // Handles one request body; false when the connection was closed.
-  bool handle(Connection* conn, const uint8_t* body, size_t size);
-  bool handle_hello(Connection* conn, Reader& r);
-  void send(Connection* conn, Bytes frame);
-  // Sends a last answer, then closes the connection once it is written.
-  void send_and_close(Connection* conn, Bytes frame);
-  void close(Connection* conn, std::string_view reason);
-
-  bool has_all(const std::vector<std::string>& keys) const;
-  void respond_to_wait(Connection* conn, Op op, const std::vector<std::string>& keys);
-  void park(Connection* conn, Op op, std::vector<std::string> keys, uint64_t timeout_ms);
-  void unpark(Connection* conn);
-  void set_key(std::string key, Bytes value);
+  Connection* find(ConnId id) const;
+  // Runs `fn` (a call into the core about `conn`); an exception escaping it closes
+  // that one connection.
+  template <typename Fn>
+  void guarded(Connection* conn, Fn&& fn);
+  void close_handles(Connection* conn);
+  // Copies the core's counts for other threads.
+  void publish();
 
   const TCPStoreServerOptions options_;
+  ServerCore core_;
   uint16_t port_ = 0;
   std::thread thread_;
   bool started_ = false;
@@ -142,10 +144,10 @@ class TCPStoreServer::Impl {
   uv_async_t stop_;
   uint8_t read_buffer_[64 * 1024];
 
-  // Loop-thread state.
-  absl::flat_hash_map<std::string, Bytes> data_;
-  absl::flat_hash_map<std::string, std::vector<Connection*>> waiters_;
-  absl::flat_hash_set<Connection*> connections_;
+  // Loop-thread state: connections the core knows, and every open one (lingering too).
+  ConnId next_id_ = 1;
+  absl::flat_hash_map<ConnId, Connection*> by_id_;
+  absl::flat_hash_set<Connection*> open_;
 
   mutable absl::Mutex mu_;
   int64_t workers_ ABSL_GUARDED_BY(mu_) = 0;
@@ -223,8 +225,10 @@ void TCPStoreServer::Impl::shutdown() {
 
 void TCPStoreServer::Impl::on_stop(uv_async_t* async) {
   Impl* self = static_cast<Impl*>(async->data);
-  std::vector<Connection*> conns(self->connections_.begin(), self->connections_.end());
-  for (Connection* conn : conns) self->close(conn, "");
+  self->core_.close_all();
+  std::vector<Connection*> rest(self->open_.begin(), self->open_.end());
+  for (Connection* conn : rest) self->close_handles(conn);
+  self->publish();
   uv_close(reinterpret_cast<uv_handle_t*>(&self->listener_), nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&self->stop_), nullptr);
 }
@@ -239,6 +243,29 @@ absl::Status TCPStoreServer::Impl::wait_for_workers(int64_t n, std::chrono::mill
                                                   " workers to connect; ", workers_, " did"));
 }
 
+void TCPStoreServer::Impl::publish() {
+  absl::MutexLock lock(&mu_);
+  workers_ = core_.num_workers();
+  connections_count_ = static_cast<int64_t>(core_.num_connections());
+}
+
+TCPStoreServer::Impl::Connection* TCPStoreServer::Impl::find(ConnId id) const {
+  auto it = by_id_.find(id);
+  return it == by_id_.end() ? nullptr : it->second;
+}
+
+template <typename Fn>
+void TCPStoreServer::Impl::guarded(Connection* conn, Fn&& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    core_.on_disconnect(conn->id, absl::StrCat("internal error: ", e.what()));
+  } catch (...) {
+    core_.on_disconnect(conn->id, "internal error");
+  }
+  publish();
+}
+
 void TCPStoreServer::Impl::on_connection(uv_stream_t* listener, int status) {
   Impl* self = static_cast<Impl*>(listener->data);
   if (status < 0) {
@@ -251,29 +278,28 @@ void TCPStoreServer::Impl::on_connection(uv_stream_t* listener, int status) {
 void TCPStoreServer::Impl::accept_one() {
   auto* conn = new Connection;
   conn->server = this;
+  conn->id = next_id_++;
   uv_tcp_init(&loop_, &conn->tcp);
   uv_timer_init(&loop_, &conn->timer);
   conn->tcp.data = conn;
   conn->timer.data = conn;
-  connections_.insert(conn);
-  {
-    absl::MutexLock lock(&mu_);
-    ++connections_count_;
-  }
+  open_.insert(conn);
   int rc = uv_accept(reinterpret_cast<uv_stream_t*>(&listener_), reinterpret_cast<uv_stream_t*>(&conn->tcp));
   if (rc != 0) {
-    close(conn, absl::StrCat("accept failed: ", uv_strerror(rc)));
+    FERRY_LOG(WARNING) << "store server: accept failed: " << uv_strerror(rc);
+    close_handles(conn);
     return;
   }
+  std::string peer = "unknown peer";
   sockaddr_storage addr{};
   int len = sizeof(addr);
   if (uv_tcp_getpeername(&conn->tcp, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    conn->peer = sockaddr_to_string(reinterpret_cast<sockaddr*>(&addr));
-  } else {
-    conn->peer = "unknown peer";
+    peer = sockaddr_to_string(reinterpret_cast<sockaddr*>(&addr));
   }
   uv_tcp_nodelay(&conn->tcp, 1);
+  by_id_.emplace(conn->id, conn);
   uv_read_start(reinterpret_cast<uv_stream_t*>(&conn->tcp), &Impl::on_alloc, &Impl::on_read);
+  guarded(conn, [&] { core_.on_open(conn->id, std::move(peer)); });
 }
 
 void TCPStoreServer::Impl::on_alloc(uv_handle_t* handle, size_t, uv_buf_t* buf) {
@@ -285,367 +311,141 @@ void TCPStoreServer::Impl::on_alloc(uv_handle_t* handle, size_t, uv_buf_t* buf) 
 void TCPStoreServer::Impl::on_read(uv_stream_t* stream, ssize_t nread, const uv_buf_t* buf) {
   Connection* conn = static_cast<Connection*>(stream->data);
   Impl* self = conn->server;
-  if (nread == UV_EOF) {
-    self->close(conn, "");
-    return;
-  }
-  if (nread < 0) {
-    self->close(conn, absl::StrCat("read failed: ", uv_strerror(static_cast<int>(nread))));
+  if (conn->closing) return;
+  if (conn->lingering) {
+    // The core is done with it: wait for the peer to close, discarding what it sends.
+    if (nread < 0) self->close_handles(conn);
     return;
   }
   if (nread == 0) return;
-  conn->in.insert(conn->in.end(), reinterpret_cast<const uint8_t*>(buf->base),
-                  reinterpret_cast<const uint8_t*>(buf->base) + nread);
-  if (conn->parked) {
-    // A blocking client never sends while it waits; bound what a pipelining one may queue.
-    if (conn->in.size() - conn->in_pos > kFrameHeaderBytes + self->options_.max_message_bytes) {
-      self->close(conn, absl::StrCat("sent more than ", self->options_.max_message_bytes,
-                                     " bytes while its blocking request was waiting"));
-    }
+  if (nread < 0) {
+    std::string reason = nread == UV_EOF ? "" : absl::StrCat("read failed: ", uv_strerror(static_cast<int>(nread)));
+    self->guarded(conn, [&] { self->core_.on_disconnect(conn->id, reason); });
     return;
   }
-  self->process(conn);
+  self->guarded(conn, [&] {
+    self->core_.on_data(conn->id, reinterpret_cast<const uint8_t*>(buf->base), static_cast<size_t>(nread));
+  });
 }
 
-void TCPStoreServer::Impl::process(Connection* conn) {
-  while (!conn->closing && !conn->parked) {
-    size_t avail = conn->in.size() - conn->in_pos;
-    if (avail < kFrameHeaderBytes) break;
-    uint32_t len = read_frame_length(conn->in.data() + conn->in_pos);
-    if (!conn->greeted && len > kMaxHandshakeBytes) {
-      // Most likely some other protocol (an HTTP probe, a port scanner): say so.
-      close(conn, absl::StrCat("not a ferry store client: its first message claims ", len,
-                               " bytes, a handshake has at most ", kMaxHandshakeBytes));
-      return;
-    }
-    if (len > options_.max_message_bytes) {
-      close(conn, absl::StrCat("request of ", len, " bytes exceeds the limit of ", options_.max_message_bytes,
-                               " bytes"));
-      return;
-    }
-    if (avail < kFrameHeaderBytes + len) break;
-    const uint8_t* body = conn->in.data() + conn->in_pos + kFrameHeaderBytes;
-    conn->in_pos += kFrameHeaderBytes + len;
-    if (!handle(conn, body, len)) return;
-  }
-  if (conn->closing) return;
-  if (conn->in_pos == conn->in.size()) {
-    conn->in.clear();
-    conn->in_pos = 0;
-  } else if (conn->in_pos > 0 && conn->in_pos >= conn->in.size() / 2) {
-    conn->in.erase(conn->in.begin(), conn->in.begin() + static_cast<std::ptrdiff_t>(conn->in_pos));
-    conn->in_pos = 0;
-  }
-}
-
-bool TCPStoreServer::Impl::handle_hello(Connection* conn, Reader& r) {
-  uint32_t magic = 0, version = 0;
-  uint8_t is_worker = 0;
-  if (!r.u32(&magic) || magic != kMagic) {
-    close(conn, "not a ferry store client (bad handshake magic)");
-    return false;
-  }
-  if (!r.u32(&version) || !r.u8(&is_worker) || !r.done()) {
-    close(conn, "malformed handshake");
-    return false;
-  }
-  if (version != kProtocolVersion) {
-    FERRY_LOG(WARNING) << "store server: closing connection from " << conn->peer << ": protocol version " << version
-                       << ", this server speaks " << kProtocolVersion;
-    send_and_close(conn, error_response(absl::FailedPreconditionError(
-                             absl::StrCat("store server speaks protocol version ", kProtocolVersion,
-                                          ", the client ", version))));
-    return false;
-  }
-  conn->greeted = true;
-  if (is_worker) {
-    absl::MutexLock lock(&mu_);
-    ++workers_;
-  }
-  send(conn, Writer().u8(0).u32(kProtocolVersion).finish());
-  return true;
-}
-
-bool TCPStoreServer::Impl::handle(Connection* conn, const uint8_t* body, size_t size) {
-  Reader r(body, size);
-  uint8_t op_byte = 0;
-  if (!r.u8(&op_byte)) {
-    close(conn, "empty request");
-    return false;
-  }
-  if (!conn->greeted) {
-    if (static_cast<Op>(op_byte) != Op::kHello) {
-      close(conn, absl::StrCat("expected a handshake, got ", op_name(op_byte)));
-      return false;
-    }
-    return handle_hello(conn, r);
-  }
-  auto malformed = [&] {
-    close(conn, absl::StrCat("malformed ", op_name(op_byte), " request of ", size, " bytes"));
-    return false;
-  };
-  // Reads a count and that many keys.
-  auto read_keys = [&r](std::vector<std::string>* keys) {
-    uint32_t n = 0;
-    if (!r.count(&n, 4)) return false;
-    keys->resize(n);
-    for (auto& k : *keys) {
-      if (!r.str(&k)) return false;
-    }
-    return true;
-  };
-
-  switch (static_cast<Op>(op_byte)) {
-    case Op::kSet: {
-      std::string key;
-      Bytes value;
-      if (!r.str(&key) || !r.bytes(&value) || !r.done()) return malformed();
-      set_key(std::move(key), std::move(value));
-      send(conn, ok_response());
-      return true;
-    }
-    case Op::kGet:
-    case Op::kWait:
-    case Op::kMultiGet: {
-      std::vector<std::string> keys;
-      uint64_t timeout_ms = 0;
-      Op op = static_cast<Op>(op_byte);
-      if (op == Op::kGet) {
-        keys.resize(1);
-        if (!r.str(&keys[0])) return malformed();
-      } else if (!read_keys(&keys)) {
-        return malformed();
-      }
-      if (!r.u64(&timeout_ms) || !r.done()) return malformed();
-      if (has_all(keys)) {
-        respond_to_wait(conn, op, keys);
-      } else {
-        park(conn, op, std::move(keys), timeout_ms);
-      }
-      return true;
-    }
-    case Op::kAdd: {
-      std::string key;
-      int64_t delta = 0;
-      if (!r.str(&key) || !r.i64(&delta) || !r.done()) return malformed();
-      int64_t value = 0;
-      auto it = data_.find(key);
-      absl::Status status;
-      if (it != data_.end()) {
-        auto parsed = internal::parse_counter(key, it->second);
-        if (parsed.ok()) value = *parsed;
-        status = parsed.status();
-      }
-      if (status.ok()) {
-        auto sum = internal::add_counter(key, value, delta);
-        if (sum.ok()) {
-          set_key(key, internal::format_counter(*sum));
-          send(conn, Writer().u8(0).i64(*sum).finish());
-          return true;
-        }
-        status = sum.status();
-      }
-      send(conn, error_response(status));
-      return true;
-    }
-    case Op::kCompareSet: {
-      std::string key;
-      Bytes expected, desired;
-      if (!r.str(&key) || !r.bytes(&expected) || !r.bytes(&desired) || !r.done()) return malformed();
-      auto it = data_.find(key);
-      if (it == data_.end() ? expected.empty() : it->second == expected) {
-        set_key(key, desired);
-        send(conn, Writer().u8(0).bytes(desired).finish());
-      } else {
-        send(conn, Writer().u8(0).bytes(it == data_.end() ? Bytes() : it->second).finish());
-      }
-      return true;
-    }
-    case Op::kCheck: {
-      std::vector<std::string> keys;
-      if (!read_keys(&keys) || !r.done()) return malformed();
-      send(conn, Writer().u8(0).u8(has_all(keys) ? 1 : 0).finish());
-      return true;
-    }
-    case Op::kDeleteKey: {
-      std::string key;
-      if (!r.str(&key) || !r.done()) return malformed();
-      bool existed = data_.erase(key) > 0;
-      send(conn, Writer().u8(0).u8(existed ? 1 : 0).finish());
-      return true;
-    }
-    case Op::kNumKeys: {
-      if (!r.done()) return malformed();
-      send(conn, Writer().u8(0).i64(static_cast<int64_t>(data_.size())).finish());
-      return true;
-    }
-    case Op::kMultiSet: {
-      uint32_t n = 0;
-      if (!r.count(&n, 8)) return malformed();
-      std::vector<std::pair<std::string, Bytes>> items(n);
-      for (auto& [k, v] : items) {
-        if (!r.str(&k) || !r.bytes(&v)) return malformed();
-      }
-      if (!r.done()) return malformed();
-      for (auto& [k, v] : items) set_key(std::move(k), std::move(v));
-      send(conn, ok_response());
-      return true;
-    }
-    case Op::kHello:
-      close(conn, "second handshake on one connection");
-      return false;
-  }
-  close(conn, absl::StrCat("unknown op ", static_cast<int>(op_byte)));
-  return false;
-}
-
-bool TCPStoreServer::Impl::has_all(const std::vector<std::string>& keys) const {
-  for (const std::string& k : keys) {
-    if (!data_.contains(k)) return false;
-  }
-  return true;
-}
-
-void TCPStoreServer::Impl::respond_to_wait(Connection* conn, Op op, const std::vector<std::string>& keys) {
-  Writer w;
-  w.u8(0);
-  if (op == Op::kGet) {
-    w.bytes(data_.at(keys[0]));
-  } else if (op == Op::kMultiGet) {
-    w.u32(static_cast<uint32_t>(keys.size()));
-    for (const std::string& k : keys) w.bytes(data_.at(k));
-  }
-  send(conn, std::move(w).finish());
-}
-
-void TCPStoreServer::Impl::park(Connection* conn, Op op, std::vector<std::string> keys, uint64_t timeout_ms) {
-  conn->parked = Connection::Parked{op, std::move(keys), std::chrono::steady_clock::now()};
-  absl::flat_hash_set<std::string_view> seen;
-  for (const std::string& k : conn->parked->keys) {
-    if (seen.insert(k).second) waiters_[k].push_back(conn);
-  }
-  uv_timer_start(&conn->timer, &Impl::on_timeout, timeout_ms, 0);
-}
-
-void TCPStoreServer::Impl::unpark(Connection* conn) {
-  if (!conn->parked) return;
-  uv_timer_stop(&conn->timer);
-  for (const std::string& k : conn->parked->keys) {
-    auto it = waiters_.find(k);
-    if (it == waiters_.end()) continue;
-    std::erase(it->second, conn);
-    if (it->second.empty()) waiters_.erase(it);
-  }
-  conn->parked.reset();
-}
-
-void TCPStoreServer::Impl::on_timeout(uv_timer_t* timer) {
-  Connection* conn = static_cast<Connection*>(timer->data);
-  Impl* self = conn->server;
-  if (!conn->parked || conn->closing) return;
-  std::vector<std::string> missing;
-  for (const std::string& k : conn->parked->keys) {
-    if (!self->data_.contains(k)) missing.push_back(k);
-  }
-  absl::Status status = internal::wait_timeout_error(op_name(static_cast<uint8_t>(conn->parked->op)), missing,
-                                                     internal::elapsed_since(conn->parked->start));
-  self->unpark(conn);
-  self->send(conn, error_response(status));
-  self->process(conn);
-}
-
-void TCPStoreServer::Impl::set_key(std::string key, Bytes value) {
-  auto it = waiters_.find(key);
-  std::vector<Connection*> woken;
-  if (it != waiters_.end()) {
-    // Checked after the value is stored; the list is taken out first because answering
-    // a waiter changes waiters_.
-    std::vector<Connection*> list = std::move(it->second);
-    waiters_.erase(it);
-    data_.insert_or_assign(key, std::move(value));
-    for (Connection* conn : list) {
-      if (conn->parked && !conn->closing && has_all(conn->parked->keys)) {
-        woken.push_back(conn);
-      } else {
-        waiters_[key].push_back(conn);
-      }
-    }
-  } else {
-    data_.insert_or_assign(std::move(key), std::move(value));
-  }
-  for (Connection* conn : woken) {
-    Connection::Parked parked = std::move(*conn->parked);
-    unpark(conn);
-    respond_to_wait(conn, parked.op, parked.keys);
-  }
-  // Requests queued behind the answered ones run after this one's answer is sent.
-  for (Connection* conn : woken) process(conn);
-}
-
-void TCPStoreServer::Impl::send(Connection* conn, Bytes frame) {
-  if (conn->closing) return;
+void TCPStoreServer::Impl::write(ConnId id, Bytes frame) {
+  Connection* conn = find(id);
+  if (conn == nullptr || conn->closing || !conn->failed.empty()) return;
   // Most answers are small and the socket has room: write them now, with no request
   // to allocate. uv_try_write refuses (UV_EAGAIN) while older writes are queued, so
   // answers never overtake each other.
   uv_buf_t now = uv_buf_init(reinterpret_cast<char*>(frame.data()), static_cast<unsigned>(frame.size()));
-  int written = uv_try_write(reinterpret_cast<uv_stream_t*>(&conn->tcp), &now, 1);
+  int written = conn->queued == 0 ? uv_try_write(reinterpret_cast<uv_stream_t*>(&conn->tcp), &now, 1) : UV_EAGAIN;
   if (written == static_cast<int>(frame.size())) return;
-  if (written > 0) {
-    frame.erase(frame.begin(), frame.begin() + written);
-  } else if (written != UV_EAGAIN) {
-    close(conn, absl::StrCat("write failed: ", uv_strerror(written)));
-    return;
-  }
+  if (written > 0) frame.erase(frame.begin(), frame.begin() + written);
+  // Any other error shows again in uv_write's callback, outside the core's call.
   auto* req = new WriteRequest{{}, std::move(frame), conn};
   req->req.data = req;
   uv_buf_t buf = uv_buf_init(reinterpret_cast<char*>(req->data.data()), static_cast<unsigned>(req->data.size()));
   int rc = uv_write(&req->req, reinterpret_cast<uv_stream_t*>(&conn->tcp), &buf, 1, &Impl::on_write);
   if (rc != 0) {
     delete req;
-    close(conn, absl::StrCat("write failed: ", uv_strerror(rc)));
+    // The core is in the middle of a call: report the failure as a disconnect on the
+    // loop's next turn.
+    conn->failed = absl::StrCat("write failed: ", uv_strerror(rc));
+    uv_read_stop(reinterpret_cast<uv_stream_t*>(&conn->tcp));
+    uv_timer_start(&conn->timer, &Impl::on_timer, 0, 0);
+    return;
   }
+  conn->queued += req->data.size();
 }
 
 void TCPStoreServer::Impl::on_write(uv_write_t* req, int status) {
   auto* w = static_cast<WriteRequest*>(req->data);
   Connection* conn = w->conn;
+  Impl* self = conn->server;
+  conn->queued -= w->data.size();
   delete w;
-  if (status < 0 && status != UV_ECANCELED && !conn->closing) {
-    conn->server->close(conn, absl::StrCat("write failed: ", uv_strerror(status)));
+  if (conn->closing || conn->lingering) return;
+  if (status < 0) {
+    self->guarded(conn, [&] { self->core_.on_disconnect(conn->id, absl::StrCat("write failed: ", uv_strerror(status))); });
+    return;
   }
+  self->guarded(conn, [&] { self->core_.on_drained(conn->id); });
 }
 
-void TCPStoreServer::Impl::send_and_close(Connection* conn, Bytes frame) {
-  send(conn, std::move(frame));
-  if (conn->closing) return;
-  // Stop reading and close once the answer is flushed; uv_shutdown waits for queued writes.
-  uv_read_stop(reinterpret_cast<uv_stream_t*>(&conn->tcp));
+size_t TCPStoreServer::Impl::queued_bytes(ConnId id) const {
+  Connection* conn = find(id);
+  return conn == nullptr ? 0 : conn->queued;
+}
+
+void TCPStoreServer::Impl::close(ConnId id, bool flush) {
+  Connection* conn = find(id);
+  if (conn == nullptr) return;
+  by_id_.erase(id);
+  if (!flush || conn->closing) {
+    close_handles(conn);
+    return;
+  }
+  // Send the last answer, then keep reading (discarding) until the peer closes or the
+  // linger time passes: closing with unread bytes would reset the connection and
+  // could destroy the answer before the peer reads it.
+  conn->lingering = true;
+  uv_timer_stop(&conn->timer);
   auto* req = new uv_shutdown_t;
   req->data = conn;
   if (uv_shutdown(req, reinterpret_cast<uv_stream_t*>(&conn->tcp), &Impl::on_shutdown) != 0) {
     delete req;
-    close(conn, "");
+    close_handles(conn);
+    return;
   }
+  uv_read_start(reinterpret_cast<uv_stream_t*>(&conn->tcp), &Impl::on_alloc, &Impl::on_read);
+  uv_timer_start(&conn->timer, &Impl::on_timer, kLingerMs, 0);
 }
 
-void TCPStoreServer::Impl::on_shutdown(uv_shutdown_t* req, int) {
+void TCPStoreServer::Impl::on_shutdown(uv_shutdown_t* req, int status) {
   Connection* conn = static_cast<Connection*>(req->data);
   delete req;
-  conn->server->close(conn, "");
+  if (status < 0 && !conn->closing) conn->server->close_handles(conn);
 }
 
-void TCPStoreServer::Impl::close(Connection* conn, std::string_view reason) {
+void TCPStoreServer::Impl::start_timer(ConnId id, std::chrono::milliseconds after) {
+  Connection* conn = find(id);
+  if (conn == nullptr || conn->closing || !conn->failed.empty()) return;
+  uv_timer_start(&conn->timer, &Impl::on_timer, static_cast<uint64_t>(std::max<int64_t>(after.count(), 0)), 0);
+}
+
+void TCPStoreServer::Impl::stop_timer(ConnId id) {
+  Connection* conn = find(id);
+  if (conn != nullptr && !conn->closing && conn->failed.empty()) uv_timer_stop(&conn->timer);
+}
+
+void TCPStoreServer::Impl::set_reading(ConnId id, bool reading) {
+  Connection* conn = find(id);
+  if (conn == nullptr || conn->closing || !conn->failed.empty()) return;
+  auto* stream = reinterpret_cast<uv_stream_t*>(&conn->tcp);
+  if (reading) {
+    uv_read_start(stream, &Impl::on_alloc, &Impl::on_read);
+  } else {
+    uv_read_stop(stream);
+  }
+}
+
+void TCPStoreServer::Impl::on_timer(uv_timer_t* timer) {
+  Connection* conn = static_cast<Connection*>(timer->data);
+  Impl* self = conn->server;
+  if (conn->closing) return;
+  if (conn->lingering) {
+    self->close_handles(conn);
+    return;
+  }
+  if (!conn->failed.empty()) {
+    std::string reason = conn->failed;
+    self->guarded(conn, [&] { self->core_.on_disconnect(conn->id, reason); });
+    return;
+  }
+  self->guarded(conn, [&] { self->core_.on_timeout(conn->id); });
+}
+
+void TCPStoreServer::Impl::close_handles(Connection* conn) {
   if (conn->closing) return;
   conn->closing = true;
-  if (!reason.empty()) {
-    FERRY_LOG(WARNING) << "store server: closing connection from " << conn->peer << ": " << reason;
-  }
-  unpark(conn);
-  connections_.erase(conn);
-  {
-    absl::MutexLock lock(&mu_);
-    --connections_count_;
-  }
+  open_.erase(conn);
   uv_close(reinterpret_cast<uv_handle_t*>(&conn->tcp), &Impl::on_conn_handle_closed);
   uv_close(reinterpret_cast<uv_handle_t*>(&conn->timer), &Impl::on_conn_handle_closed);
 }
@@ -661,6 +461,14 @@ absl::StatusOr<std::unique_ptr<TCPStoreServer>> TCPStoreServer::create(const TCP
   if (options.max_message_bytes < 64) {
     return absl::InvalidArgumentError(
         absl::StrCat("store server: max_message_bytes must be at least 64, got ", options.max_message_bytes));
+  }
+  if (options.world_size && *options.world_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("store server: world_size must be at least 1, got ", *options.world_size));
+  }
+  if (options.max_connections < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("store server: max_connections must be at least 1, got ", options.max_connections));
   }
   auto impl = std::make_unique<Impl>(options);
   FERRY_RETURN_IF_ERROR(impl->start());

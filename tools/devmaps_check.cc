@@ -134,8 +134,10 @@ absl::StatusOr<DevmapsConfig> parse_devmaps_config(std::string_view json_text) {
   json root;
   try {
     root = json::parse(json_text);
-  } catch (const json::parse_error& e) {
-    // Drop nlohmann's "[json.exception.parse_error.101] " tag; keep line and column.
+  } catch (const json::exception& e) {
+    // A syntax error (parse_error) or a number too large for a double (out_of_range,
+    // found by fuzz/devmaps_fuzz.cc). Drop nlohmann's "[json.exception.parse_error.101] "
+    // tag; keep line and column.
     std::string_view what = e.what();
     if (size_t tag_end = what.find("] "); tag_end != std::string_view::npos) what.remove_prefix(tag_end + 2);
     return absl::InvalidArgumentError(absl::StrCat("invalid JSON: ", internal::av(what)));

@@ -1,6 +1,7 @@
 #include "process_group/internal/header.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -49,7 +50,79 @@ std::string header_error(const CollectiveHeader& h) {
   return std::string(h.error, strnlen(h.error, CollectiveHeader::kMaxError));
 }
 
+// The tensor fields: dtype, ndim, dims, numel and the byte count.
+absl::Status validate_tensor_fields(const CollectiveHeader& h, const std::string& from) {
+  auto bad = [&](std::string_view what) {
+    return absl::DataLossError(absl::StrCat("corrupt collective header from ", from, ": ", std::string(what)));
+  };
+  if (!is_valid_dtype(h.dtype)) return bad(absl::StrCat("dtype ", h.dtype, " is not a dtype"));
+  if (h.ndim < 0 || h.ndim > kMaxHeaderDims) {
+    return bad(absl::StrCat(h.ndim, " dimensions (expected 0 to ", kMaxHeaderDims, ")"));
+  }
+  if (h.numel < 0) return bad(absl::StrCat("numel ", h.numel, " is negative"));
+  const int shown = std::min<int>(h.ndim, CollectiveHeader::kMaxDims);
+  int64_t product = 1;
+  bool overflow = false;
+  for (int i = 0; i < shown; ++i) {
+    if (h.dims[i] < 0) return bad(absl::StrCat("dimension ", i, " is ", h.dims[i]));
+    if (h.dims[i] != 0 && product > INT64_MAX / h.dims[i]) {
+      overflow = true;
+    } else {
+      product *= h.dims[i];
+    }
+  }
+  for (int i = shown; i < CollectiveHeader::kMaxDims; ++i) {
+    if (h.dims[i] != 0) return bad(absl::StrCat("dimension ", i, " is set beyond ndim ", h.ndim));
+  }
+  // With every dimension recorded, their product is the element count; with more, the
+  // count must still be a multiple of the recorded ones' product (0 counts as any).
+  const bool undefined_tensor = h.ndim == 0 && h.numel == 0;
+  if (undefined_tensor) return absl::OkStatus();
+  if (h.ndim <= CollectiveHeader::kMaxDims ? (overflow || product != h.numel)
+                                           : (!overflow && product != 0 && h.numel % product != 0)) {
+    return bad(absl::StrCat("numel ", h.numel, " does not match shape ", header_shape_string(h)));
+  }
+  const int64_t size = static_cast<int64_t>(dtype_size(static_cast<DType>(h.dtype)));
+  if (h.numel > INT64_MAX / size) {
+    return bad(absl::StrCat(h.numel, " elements of ", dtype_name(static_cast<DType>(h.dtype)),
+                            " overflow a byte count"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+absl::Status validate_header(const CollectiveHeader& h, size_t rank, size_t group_size) {
+  const std::string from = absl::StrCat("rank ", rank);
+  auto bad = [&](std::string_view what) {
+    return absl::DataLossError(absl::StrCat("corrupt collective header from ", from, ": ", std::string(what)));
+  };
+  if (h.magic != CollectiveHeader::kMagic) return bad(absl::StrCat("magic ", h.magic));
+  if (h.kind < 1 || h.kind > 8) return bad(absl::StrCat("unknown collective ", h.kind));
+  if (h.has_error > 1) return bad(absl::StrCat("error flag ", h.has_error));
+  if (h.has_error) return absl::OkStatus();
+  const auto kind = static_cast<CollectiveKind>(h.kind);
+  if (uses_root(kind) && (h.root < 0 || static_cast<size_t>(h.root) >= group_size)) {
+    return bad(absl::StrCat(root_name(kind), " ", h.root, " is outside the group of ", group_size));
+  }
+  if (uses_reduce_op(kind) && h.reduce_op > static_cast<uint8_t>(ReduceOp::kMax)) {
+    return bad(absl::StrCat("reduce op ", h.reduce_op, " is not a reduce op"));
+  }
+  if (kind == CollectiveKind::kAllGatherBytes && (h.numel < 0 || h.numel > kMaxGatherBytes)) {
+    return bad(absl::StrCat("a contribution of ", h.numel, " bytes (expected 0 to ", kMaxGatherBytes, ")"));
+  }
+  if (uses_tensor(kind)) return validate_tensor_fields(h, from);
+  return absl::OkStatus();
+}
+
+absl::Status validate_p2p_header(const CollectiveHeader& h, uint8_t p2p_kind, int sender, std::string_view what) {
+  const std::string from = absl::StrCat("rank ", sender, " (", std::string(what), ")");
+  if (h.magic != CollectiveHeader::kMagic || h.kind != p2p_kind) {
+    return absl::DataLossError(absl::StrCat("corrupt message header from ", from, ": magic ", h.magic, ", kind ",
+                                            h.kind));
+  }
+  return validate_tensor_fields(h, from);
+}
 
 const char* collective_name(CollectiveKind kind) {
   switch (kind) {
@@ -92,7 +165,7 @@ CollectiveHeader make_header(CollectiveKind kind, const Tensor* tensor, int root
 }
 
 std::string header_shape_string(const CollectiveHeader& h) {
-  const int shown = std::min<int>(h.ndim, CollectiveHeader::kMaxDims);
+  const int shown = std::clamp<int>(h.ndim, 0, CollectiveHeader::kMaxDims);
   std::vector<int64_t> dims(h.dims, h.dims + shown);
   if (h.ndim <= CollectiveHeader::kMaxDims) return absl::StrCat("[", absl::StrJoin(dims, ", "), "]");
   return absl::StrCat("[", absl::StrJoin(dims, ", "), ", ...] (", h.ndim, " dims)");
@@ -101,10 +174,8 @@ std::string header_shape_string(const CollectiveHeader& h) {
 absl::Status check_headers(const std::vector<CollectiveHeader>& headers, const absl::Status& local_error) {
   if (!local_error.ok()) return local_error;
   for (size_t r = 0; r < headers.size(); ++r) {
-    if (headers[r].magic != CollectiveHeader::kMagic) {
-      return absl::InternalError(absl::StrCat("collective header from rank ", r, " is corrupt (magic ",
-                                              headers[r].magic, ")"));
-    }
+    absl::Status valid = validate_header(headers[r], r, headers.size());
+    if (!valid.ok()) return valid;
   }
   const CollectiveHeader& base = headers[0];
   // A different collective first: every other comparison would be meaningless.

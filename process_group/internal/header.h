@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -60,7 +61,27 @@ static_assert(sizeof(CollectiveHeader) == 256);
 CollectiveHeader make_header(CollectiveKind kind, const Tensor* tensor, int root, ReduceOp op,
                              const absl::Status& local_error, int64_t numel = 0);
 
-// The outcome every rank reaches from the same headers (index = group rank). A rank
+// Largest dimension count a header may announce (tensors record their first kMaxDims
+// dimensions, and count the rest).
+inline constexpr int32_t kMaxHeaderDims = 64;
+// Largest byte count one rank may contribute to an all_gather_bytes (1 TiB).
+inline constexpr int64_t kMaxGatherBytes = int64_t{1} << 40;
+
+// Whether a header that came from group rank `rank` of `group_size` ranks is
+// well-formed, checked before any field is used: the magic, a known collective, a
+// valid dtype and reduce op, a root inside the group, 0 <= ndim <= kMaxHeaderDims,
+// non-negative dimensions whose product is numel, and a byte count (numel times the
+// dtype's size) that fits in int64. kDataLoss naming the rank and the field otherwise.
+// Headers that carry an error are checked only as far as their kind.
+absl::Status validate_header(const CollectiveHeader& h, size_t rank, size_t group_size);
+
+// The same checks for a point-to-point message header (its kind is `p2p_kind`, its
+// root the sender's sequence number, not a rank) from `sender`; `what` names the
+// operation for the error ("recv").
+absl::Status validate_p2p_header(const CollectiveHeader& h, uint8_t p2p_kind, int sender, std::string_view what);
+
+// The outcome every rank reaches from the same headers (index = group rank). Each
+// header is validated first (validate_header). A rank
 // whose own arguments failed gets its own error back; the others get an error naming
 // the first such rank. Otherwise fields that must agree are compared with rank 0's.
 absl::Status check_headers(const std::vector<CollectiveHeader>& headers, const absl::Status& local_error);

@@ -18,6 +18,7 @@
 #include <string_view>
 #include <vector>
 
+#include "base/logging.h"
 #include "store/store.h"
 
 namespace ferry::internal::tcp_store {
@@ -44,38 +45,54 @@ enum class Op : uint8_t {
 std::string op_name(uint8_t op);
 
 // Appends little-endian fields to a frame; the frame's length is filled in by finish().
+// A field longer than a u32 length can say is not appended; too_large() then tells the
+// caller, which must refuse the message before finish().
 class Writer {
  public:
   Writer() : buf_(kFrameHeaderBytes, 0) {}
   Writer& u8(uint8_t v) {
     buf_.push_back(v);
+    logical_ += 1;
     return *this;
   }
   Writer& u32(uint32_t v) { return raw_le(v, 4); }
   Writer& u64(uint64_t v) { return raw_le(v, 8); }
   Writer& i64(int64_t v) { return raw_le(static_cast<uint64_t>(v), 8); }
   Writer& bytes(const void* data, size_t n) {
+    if (n > UINT32_MAX) {
+      logical_ += 4 + static_cast<uint64_t>(n);
+      return *this;
+    }
     u32(static_cast<uint32_t>(n));
     const uint8_t* p = static_cast<const uint8_t*>(data);
     buf_.insert(buf_.end(), p, p + n);
+    logical_ += n;
     return *this;
   }
   Writer& str(std::string_view s) { return bytes(s.data(), s.size()); }
   Writer& bytes(const Bytes& b) { return bytes(b.data(), b.size()); }
-  // The whole frame, header included; leaves the writer empty.
+  // The body's size as written so far, fields that did not fit included.
+  uint64_t body_size() const { return logical_; }
+  // Whether the body cannot be framed: a field or the whole body over 4 GiB - 1.
+  bool too_large() const { return logical_ > UINT32_MAX || logical_ != buf_.size() - kFrameHeaderBytes; }
+  // The whole frame, header included; leaves the writer empty. Callers check
+  // too_large() and their message limit first: a frame length never wraps.
   Bytes finish() {
+    FERRY_CHECK(!too_large()) << "store frame of " << logical_ << " bytes";
     uint32_t n = static_cast<uint32_t>(buf_.size() - kFrameHeaderBytes);
     for (int i = 0; i < 4; ++i) buf_[i] = static_cast<uint8_t>(n >> (8 * i));
+    logical_ = 0;
     return std::move(buf_);
   }
-  size_t body_size() const { return buf_.size() - kFrameHeaderBytes; }
 
  private:
   Writer& raw_le(uint64_t v, int n) {
     for (int i = 0; i < n; ++i) buf_.push_back(static_cast<uint8_t>(v >> (8 * i)));
+    logical_ += static_cast<uint64_t>(n);
     return *this;
   }
   Bytes buf_;
+  uint64_t logical_ = 0;
 };
 
 // Reads fields from a frame body. Every read fails (returns false) past the end, so a

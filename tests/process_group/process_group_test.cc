@@ -32,6 +32,7 @@ namespace {
 
 using ::ferry::testing::StatusIs;
 using ::testing::AnyOf;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Values;
 using std::chrono::milliseconds;
@@ -670,6 +671,19 @@ struct MaybeWritten {
   }
 };
 
+// Claims 2^60 strings in a few bytes: decoding must refuse it before allocating.
+struct HostileCount {
+  std::vector<std::string> values;
+  template <class Archive>
+  void save(Archive& ar) const {
+    ar(uint64_t{1} << 60);
+  }
+  template <class Archive>
+  void load(Archive& ar) {
+    ar(values);
+  }
+};
+
 WorkerInfo info_of(int rank) {
   WorkerInfo info{"worker" + std::to_string(rank), rank, {}};
   for (int k = 0; k < rank; ++k) info.device_maps["worker" + std::to_string(k)] = std::vector<int>(rank, k);
@@ -707,6 +721,9 @@ void objects_body(const std::string& dir, int rank, int n) {
   absl::StatusOr<std::vector<MaybeWritten>> broken = group->all_gather_object(MaybeWritten{rank != 2, rank});
   EXPECT_THAT(broken, StatusIs(absl::StatusCode::kDataLoss,
                                HasSubstr("all_gather_object: the 0 bytes from rank 2 do not deserialize")));
+  absl::StatusOr<std::vector<HostileCount>> hostile = group->all_gather_object(HostileCount{});
+  EXPECT_THAT(hostile, StatusIs(absl::StatusCode::kDataLoss,
+                                AllOf(HasSubstr("the 8 bytes from rank 0"), HasSubstr("declares 1152921504606846976"))));
   EXPECT_OK(group->barrier());
 }
 

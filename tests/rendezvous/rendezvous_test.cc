@@ -235,5 +235,19 @@ TEST(RendezvousTest, SingleRankFileAndTcpAndEnv) {
   }
 }
 
+TEST(RendezvousTest, FileRunIdKeepsRunsApart) {
+  ferry::testing::TempDir dir;
+  std::string path = dir.path() + "/store";
+  FERRY_ASSERT_OK_AND_ASSIGN(RendezvousResult first,
+                             rendezvous("file://" + path + "?rank=0&world_size=1&run_id=run1", 5s));
+  EXPECT_OK(first.store->set("addr/0", to_bytes("run1")));
+  FERRY_ASSERT_OK_AND_ASSIGN(RendezvousResult second,
+                             rendezvous("file://" + path + "?rank=0&world_size=1&run_id=run2", 5s));
+  FERRY_ASSERT_OK_AND_ASSIGN(bool stale, second.store->check({"addr/0"}));
+  EXPECT_FALSE(stale) << "run2 must not read run1's address";
+  EXPECT_THAT(rendezvous("file://" + path + "?rank=0&world_size=1&run_id=", 5s),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("run_id must be 1 to 255 characters")));
+}
+
 }  // namespace
 }  // namespace ferry

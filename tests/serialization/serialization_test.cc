@@ -10,6 +10,7 @@ namespace ferry {
 namespace {
 
 using ::ferry::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 struct Point {
@@ -172,6 +173,76 @@ TEST(Payload, HugeDeclaredShapesAreRejectedBeforeAllocating) {
   std::memcpy(wire2.data() + Message::kHeaderSize + 6, &dim, 8);
   EXPECT_THAT(read_payload<Tensor>(*Message::parse(wire2, received)),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("too large")));
+}
+
+// A hostile count no larger than the bytes left, but larger than those bytes can hold
+// at the element type's smallest encoding, is refused before the vector is sized.
+TEST(Payload, CountsAreCheckedAgainstTheElementsSmallestEncoding) {
+  auto payload_with_count = [](uint64_t count, size_t filler) {
+    Message m(MessageType::kResponse, 1);
+    m.buffer().append(reinterpret_cast<const char*>(&count), 8);
+    m.buffer().append(filler, '\0');
+    return m;
+  };
+  // 800 bytes left: 800 one-byte elements would fit, 800 int64s need 6400.
+  EXPECT_THAT(read_payload<std::vector<int64_t>>(payload_with_count(800, 800)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("declares 800 elements of at least 8 bytes each but only 800 bytes are left")));
+  EXPECT_THAT(read_payload<std::vector<std::string>>(payload_with_count(800, 800)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("of at least 8 bytes each")));
+  EXPECT_THAT(read_payload<std::vector<std::vector<double>>>(payload_with_count(101, 800)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("of at least 8 bytes each")));
+  EXPECT_THAT((read_payload<std::vector<std::pair<int32_t, double>>>(payload_with_count(67, 800))),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("of at least 12 bytes each")));
+  EXPECT_THAT((read_payload<std::vector<std::tuple<int64_t, std::string, Tensor>>>(payload_with_count(50, 800))),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("of at least 17 bytes each")));
+  // Honest counts still decode, including vectors of bools and of empty-ish values.
+  Message ok(MessageType::kResponse, 1);
+  {
+    PayloadWriter w(ok);
+    w(std::vector<int64_t>{1, 2, 3}, std::vector<std::string>{"a", ""}, std::vector<bool>{true, false},
+      std::vector<std::optional<int32_t>>{std::nullopt, 5});
+  }
+  auto back = read_payload<std::vector<int64_t>, std::vector<std::string>, std::vector<bool>,
+                           std::vector<std::optional<int32_t>>>(ok);
+  ASSERT_OK(back.status());
+  EXPECT_EQ(std::get<0>(*back), (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_EQ(std::get<1>(*back)[0], "a");
+  EXPECT_EQ(std::get<3>(*back)[1], 5);
+}
+
+// Found by fuzz/payload_fuzz.cc: a 0-dim tensor's empty shape made the reader pass a
+// null pointer to memcpy (undefined behaviour, reported by UBSan in the sanitizer build).
+TEST(Payload, ZeroDimTensorsAndEmptyVectorsRoundTrip) {
+  Message m(MessageType::kResponse, 1);
+  Tensor scalar = *Tensor::zeros({}, DType::kInt64);
+  {
+    PayloadWriter w(m);
+    w(scalar, std::vector<int64_t>{}, std::vector<std::string>{});
+  }
+  auto back = read_payload<Tensor, std::vector<int64_t>, std::vector<std::string>>(m);
+  ASSERT_OK(back.status());
+  EXPECT_EQ(std::get<0>(*back).dim(), 0);
+  EXPECT_EQ(std::get<0>(*back).numel(), 1);
+  EXPECT_TRUE(std::get<1>(*back).empty());
+}
+
+TEST(MessageSize, AnnouncedBytesAreCheckedAgainstTheLimitWithoutOverflow) {
+  std::vector<uint64_t> fine{1000, 2000};
+  EXPECT_OK(check_message_size(100, fine, 3100));
+  EXPECT_THAT(check_message_size(101, fine, 3100),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("announces 3101 bytes"), HasSubstr("largest tensor (#1) has 2000 bytes"),
+                             HasSubstr("limit of 3100 bytes"), HasSubstr("FERRY_MAX_MESSAGE_BYTES"))));
+  // A peer announcing a 1 TiB tensor, with the default limit.
+  std::vector<uint64_t> tib{uint64_t{1} << 40};
+  EXPECT_THAT(check_message_size(64, tib), StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("1099511627776")));
+  // Lengths whose sum wraps around 2^64.
+  std::vector<uint64_t> wrap{UINT64_MAX, 2};
+  EXPECT_THAT(check_message_size(0, wrap, UINT64_MAX),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("more than 2^64")));
+  EXPECT_OK(check_message_size(0, {}, 0));
+  EXPECT_EQ(max_message_bytes(), kDefaultMaxMessageBytes);
 }
 
 TEST(ErrorMessage, CarriesCodeAndText) {

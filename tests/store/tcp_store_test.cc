@@ -371,5 +371,218 @@ TEST(TCPStoreTest, ManyClientsManyThreads) {
   EXPECT_EQ(total, kClients * 20);
 }
 
+// Reads one answer frame (header included) from `raw`.
+std::vector<uint8_t> read_answer(RawSocket& raw) {
+  std::vector<uint8_t> head = raw.receive(4, 5s);
+  if (head.size() != 4) return {};
+  uint32_t len = head[0] | head[1] << 8 | head[2] << 16 | static_cast<uint32_t>(head[3]) << 24;
+  std::vector<uint8_t> body = raw.receive(len, 5s);
+  head.insert(head.end(), body.begin(), body.end());
+  return head;
+}
+
+std::vector<uint8_t> keys_body(uint8_t op, const std::vector<std::string>& keys, uint64_t timeout_ms) {
+  std::vector<uint8_t> body{op};
+  put_u32(body, static_cast<uint32_t>(keys.size()));
+  for (const auto& k : keys) put_str(body, k);
+  put_u64(body, timeout_ms);
+  return body;
+}
+
+// The crash a new user could cause with four `ferry store` commands: a client waits on
+// two keys, is woken, disconnects; a later set of one of the keys used the freed
+// connection (heap-use-after-free under ASan).
+TEST(TCPStoreTest, MultiKeyWaiterThatWokeAndLeftIsForgotten) {
+  auto server = start_server();
+  ASSERT_NE(server, nullptr);
+  auto setter = connect_to(server->port());
+  ASSERT_NE(setter, nullptr);
+  {
+    RawSocket raw(server->port());
+    ASSERT_TRUE(raw.send(hello()));
+    ASSERT_EQ(raw.receive(9, 5s).size(), 9u);
+    ASSERT_TRUE(raw.send(frame(keys_body(7, {"a", "b"}, 60000))));  // wait
+    ASSERT_TRUE(eventually([&] { return server->num_connections() == 2; }));
+    EXPECT_OK(setter->set("a", to_bytes("1")));
+    EXPECT_OK(setter->set("b", to_bytes("2")));
+    std::vector<uint8_t> answer = read_answer(raw);
+    ASSERT_EQ(answer.size(), 5u);
+    EXPECT_EQ(answer[4], 0);
+  }
+  ASSERT_TRUE(eventually([&] { return server->num_connections() == 1; }));
+  EXPECT_OK(setter->set("a", to_bytes("3")));
+  EXPECT_OK(setter->set("b", to_bytes("4")));
+  EXPECT_OK(setter->delete_key("a").status());
+  EXPECT_OK(setter->set("a", to_bytes("5")));
+  FERRY_ASSERT_OK_AND_ASSIGN(int64_t n, setter->num_keys());
+  EXPECT_EQ(n, 2);
+}
+
+TEST(TCPStoreTest, KeyDeletedThenSetAgainWakesItsWaiter) {
+  auto server = start_server();
+  ASSERT_NE(server, nullptr);
+  auto setter = connect_to(server->port());
+  auto waiter = connect_to(server->port());
+  ASSERT_NE(setter, nullptr);
+  ASSERT_NE(waiter, nullptr);
+  EXPECT_OK(setter->set("k", to_bytes("old")));
+  absl::StatusOr<std::vector<Bytes>> got;
+  std::thread t([&] { got = waiter->multi_get({"k", "m"}, 10s); });
+  ASSERT_TRUE(eventually([&] { return server->num_connections() == 2; }));
+  EXPECT_OK(setter->delete_key("k").status());
+  EXPECT_OK(setter->set("m", to_bytes("M")));
+  EXPECT_OK(setter->set("k", to_bytes("new")));
+  t.join();
+  ASSERT_OK(got.status());
+  ASSERT_EQ(got->size(), 2u);
+  // Either the old value (the waiter asked before the delete) or the new one.
+  EXPECT_THAT(to_string((*got)[0]), ::testing::AnyOf("old", "new"));
+  EXPECT_EQ(to_string((*got)[1]), "M");
+  waiter.reset();
+  EXPECT_OK(setter->delete_key("k").status());
+  EXPECT_OK(setter->set("k", to_bytes("again")));
+  EXPECT_OK(setter->set("m", to_bytes("again")));
+}
+
+TEST(TCPStoreTest, MultiGetAnswerOverTheLimitFailsAndTheConnectionGoesOn) {
+  TCPStoreOptions options;
+  options.is_server = true;
+  options.max_message_bytes = 4096;
+  options.timeout = 5s;
+  FERRY_ASSERT_OK_AND_ASSIGN(auto store, TCPStore::create(options));
+  EXPECT_OK(store->set("v", Bytes(1000, 'x')));
+  EXPECT_THAT(store->multi_get({"v", "v", "v", "v", "v"}),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("multi_get of 5 keys"), HasSubstr("message limit of 4096 bytes"))));
+  FERRY_ASSERT_OK_AND_ASSIGN(auto three, store->multi_get({"v", "v", "v"}));
+  EXPECT_EQ(three.size(), 3u);
+}
+
+TEST(TCPStoreTest, ConnectionsBeyondTheLimitAreRefusedWithAReason) {
+  TCPStoreServerOptions options;
+  options.host = "127.0.0.1";
+  options.max_connections = 2;
+  FERRY_ASSERT_OK_AND_ASSIGN(auto server, TCPStoreServer::create(options));
+  auto first = connect_to(server->port());
+  ASSERT_NE(first, nullptr);
+  RawSocket second(server->port());
+  ASSERT_TRUE(second.connected());
+  ASSERT_TRUE(eventually([&] { return server->num_connections() == 2; }));
+  auto refused = TCPStore::create("127.0.0.1", server->port(), false, std::nullopt, 300ms);
+  EXPECT_THAT(refused, StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("limit of 2 connections")));
+  EXPECT_EQ(server->num_connections(), 2);
+  second.close();
+  ASSERT_TRUE(eventually([&] { return server->num_connections() == 1; }));
+  auto admitted = connect_to(server->port());
+  ASSERT_NE(admitted, nullptr);
+  EXPECT_OK(admitted->set("k", to_bytes("v")));
+}
+
+TEST(TCPStoreTest, PipelinedClientThatReadsLateGetsEveryAnswerInOrder) {
+  TCPStoreServerOptions options;
+  options.host = "127.0.0.1";
+  options.max_queued_bytes = 64 << 10;
+  FERRY_ASSERT_OK_AND_ASSIGN(auto server, TCPStoreServer::create(options));
+  auto setter = connect_to(server->port());
+  ASSERT_NE(setter, nullptr);
+  constexpr int kValueBytes = 256 << 10;
+  constexpr int kGets = 64;  // 16 MiB of answers if nothing held them back
+  EXPECT_OK(setter->set("v", Bytes(kValueBytes, 'v')));
+  RawSocket raw(server->port());
+  ASSERT_TRUE(raw.send(hello()));
+  ASSERT_EQ(raw.receive(9, 5s).size(), 9u);
+  std::vector<uint8_t> all;
+  for (int i = 0; i < kGets; ++i) {
+    std::vector<uint8_t> body{3};
+    put_str(body, "v");
+    put_u64(body, 0);
+    std::vector<uint8_t> f = frame(body);
+    all.insert(all.end(), f.begin(), f.end());
+  }
+  std::vector<uint8_t> last{9};  // num_keys, answered after every get
+  std::vector<uint8_t> f = frame(last);
+  all.insert(all.end(), f.begin(), f.end());
+  ASSERT_TRUE(raw.send(all));
+  // The server stays responsive to others meanwhile.
+  EXPECT_OK(setter->set("other", to_bytes("x")));
+  size_t expected = static_cast<size_t>(kGets) * (4 + 1 + 4 + kValueBytes) + 4 + 9;
+  std::vector<uint8_t> answers = raw.receive(expected, 30s);
+  ASSERT_EQ(answers.size(), expected);
+  EXPECT_EQ(answers[expected - 9], 0);
+  EXPECT_EQ(answers[expected - 8], 2) << "num_keys: v and other";
+}
+
+// A listener that completes the handshake, then never reads again.
+class StalledServer {
+ public:
+  StalledServer() {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    ::listen(fd_, 4);
+    socklen_t len = sizeof(addr);
+    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+    port_ = ntohs(addr.sin_port);
+    thread_ = std::thread([this] {
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, 5000) != 1) return;
+      client_ = ::accept(fd_, nullptr, nullptr);
+      uint8_t hello[4 + 10];
+      size_t got = 0;
+      while (got < sizeof(hello)) {
+        ssize_t n = ::recv(client_, hello + got, sizeof(hello) - got, 0);
+        if (n <= 0) return;
+        got += static_cast<size_t>(n);
+      }
+      std::vector<uint8_t> answer = frame({0, 1, 0, 0, 0});
+      ::send(client_, answer.data(), answer.size(), MSG_NOSIGNAL);
+    });
+  }
+  ~StalledServer() {
+    thread_.join();
+    if (client_ >= 0) ::close(client_);
+    ::close(fd_);
+  }
+  uint16_t port() const { return port_; }
+
+ private:
+  int fd_ = -1;
+  int client_ = -1;
+  uint16_t port_ = 0;
+  std::thread thread_;
+};
+
+TEST(TCPStoreTest, SendToAServerThatStoppedReadingFailsAtTheTimeout) {
+  StalledServer stalled;
+  auto store = TCPStore::create("127.0.0.1", stalled.port(), false, std::nullopt, 500ms);
+  ASSERT_OK(store.status());
+  // 32 MiB cannot fit in the socket buffers of an unread connection.
+  EXPECT_THAT((*store)->set("big", Bytes(32 << 20, 'x')),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("send timed out")));
+}
+
+// The next run's rank can reach this run's server before it shut down (a relaunch on
+// the same port): once the run's world_size workers connected, another worker is
+// refused, and its connect retries until its own run's server is up.
+TEST(TCPStoreTest, WorkerBeyondTheRunsWorldSizeIsRefusedAndRetries) {
+  TCPStoreOptions options;
+  options.host = "127.0.0.1";
+  options.is_server = true;
+  options.world_size = 1;
+  options.timeout = 5s;
+  FERRY_ASSERT_OK_AND_ASSIGN(auto rank0, TCPStore::create(options));
+  EXPECT_OK(rank0->set("addr/0", to_bytes("this run")));
+  auto late = TCPStore::create("127.0.0.1", rank0->port(), false, /*world_size=*/1, 300ms);
+  EXPECT_THAT(late, StatusIs(absl::StatusCode::kDeadlineExceeded,
+                             AllOf(HasSubstr("already has all 1 workers of its run"), HasSubstr("refused"))));
+  // A tool (not a worker) is still served.
+  auto tool = connect_to(rank0->port());
+  ASSERT_NE(tool, nullptr);
+  FERRY_ASSERT_OK_AND_ASSIGN(Bytes v, tool->get("addr/0", 1s));
+  EXPECT_EQ(to_string(v), "this run");
+}
+
 }  // namespace
 }  // namespace ferry

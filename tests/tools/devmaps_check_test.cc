@@ -153,6 +153,9 @@ TEST_F(DevmapsCheck, MalformedInputIsAUsageErrorSayingWhere) {
   } cases[] = {
       {"", "invalid JSON: parse error at line 1, column 1"},
       {R"({"workers": [)", "invalid JSON: parse error at line 1, column 14"},
+      // Found by fuzz/devmaps_fuzz.cc: once an uncaught exception (the tool aborted).
+      {"1e11555", "invalid JSON: number overflow parsing '1e11555'"},
+      {R"({"workers": [{"name": "w0", "device_count": 1e400}]})", "invalid JSON: number overflow parsing '1e400'"},
       {"[]", "top level: expected an object, got array []"},
       {R"({"worker": []})", R"(top level: unknown key "worker" (expected "static", "workers"))"},
       {R"({"static": true})", R"(top level: missing "workers")"},

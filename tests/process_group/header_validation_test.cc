@@ -1,0 +1,121 @@
+// Headers received from peers are validated field by field before any is used: every
+// corruption a peer (or a bit flip) can produce is a kDataLoss naming the rank and the
+// field, never a huge allocation, an overflowed byte count or an out-of-range index.
+#include <cstring>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "process_group/internal/header.h"
+#include "process_group/process_group.h"
+#include "tests/testing/status_matchers.h"
+
+namespace ferry::internal {
+namespace {
+
+using ::ferry::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+CollectiveHeader header_for(CollectiveKind kind, std::vector<int64_t> shape, DType dtype = DType::kFloat32,
+                            int root = 0) {
+  Tensor t = *Tensor::zeros(std::move(shape), dtype);
+  return make_header(kind, &t, root, ReduceOp::kSum, absl::OkStatus());
+}
+
+TEST(HeaderValidationTest, HeadersThisBuildMakesAreValid) {
+  for (auto kind : {CollectiveKind::kBroadcast, CollectiveKind::kAllReduce, CollectiveKind::kReduce,
+                    CollectiveKind::kAllGather, CollectiveKind::kGather, CollectiveKind::kScatter}) {
+    EXPECT_OK(validate_header(header_for(kind, {2, 3}), 0, 2)) << collective_name(kind);
+    EXPECT_OK(validate_header(header_for(kind, {}), 0, 2)) << "0-dim " << collective_name(kind);
+    EXPECT_OK(validate_header(header_for(kind, {0, 5}), 0, 2)) << "empty " << collective_name(kind);
+  }
+  // More dimensions than the header records.
+  EXPECT_OK(validate_header(header_for(CollectiveKind::kAllReduce, {2, 1, 1, 1, 1, 1, 1, 1, 3, 2}), 0, 1));
+  EXPECT_OK(validate_header(make_header(CollectiveKind::kBarrier, nullptr, 0, ReduceOp::kSum, absl::OkStatus()), 0, 1));
+  EXPECT_OK(validate_header(
+      make_header(CollectiveKind::kAllGatherBytes, nullptr, 0, ReduceOp::kSum, absl::OkStatus(), 1000), 0, 1));
+  // A header carrying its rank's own error is not held to the tensor rules.
+  EXPECT_OK(validate_header(make_header(CollectiveKind::kAllReduce, nullptr, 7, ReduceOp::kSum,
+                                        absl::InvalidArgumentError("bad tensor")),
+                            0, 1));
+}
+
+TEST(HeaderValidationTest, EveryCorruptFieldIsDataLossNamingRankAndField) {
+  const CollectiveHeader good = header_for(CollectiveKind::kBroadcast, {4, 3}, DType::kFloat32, 1);
+  struct Case {
+    const char* what;
+    void (*corrupt)(CollectiveHeader&);
+    const char* message;
+  };
+  const std::vector<Case> cases = {
+      {"magic", [](CollectiveHeader& h) { h.magic = 7; }, "magic 7"},
+      {"kind", [](CollectiveHeader& h) { h.kind = 99; }, "unknown collective 99"},
+      {"error flag", [](CollectiveHeader& h) { h.has_error = 5; }, "error flag 5"},
+      {"dtype", [](CollectiveHeader& h) { h.dtype = 200; }, "dtype 200 is not a dtype"},
+      {"root", [](CollectiveHeader& h) { h.root = 9; }, "src 9 is outside the group of 3"},
+      {"negative root", [](CollectiveHeader& h) { h.root = -1; }, "src -1 is outside"},
+      {"ndim", [](CollectiveHeader& h) { h.ndim = -3; }, "-3 dimensions"},
+      {"many dims", [](CollectiveHeader& h) { h.ndim = 1000; }, "1000 dimensions (expected 0 to 64)"},
+      {"numel", [](CollectiveHeader& h) { h.numel = -1; }, "numel -1 is negative"},
+      {"numel vs shape", [](CollectiveHeader& h) { h.numel = 13; }, "numel 13 does not match shape [4, 3]"},
+      {"negative dim", [](CollectiveHeader& h) { h.dims[0] = -4; }, "dimension 0 is -4"},
+      {"dim past ndim", [](CollectiveHeader& h) { h.dims[5] = 2; }, "dimension 5 is set beyond ndim 2"},
+      {"overflowing shape",
+       [](CollectiveHeader& h) {
+         h.dims[0] = int64_t{1} << 40;
+         h.dims[1] = int64_t{1} << 40;
+         h.numel = 0;
+       },
+       "does not match shape"},
+      {"byte count overflow",
+       [](CollectiveHeader& h) {
+         h.ndim = 1;
+         h.dims[0] = int64_t{1} << 62;
+         h.dims[1] = 0;
+         h.numel = int64_t{1} << 62;
+       },
+       "overflow a byte count"},
+  };
+  for (const Case& c : cases) {
+    CollectiveHeader h = good;
+    c.corrupt(h);
+    EXPECT_THAT(validate_header(h, 2, 3),
+                StatusIs(absl::StatusCode::kDataLoss,
+                         AllOf(HasSubstr("corrupt collective header from rank 2"), HasSubstr(c.message))))
+        << c.what;
+    // check_headers refuses it the same way, before comparing anything.
+    std::vector<CollectiveHeader> all{good, good, h};
+    EXPECT_THAT(check_headers(all, absl::OkStatus()), StatusIs(absl::StatusCode::kDataLoss, HasSubstr(c.message)))
+        << c.what;
+  }
+  CollectiveHeader op = header_for(CollectiveKind::kAllReduce, {2});
+  op.reduce_op = 17;
+  EXPECT_THAT(validate_header(op, 1, 2), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("reduce op 17")));
+  CollectiveHeader bytes =
+      make_header(CollectiveKind::kAllGatherBytes, nullptr, 0, ReduceOp::kSum, absl::OkStatus(), 0);
+  bytes.numel = -5;
+  EXPECT_THAT(validate_header(bytes, 1, 2),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("a contribution of -5 bytes")));
+  bytes.numel = kMaxGatherBytes + 1;
+  EXPECT_THAT(validate_header(bytes, 1, 2), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("a contribution of")));
+}
+
+TEST(HeaderValidationTest, PointToPointHeaders) {
+  constexpr uint8_t kP2P = 0x20;
+  CollectiveHeader h = header_for(CollectiveKind::kBroadcast, {8}, DType::kInt64, /*root=seq*/ 12345);
+  h.kind = kP2P;
+  EXPECT_OK(validate_p2p_header(h, kP2P, 1, "recv"));
+  CollectiveHeader wrong_kind = h;
+  wrong_kind.kind = 3;
+  EXPECT_THAT(validate_p2p_header(wrong_kind, kP2P, 1, "recv"),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("corrupt message header from rank 1 (recv)")));
+  CollectiveHeader huge = h;
+  huge.dims[0] = INT64_MAX;
+  huge.numel = INT64_MAX;
+  EXPECT_THAT(validate_p2p_header(huge, kP2P, 1, "recv"),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("overflow a byte count")));
+}
+
+}  // namespace
+}  // namespace ferry::internal
