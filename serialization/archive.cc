@@ -1,43 +1,20 @@
 #include "serialization/archive.h"
 
-#include <cerrno>
-#include <cstdlib>
-
+#include "base/env.h"
 #include "base/logging.h"
 #include "base/status.h"
 
 namespace ferry {
 
 size_t inline_tensor_bytes() {
-  static const size_t bytes = [] {
-    const char* text = std::getenv("FERRY_INLINE_TENSOR_BYTES");
-    if (text == nullptr || *text == '\0') return kDefaultInlineTensorBytes;
-    char* end = nullptr;
-    unsigned long long v = std::strtoull(text, &end, 10);
-    if (*end != '\0' || v > (1ULL << 30)) {
-      FERRY_LOG(WARNING) << "FERRY_INLINE_TENSOR_BYTES=" << text << " is not a byte count up to 1 GiB; using "
-                         << kDefaultInlineTensorBytes;
-      return kDefaultInlineTensorBytes;
-    }
-    return static_cast<size_t>(v);
-  }();
+  static const size_t bytes = static_cast<size_t>(
+      internal::env_int("FERRY_INLINE_TENSOR_BYTES", static_cast<int64_t>(kDefaultInlineTensorBytes), 0, 1LL << 30));
   return bytes;
 }
 
 uint64_t max_message_bytes() {
-  static const uint64_t bytes = [] {
-    const char* text = std::getenv("FERRY_MAX_MESSAGE_BYTES");
-    if (text == nullptr || *text == '\0') return kDefaultMaxMessageBytes;
-    char* end = nullptr;
-    errno = 0;
-    unsigned long long v = std::strtoull(text, &end, 10);
-    if (*end != '\0' || errno != 0 || v < (1ULL << 20) || text[0] == '-') {
-      FERRY_LOG(WARNING) << "FERRY_MAX_MESSAGE_BYTES=" << text << " is not a byte count of at least 1 MiB; using "
-                         << kDefaultMaxMessageBytes;
-      return kDefaultMaxMessageBytes;
-    }
-    return static_cast<uint64_t>(v);
-  }();
+  static const uint64_t bytes = static_cast<uint64_t>(internal::env_int(
+      "FERRY_MAX_MESSAGE_BYTES", static_cast<int64_t>(kDefaultMaxMessageBytes), 1LL << 20, 1LL << 62));
   return bytes;
 }
 

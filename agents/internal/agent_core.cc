@@ -13,6 +13,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// How long shutdown waits for user functions still running on the pool; a function
+// that never returns must not hang the process's exit.
+constexpr std::chrono::seconds kPoolShutdownDeadline{60};
+
 const DeviceMap* map_towards(const DeviceMaps& maps, const std::string& peer) {
   auto it = maps.find(peer);
   return it == maps.end() ? nullptr : &it->second;
@@ -120,7 +124,7 @@ AgentCore::~AgentCore() {
       remains->calls->fail_all(absl::CancelledError("the agent was destroyed"));
       remains->calls->stop();
     }
-    if (remains->pool) remains->pool->shutdown();
+    if (remains->pool) remains->pool->shutdown(kPoolShutdownDeadline);
   });
 }
 
@@ -508,7 +512,7 @@ void AgentCore::shutdown() {
     calls_->fail_all(absl::CancelledError("the agent shut down"));
     calls_->stop();
   }
-  if (pool_) pool_->shutdown();
+  if (pool_) pool_->shutdown(kPoolShutdownDeadline);
 }
 
 std::map<std::string, std::string> AgentCore::debug_info() const {

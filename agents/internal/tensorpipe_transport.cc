@@ -20,6 +20,7 @@
 #include "base/logging.h"
 #include "base/net.h"
 #include "base/status.h"
+#include "serialization/archive.h"
 
 namespace ferry::internal {
 namespace {
@@ -119,6 +120,16 @@ void read_wire(const std::shared_ptr<tp::Pipe>& pipe, const std::shared_ptr<Buff
     AgentThreadScope agent_thread;
     if (error) {
       done(absl::StatusOr<Wire>(absl::UnavailableError(error.what())));
+      return;
+    }
+    // A peer announcing more than a message may hold gets its pipe closed before any
+    // buffer is allocated.
+    std::vector<uint64_t> lengths;
+    lengths.reserve(descriptor.tensors.size());
+    for (const tp::Descriptor::Tensor& t : descriptor.tensors) lengths.push_back(t.length);
+    if (absl::Status fits = check_message_size(descriptor.metadata.size(), lengths); !fits.ok()) {
+      pipe->close();
+      done(absl::StatusOr<Wire>(fits));
       return;
     }
     tp::Allocation allocation;

@@ -1,88 +1,58 @@
 #include "agents/internal/thread_pool.h"
 
+#include <algorithm>
+
 #include "base/future.h"
 #include "base/logging.h"
 
 namespace ferry::internal {
 
-ThreadPool::ThreadPool(int threads, std::shared_ptr<Activity> activity) : activity_(std::move(activity)) {
-  threads_.reserve(static_cast<size_t>(threads));
-  for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { run(); });
-}
+// Shared with the threads, so a thread left running past shutdown's deadline never
+// touches freed memory.
+struct ThreadPool::State {
+  std::atomic<size_t> queued{0};  // tasks.size(), readable without the lock
+  std::atomic<int> spinning{0};   // threads polling for work; they need no wake-up
+  std::mutex mu;
+  std::condition_variable cv;
+  std::condition_variable exited_cv;
+  std::deque<std::function<void()>> tasks;  // guarded by mu
+  bool stopping = false;                    // guarded by mu
+  int idle = 0;                             // guarded by mu
+  int running = 0;                          // guarded by mu: threads not yet exited
+  std::vector<std::thread::id> ids;         // guarded by mu
+  std::shared_ptr<Activity> activity;
 
-ThreadPool::~ThreadPool() { shutdown(); }
+  void run();
+};
 
-bool ThreadPool::post(std::function<void()> task) {
-  bool wake;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_) return false;
-    if (activity_) activity_->enter();
-    tasks_.push_back(std::move(task));
-    queued_.store(tasks_.size(), std::memory_order_release);
-    wake = idle_ > 0 && spinning_.load(std::memory_order_acquire) == 0;
-  }
-  // Skip the futex call when every thread is busy: one will find the task when done.
-  if (wake) cv_.notify_one();
-  return true;
-}
-
-void ThreadPool::shutdown() {
-  FERRY_CHECK(!on_pool_thread()) << "ThreadPool::shutdown() called from one of its own threads";
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_ && threads_.empty()) return;
-    stopping_ = true;
-  }
-  cv_.notify_all();
-  for (std::thread& t : threads_) {
-    if (t.joinable()) t.join();
-  }
-  std::lock_guard<std::mutex> lock(mu_);
-  threads_.clear();
-}
-
-bool ThreadPool::on_pool_thread() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  for (const std::thread& t : threads_) {
-    if (t.get_id() == std::this_thread::get_id()) return true;
-  }
-  return false;
-}
-
-size_t ThreadPool::queued() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return tasks_.size();
-}
-
-void ThreadPool::run() {
+void ThreadPool::State::run() {
   // Every task here runs on a thread the agent owns (see on_agent_thread()).
-  internal::set_on_agent_thread(true);
-  std::unique_lock<std::mutex> lock(mu_);
+  set_on_agent_thread(true);
+  std::unique_lock<std::mutex> lock(mu);
   for (;;) {
-    if (tasks_.empty()) {
-      if (stopping_) return;
+    if (tasks.empty()) {
+      if (stopping) break;
       // One idle thread at a time polls; the others sleep, so an idle pool of many
       // threads costs at most one core, for at most the spin window.
-      if (spinning_.load(std::memory_order_acquire) == 0) {
-        spinning_.fetch_add(1, std::memory_order_acq_rel);
+      if (spinning.load(std::memory_order_acquire) == 0) {
+        spinning.fetch_add(1, std::memory_order_acq_rel);
         lock.unlock();
-        bool found = spin_until([this] { return queued_.load(std::memory_order_acquire) > 0; });
+        bool found = spin_until([this] { return queued.load(std::memory_order_acquire) > 0; });
         lock.lock();
-        spinning_.fetch_sub(1, std::memory_order_acq_rel);
-        if (found || !tasks_.empty() || stopping_) continue;
+        spinning.fetch_sub(1, std::memory_order_acq_rel);
+        if (found || !tasks.empty() || stopping) continue;
       }
-      ++idle_;
-      cv_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
-      --idle_;
+      ++idle;
+      cv.wait(lock, [this] { return stopping || !tasks.empty(); });
+      --idle;
       continue;
     }
-    std::function<void()> task = std::move(tasks_.front());
-    tasks_.pop_front();
-    queued_.store(tasks_.size(), std::memory_order_release);
+    std::function<void()> task = std::move(tasks.front());
+    tasks.pop_front();
+    queued.store(tasks.size(), std::memory_order_release);
     // post() skipped the wake-up because a thread was polling; that thread is now busy,
     // so pass the wake-up on while work is left (a task may wait for the next one).
-    if (!tasks_.empty() && idle_ > 0) cv_.notify_one();
+    if (!tasks.empty() && idle > 0) cv.notify_one();
     lock.unlock();
     try {
       task();
@@ -92,9 +62,86 @@ void ThreadPool::run() {
       FERRY_LOG(ERROR) << "a pool task threw a non-standard exception (tasks must not throw)";
     }
     task = nullptr;  // what it holds goes before it counts as done
-    if (activity_) activity_->exit();
+    if (activity) activity->exit();
     lock.lock();
   }
+  --running;
+  exited_cv.notify_all();
+}
+
+ThreadPool::ThreadPool(int threads, std::shared_ptr<Activity> activity)
+    : size_(std::max(threads, 0)), state_(std::make_shared<State>()) {
+  state_->activity = std::move(activity);
+  state_->running = size_;
+  threads_.reserve(static_cast<size_t>(size_));
+  std::lock_guard<std::mutex> lock(state_->mu);
+  for (int i = 0; i < size_; ++i) {
+    threads_.emplace_back([state = state_] { state->run(); });
+    state_->ids.push_back(threads_.back().get_id());
+  }
+}
+
+ThreadPool::~ThreadPool() { shutdown(); }
+
+bool ThreadPool::post(std::function<void()> task) {
+  State& s = *state_;
+  bool wake;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (s.stopping) return false;
+    if (s.activity) s.activity->enter();
+    s.tasks.push_back(std::move(task));
+    s.queued.store(s.tasks.size(), std::memory_order_release);
+    wake = s.idle > 0 && s.spinning.load(std::memory_order_acquire) == 0;
+  }
+  // Skip the futex call when every thread is busy: one will find the task when done.
+  if (wake) s.cv.notify_one();
+  return true;
+}
+
+bool ThreadPool::shutdown(std::chrono::milliseconds deadline) {
+  FERRY_CHECK(!on_pool_thread()) << "ThreadPool::shutdown() called from one of its own threads";
+  std::lock_guard<std::mutex> once(shutdown_mu_);
+  if (shut_down_) return true;
+  shut_down_ = true;
+  State& s = *state_;
+  bool all = true;
+  {
+    std::unique_lock<std::mutex> lock(s.mu);
+    s.stopping = true;
+    s.cv.notify_all();
+    auto exited = [&] { return s.running == 0; };
+    if (deadline == std::chrono::milliseconds::max()) {
+      s.exited_cv.wait(lock, exited);
+    } else {
+      all = s.exited_cv.wait_for(lock, deadline, exited);
+    }
+    if (!all) {
+      FERRY_LOG(ERROR) << "thread pool: " << s.running << " task(s) still running " << deadline.count()
+                       << " ms after shutdown began; leaving them to finish on their own";
+    }
+  }
+  for (std::thread& t : threads_) {
+    // A thread that has left run() is joinable and returns at once; the others are
+    // still in a task.
+    if (all) {
+      t.join();
+    } else {
+      t.detach();
+    }
+  }
+  threads_.clear();
+  return all;
+}
+
+bool ThreadPool::on_pool_thread() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return std::find(state_->ids.begin(), state_->ids.end(), std::this_thread::get_id()) != state_->ids.end();
+}
+
+size_t ThreadPool::queued() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->tasks.size();
 }
 
 }  // namespace ferry::internal

@@ -10,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "serialization/error.h"
 #include "store/hash_store.h"
+#include "tests/testing/multi_process.h"
 #include "tests/testing/status_matchers.h"
 
 namespace ferry {
@@ -136,6 +137,46 @@ TEST(TensorPipeAgent, GarbageFromARawClientClosesOnlyThatPipe) {
   context->close();
   context->join();
   agents[0]->shutdown();
+}
+
+}  // namespace
+}  // namespace ferry
+
+namespace ferry {
+namespace {
+
+TEST(TensorPipeAgent, AMessageOverTheLimitClosesThatPipeBeforeAllocating) {
+  // The limit is read once per process: set it in a process of its own.
+  ferry::testing::expect_all_succeed(ferry::testing::run_processes(1, [](int) {
+    setenv("FERRY_MAX_MESSAGE_BYTES", "1048576", 1);
+    auto agents = start_group(1);
+    ASSERT_EQ(agents.size(), 1u);
+    std::string url = agents[0]->addresses().at("uv");
+    auto context = std::make_shared<tensorpipe::Context>();
+    context->registerTransport(0, "uv", tensorpipe::transport::uv::create());
+    context->registerChannel(0, "basic", tensorpipe::channel::basic::create());
+    std::shared_ptr<tensorpipe::Pipe> pipe = context->connect(url);
+    std::vector<uint8_t> big(2 << 20, 7);  // 2 MiB against a 1 MiB limit
+    tensorpipe::Message m;
+    m.metadata = Message(MessageType::kRequest, 1).seal();
+    tensorpipe::Message::Tensor tensor;
+    tensor.buffer = tensorpipe::CpuBuffer{big.data()};
+    tensor.length = big.size();
+    m.tensors.push_back(std::move(tensor));
+    pipe->write(std::move(m), [](const tensorpipe::Error&) {});
+    std::promise<bool> closed;
+    pipe->readDescriptor([&](const tensorpipe::Error& error, tensorpipe::Descriptor) { closed.set_value(bool(error)); });
+    auto verdict = closed.get_future();
+    ASSERT_EQ(verdict.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+    EXPECT_TRUE(verdict.get()) << "the agent should close a pipe that announces too many bytes";
+    // Everyone else is still served.
+    Message ok(MessageType::kRequest, 0);
+    ok.buffer() += "small";
+    EXPECT_OK(agents[0]->send(0, std::move(ok)).status());
+    context->close();
+    context->join();
+    agents[0]->shutdown();
+  }));
 }
 
 }  // namespace

@@ -56,3 +56,34 @@ TEST(ThreadPool, AThrowingTaskDoesNotKillItsThread) {
 
 }  // namespace
 }  // namespace ferry::internal
+
+namespace ferry::internal {
+namespace {
+
+TEST(ThreadPool, ShutdownGivesUpOnAStuckTaskAtItsDeadline) {
+  auto release = std::make_shared<std::atomic<bool>>(false);
+  auto pool = std::make_unique<ThreadPool>(2);
+  ASSERT_TRUE(pool->post([release] {
+    while (!release->load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }));
+  ASSERT_TRUE(pool->post([] {}));
+  auto start = std::chrono::steady_clock::now();
+  EXPECT_FALSE(pool->shutdown(std::chrono::milliseconds(200)));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  EXPECT_FALSE(pool->post([] {}));  // refused once shut down
+  pool.reset();                     // the stuck thread keeps the pool's state alive
+  release->store(true);             // and finishes on its own
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+}
+
+TEST(ThreadPool, ShutdownWithinItsDeadlineJoinsEveryThread) {
+  ThreadPool pool(3);
+  std::atomic<int> ran{0};
+  for (int i = 0; i < 50; ++i) ASSERT_TRUE(pool.post([&] { ran.fetch_add(1); }));
+  EXPECT_TRUE(pool.shutdown(std::chrono::seconds(10)));
+  EXPECT_EQ(ran.load(), 50);
+  EXPECT_TRUE(pool.shutdown(std::chrono::seconds(10)));  // idempotent
+}
+
+}  // namespace
+}  // namespace ferry::internal

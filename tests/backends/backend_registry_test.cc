@@ -94,7 +94,8 @@ TEST(TensorPipeOptions, KwargsAreTypedAndChecked) {
                                             {{"num_worker_thread", int64_t{3}}}),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("TENSORPIPE backend has no option \"num_worker_thread\" (expected one of: "
-                                 "num_worker_threads, transports, channels, device_maps, devices)")));
+                                 "num_worker_threads, transports, channels, device_maps, devices, "
+                                 "heartbeat_interval_ms)")));
   EXPECT_THAT(construct_rpc_backend_options(BackendType::TENSORPIPE, kDefaultRpcTimeout, "env://",
                                             {{"num_worker_threads", std::string("four")}}),
               StatusIs(absl::StatusCode::kInvalidArgument,
