@@ -69,6 +69,24 @@ constexpr uint64_t kP2PDataPrefix = 0x41;
 // The header's kind for a point-to-point message (not a collective).
 constexpr uint8_t kP2PKind = 0x20;
 
+// Byte messages (send_bytes/recv_bytes) use two slot prefixes of their own, laid out
+// like the tensor messages' ones. A message up to kBytesInline bytes rides behind its
+// header in one Gloo message; a larger one follows on its data slot.
+constexpr uint64_t kBytesHeaderPrefix = 0x42;
+constexpr uint64_t kBytesDataPrefix = 0x43;
+struct BytesHeader {
+  uint32_t magic;
+  uint32_t seq;
+  uint64_t size;
+};
+constexpr uint32_t kBytesMagic = 0x314d4246;  // "FBM1"
+constexpr size_t kBytesInline = 64 * 1024 - sizeof(BytesHeader);
+
+uint64_t bytes_header_slot(uint32_t tag) { return (kBytesHeaderPrefix << 56) | (static_cast<uint64_t>(tag) << 24); }
+uint64_t bytes_data_slot(uint32_t tag, uint32_t seq) {
+  return (kBytesDataPrefix << 56) | (static_cast<uint64_t>(tag) << 24) | (seq & 0xffffffu);
+}
+
 uint64_t p2p_header_slot(uint32_t tag) { return (kP2PHeaderPrefix << 56) | (static_cast<uint64_t>(tag) << 24); }
 uint64_t p2p_data_slot(uint32_t tag, uint32_t seq) {
   return (kP2PDataPrefix << 56) | (static_cast<uint64_t>(tag) << 24) | (seq & 0xffffffu);
@@ -319,6 +337,86 @@ class ProcessGroup::Impl {
     };
   }
 
+  // A byte message (see ProcessGroup::send_bytes): posts the header (with the data
+  // when it is small) and the data, then waits until the receiver has both.
+  absl::Status send_bytes(const std::string& name, const Bytes& data, int dst, uint32_t tag,
+                          std::chrono::milliseconds timeout) {
+    uint32_t seq = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      seq = bytes_send_seq_[{dst, tag}]++;
+    }
+    const bool inline_data = data.size() <= kBytesInline;
+    const BytesHeader header{kBytesMagic, seq, static_cast<uint64_t>(data.size())};
+    std::vector<uint8_t> head(sizeof(BytesHeader) + (inline_data ? data.size() : 0));
+    std::memcpy(head.data(), &header, sizeof(header));
+    if (inline_data && !data.empty()) std::memcpy(head.data() + sizeof(header), data.data(), data.size());
+    std::unique_ptr<gloo::transport::UnboundBuffer> head_buf;
+    std::unique_ptr<gloo::transport::UnboundBuffer> data_buf;
+    absl::Status s = guarded_p2p(name, [&]() -> absl::Status {
+      head_buf = context_->createUnboundBuffer(head.data(), head.size());
+      if (!register_buffer(head_buf.get())) return cancelled(name);
+      head_buf->send(dst, bytes_header_slot(tag));
+      if (!inline_data) {
+        // Gloo only reads from it.
+        data_buf = context_->createUnboundBuffer(const_cast<uint8_t*>(data.data()), data.size());
+        if (!register_buffer(data_buf.get())) return cancelled(name);
+        data_buf->send(dst, bytes_data_slot(tag, seq));
+      }
+      if (!head_buf->waitSend(timeout)) return cancelled(name);
+      if (data_buf && !data_buf->waitSend(timeout)) return cancelled(name);
+      return absl::OkStatus();
+    });
+    unregister_buffer(head_buf.get());
+    unregister_buffer(data_buf.get());
+    return s;
+  }
+
+  absl::StatusOr<ReceivedBytes> recv_bytes(const std::string& name, std::optional<int> src, uint32_t tag,
+                                           std::chrono::milliseconds timeout) {
+    std::vector<uint8_t> head(sizeof(BytesHeader) + kBytesInline);
+    std::unique_ptr<gloo::transport::UnboundBuffer> head_buf;
+    std::unique_ptr<gloo::transport::UnboundBuffer> data_buf;
+    ReceivedBytes out;
+    absl::Status s = guarded_p2p(name, [&]() -> absl::Status {
+      head_buf = context_->createUnboundBuffer(head.data(), head.size());
+      if (!register_buffer(head_buf.get())) return cancelled(name);
+      if (src.has_value()) {
+        head_buf->recv(*src, bytes_header_slot(tag));
+      } else {
+        std::vector<int> others;
+        for (int r = 0; r < size_; ++r) {
+          if (r != rank_) others.push_back(r);
+        }
+        head_buf->recv(others, bytes_header_slot(tag));
+      }
+      int sender = -1;
+      if (!head_buf->waitRecv(&sender, timeout)) return cancelled(name);
+      BytesHeader header;
+      std::memcpy(&header, head.data(), sizeof(header));
+      if (header.magic != kBytesMagic) {
+        return absl::DataLossError(absl::StrCat(name, ": the message header from rank ", sender, " is corrupt"));
+      }
+      out.source_rank = sender;
+      if (header.size <= kBytesInline) {
+        out.data.assign(head.begin() + sizeof(BytesHeader),
+                        head.begin() + static_cast<std::ptrdiff_t>(sizeof(BytesHeader) + header.size));
+        return absl::OkStatus();
+      }
+      out.data.resize(header.size);
+      data_buf = context_->createUnboundBuffer(out.data.data(), out.data.size());
+      if (!register_buffer(data_buf.get())) return cancelled(name);
+      data_buf->recv(sender, bytes_data_slot(tag, header.seq));
+      // The sender has posted the data already: only the transfer is left to wait for.
+      if (!data_buf->waitRecv(nullptr, timeout_)) return cancelled(name);
+      return absl::OkStatus();
+    });
+    unregister_buffer(head_buf.get());
+    unregister_buffer(data_buf.get());
+    if (!s.ok()) return s;
+    return out;
+  }
+
   // Runs `fn` on a thread of its own (isend/irecv waiting), tracked for shutdown.
   bool spawn(std::function<void()> fn) {
     absl::MutexLock lock(&mu_);
@@ -459,6 +557,19 @@ class ProcessGroup::Impl {
     return s;
   }
 
+  // Like guarded(), for byte messages: a connection lost to one peer fails only that
+  // operation (Gloo's pairs are independent), while a timeout breaks the group, since
+  // Gloo then closes every connection of the context.
+  template <typename Fn>
+  absl::Status guarded_p2p(std::string_view name, Fn&& fn) {
+    absl::Status s = catch_gloo(name, description_, std::forward<Fn>(fn));
+    if (absl::IsDeadlineExceeded(s)) {
+      absl::MutexLock lock(&mu_);
+      if (broken_.ok()) broken_ = s;
+    }
+    return s;
+  }
+
   bool register_buffer(gloo::transport::UnboundBuffer* buf) {
     absl::MutexLock lock(&mu_);
     if (closed_) return false;
@@ -570,6 +681,7 @@ class ProcessGroup::Impl {
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status broken_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::pair<int, uint32_t>, uint32_t> send_seq_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::pair<int, uint32_t>, uint32_t> bytes_send_seq_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<gloo::transport::UnboundBuffer*> buffers_ ABSL_GUARDED_BY(mu_);
   int p2p_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   std::list<P2PThread> threads_ ABSL_GUARDED_BY(mu_);
@@ -1169,6 +1281,36 @@ absl::StatusOr<int> ProcessGroup::recv(Tensor tensor, std::optional<int> src, ui
   absl::StatusOr<int> sender = wait.ok() ? (*wait)() : absl::StatusOr<int>(wait.status());
   impl_->end_p2p();
   return sender;
+}
+
+absl::Status ProcessGroup::send_bytes(const Bytes& data, int dst, uint32_t tag,
+                                      std::optional<std::chrono::milliseconds> timeout) {
+  if (!is_member()) return not_member_error("send_bytes", ranks_);
+  FERRY_RETURN_IF_ERROR(check_peer("send_bytes", "dst", dst, rank_, world_size_));
+  if (timeout.has_value() && *timeout <= std::chrono::milliseconds::zero()) {
+    return absl::InvalidArgumentError(absl::StrCat("send_bytes: timeout ", timeout->count(), " ms must be positive"));
+  }
+  FERRY_RETURN_IF_ERROR(impl_->begin_p2p("send_bytes"));
+  absl::Status s = impl_->send_bytes("send_bytes", data, dst, tag, timeout.value_or(timeout_));
+  impl_->end_p2p();
+  return s;
+}
+
+absl::StatusOr<ProcessGroup::ReceivedBytes> ProcessGroup::recv_bytes(std::optional<int> src, uint32_t tag,
+                                                                     std::optional<std::chrono::milliseconds> timeout) {
+  if (!is_member()) return not_member_error("recv_bytes", ranks_);
+  if (src.has_value()) {
+    FERRY_RETURN_IF_ERROR(check_peer("recv_bytes", "src", *src, rank_, world_size_));
+  } else if (world_size_ < 2) {
+    return absl::InvalidArgumentError("recv_bytes: there is no other rank to receive from");
+  }
+  if (timeout.has_value() && *timeout <= std::chrono::milliseconds::zero()) {
+    return absl::InvalidArgumentError(absl::StrCat("recv_bytes: timeout ", timeout->count(), " ms must be positive"));
+  }
+  FERRY_RETURN_IF_ERROR(impl_->begin_p2p("recv_bytes"));
+  absl::StatusOr<ReceivedBytes> r = impl_->recv_bytes("recv_bytes", src, tag, timeout.value_or(timeout_));
+  impl_->end_p2p();
+  return r;
 }
 
 #undef FERRY_PG_MEMBER_OR_RETURN_WORK
