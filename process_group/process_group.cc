@@ -33,11 +33,11 @@
 #include "gloo/scatter.h"
 #include "gloo/transport/tcp/device.h"
 #include "gloo/transport/unbound_buffer.h"
+#include "process_group/internal/gloo_store.h"
 #include "process_group/internal/header.h"
 #include "process_group/internal/interface.h"
 #include "process_group/internal/reduce.h"
 #include "process_group/internal/work_state.h"
-#include "store/gloo_store.h"
 #include "store/prefix_store.h"
 #include "tensor/cuda.h"
 
@@ -106,23 +106,6 @@ std::string strip_location(std::string_view text) {
   return out;
 }
 
-// GlooStore rethrows a ferry status as "CODE_NAME: message": recover the code.
-std::optional<absl::StatusCode> code_from_store_error(std::string_view text) {
-  static constexpr std::pair<const char*, absl::StatusCode> kCodes[] = {
-      {"DEADLINE_EXCEEDED: ", absl::StatusCode::kDeadlineExceeded},
-      {"UNAVAILABLE: ", absl::StatusCode::kUnavailable},
-      {"INVALID_ARGUMENT: ", absl::StatusCode::kInvalidArgument},
-      {"NOT_FOUND: ", absl::StatusCode::kNotFound},
-      {"FAILED_PRECONDITION: ", absl::StatusCode::kFailedPrecondition},
-      {"INTERNAL: ", absl::StatusCode::kInternal},
-      {"CANCELLED: ", absl::StatusCode::kCancelled},
-  };
-  for (const auto& [prefix, code] : kCodes) {
-    if (absl::StartsWith(internal::av(text), prefix)) return code;
-  }
-  return std::nullopt;
-}
-
 bool looks_like_timeout(std::string_view text) {
   const std::string lower = absl::AsciiStrToLower(internal::av(text));
   return absl::StrContains(lower, "timed out") || absl::StrContains(lower, "timeout");
@@ -134,10 +117,7 @@ absl::Status status_from_exception(std::string_view what, std::string_view conte
   FERRY_LOG(INFO) << what << " (" << context << "): gloo error: " << raw;
   std::string text = strip_location(raw);
   absl::StatusCode code = absl::StatusCode::kInternal;
-  if (std::optional<absl::StatusCode> c = code_from_store_error(text)) {
-    code = *c;
-    text.erase(0, text.find(": ") + 2);
-  } else if (looks_like_timeout(text)) {
+  if (looks_like_timeout(text)) {
     code = absl::StatusCode::kDeadlineExceeded;
   } else if (io_error) {
     code = absl::StatusCode::kUnavailable;
@@ -223,11 +203,16 @@ class ProcessGroup::Impl {
   absl::Status connect(const std::shared_ptr<Store>& store) {
     auto context = std::make_shared<gloo::rendezvous::Context>(rank_, size_);
     context->setTimeout(timeout_);
-    GlooStore gloo_store(store);
+    internal::GlooStore gloo_store(store);
     absl::Status s = catch_gloo("process group rendezvous", description_, [&] {
       context->connectFullMesh(gloo_store, device_);
       return absl::OkStatus();
     });
+    // A store error comes back as the store's own status, not as Gloo's text.
+    if (absl::Status from_store = gloo_store.last_error(); !s.ok() && !from_store.ok()) {
+      s = absl::Status(from_store.code(),
+                       absl::StrCat("process group rendezvous (", description_, "): ", from_store.message()));
+    }
     if (absl::IsDeadlineExceeded(s)) {
       // The usual causes, which a key name alone does not suggest.
       return absl::DeadlineExceededError(absl::StrCat(
