@@ -6,8 +6,6 @@ namespace ferry {
 
 // ---- collectives -------------------------------------------------------------------
 
-
-
 Work ProcessGroup::broadcast_async(Tensor tensor, int src) {
   FERRY_PG_MEMBER_OR_RETURN_WORK("broadcast");
   absl::Status local = check_tensor("broadcast", "the tensor", tensor);

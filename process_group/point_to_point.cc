@@ -113,4 +113,19 @@ absl::StatusOr<ProcessGroup::ReceivedBytes> ProcessGroup::recv_bytes(std::option
   return r;
 }
 
+absl::StatusOr<ProcessGroup::ReceivedBytes> ProcessGroup::recv_bytes_stream(
+    int src, uint32_t tag, std::optional<std::chrono::milliseconds> timeout) {
+  if (!is_member()) return not_member_error("recv_bytes_stream", ranks_);
+  FERRY_RETURN_IF_ERROR(check_peer("recv_bytes_stream", "src", src, rank_, world_size_));
+  if (timeout.has_value() && *timeout <= std::chrono::milliseconds::zero()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("recv_bytes_stream: timeout ", timeout->count(), " ms must be positive"));
+  }
+  FERRY_RETURN_IF_ERROR(impl_->begin_p2p("recv_bytes_stream"));
+  absl::StatusOr<ReceivedBytes> r =
+      impl_->recv_bytes_stream("recv_bytes_stream", src, tag, timeout.value_or(timeout_));
+  impl_->end_p2p();
+  return r;
+}
+
 }  // namespace ferry

@@ -199,6 +199,13 @@ class ProcessGroup {
   // From rank `src`, or from any other rank when src is empty (source_rank says which).
   absl::StatusOr<ReceivedBytes> recv_bytes(std::optional<int> src = std::nullopt, uint32_t tag = 0,
                                            std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+  // Like recv_bytes from `src`, for a thread that takes everything `src` sends on
+  // `tag`: from the first call on, a few receives stay posted for (src, tag), so
+  // back-to-back messages land without waiting for this thread to post the next
+  // receive (no round trip per message). Messages from `src` on `tag` then go to
+  // recv_bytes_stream only, never to recv_bytes. Same errors as recv_bytes.
+  absl::StatusOr<ReceivedBytes> recv_bytes_stream(int src, uint32_t tag = 0,
+                                                  std::optional<std::chrono::milliseconds> timeout = std::nullopt);
 
   // Every rank's `data`, in rank order; sizes may differ by rank (and may be 0).
   // Blocking, like every collective: queued behind earlier asynchronous ones.

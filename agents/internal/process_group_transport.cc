@@ -292,7 +292,7 @@ struct ProcessGroupTransport::State : std::enable_shared_from_this<State> {
     AgentThreadScope agent_thread;
     for (;;) {
       absl::StatusOr<ProcessGroup::ReceivedBytes> got =
-          group->recv_bytes(r, kProcessGroupAgentTag, ProcessGroup::kWaitIndefinitely);
+          group->recv_bytes_stream(r, kProcessGroupAgentTag, ProcessGroup::kWaitIndefinitely);
       if (!got.ok()) {
         lost(r, got.status());  // unless we are closing: then the group was shut down under us
         return;

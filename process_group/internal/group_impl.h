@@ -15,6 +15,7 @@
 #include <deque>
 #include <functional>
 #include <list>
+#include <mutex>
 #include <set>
 #include <thread>
 #include <utility>
@@ -407,6 +408,69 @@ class ProcessGroup::Impl {
     return s;
   }
 
+  // recv_bytes_stream: receives stay posted for (src, tag) in a ring, consumed in
+  // order (Gloo fills posted receives of one slot and peer in the order they were
+  // posted), each re-posted as soon as its message is taken out.
+  absl::StatusOr<ReceivedBytes> recv_bytes_stream(const std::string& name, int src, uint32_t tag,
+                                                  std::chrono::milliseconds timeout) {
+    std::shared_ptr<PostedRing> ring;
+    {
+      absl::MutexLock lock(&mu_);
+      std::shared_ptr<PostedRing>& slot = rings_[{src, tag}];
+      if (slot == nullptr) slot = std::make_shared<PostedRing>();
+      ring = slot;
+    }
+    std::lock_guard<std::mutex> consumer(ring->mu);
+    ReceivedBytes out;
+    std::unique_ptr<gloo::transport::UnboundBuffer> data_buf;
+    absl::Status s = guarded_p2p(name, [&]() -> absl::Status {
+      if (ring->bufs.empty()) {
+        ring->storage.resize(PostedRing::kDepth);
+        for (std::vector<uint8_t>& bytes : ring->storage) {
+          bytes.resize(sizeof(BytesHeader) + kBytesInline);
+          ring->bufs.push_back(context_->createUnboundBuffer(bytes.data(), bytes.size()));
+          if (!register_buffer(ring->bufs.back().get())) return cancelled(name);
+          ring->bufs.back()->recv(src, bytes_header_slot(tag));
+        }
+      }
+      if (!ring->failed.ok()) return ring->failed;
+      const size_t i = ring->next;
+      gloo::transport::UnboundBuffer* buf = ring->bufs[i].get();
+      int sender = -1;
+      if (!buf->waitRecv(&sender, timeout)) return cancelled(name);
+      const std::vector<uint8_t>& head = ring->storage[i];
+      BytesHeader header;
+      std::memcpy(&header, head.data(), sizeof(header));
+      if (header.magic != kBytesMagic) {
+        return absl::DataLossError(absl::StrCat(name, ": the message header from rank ", sender, " is corrupt"));
+      }
+      out.source_rank = sender;
+      const bool inline_data = header.size <= kBytesInline;
+      if (inline_data) {
+        out.data.assign(head.begin() + sizeof(BytesHeader),
+                        head.begin() + static_cast<std::ptrdiff_t>(sizeof(BytesHeader) + header.size));
+      }
+      // Taken out: post it again, then move on to the next one. A peer lost just now
+      // fails the re-post: this message still goes out, and the next call says why.
+      absl::Status reposted = catch_gloo(name, description_, [&] {
+        buf->recv(src, bytes_header_slot(tag));
+        return absl::OkStatus();
+      });
+      if (!reposted.ok()) ring->failed = reposted;
+      ring->next = (i + 1) % PostedRing::kDepth;
+      if (inline_data) return absl::OkStatus();
+      out.data.resize(header.size);
+      data_buf = context_->createUnboundBuffer(out.data.data(), out.data.size());
+      if (!register_buffer(data_buf.get())) return cancelled(name);
+      data_buf->recv(sender, bytes_data_slot(tag, header.seq));
+      if (!data_buf->waitRecv(nullptr, timeout_)) return cancelled(name);
+      return absl::OkStatus();
+    });
+    unregister_buffer(data_buf.get());
+    if (!s.ok()) return s;
+    return out;
+  }
+
   absl::StatusOr<ReceivedBytes> recv_bytes(const std::string& name, std::optional<int> src, uint32_t tag,
                                            std::chrono::milliseconds timeout) {
     std::vector<uint8_t> head(sizeof(BytesHeader) + kBytesInline);
@@ -495,6 +559,7 @@ class ProcessGroup::Impl {
   void shutdown() {
     std::deque<Task> cancelled_tasks;
     std::list<P2PThread> threads;
+    absl::flat_hash_map<std::pair<int, uint32_t>, std::shared_ptr<PostedRing>> rings;
     {
       absl::MutexLock lock(&mu_);
       if (closed_) {
@@ -519,8 +584,13 @@ class ProcessGroup::Impl {
       auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return p2p_in_flight_ == 0; };
       mu_.Await(absl::Condition(&idle));
       threads.swap(threads_);
+      rings.swap(rings_);
     }
     for (P2PThread& t : threads) t.thread.join();
+    for (auto& [key, ring] : rings) {
+      for (auto& buf : ring->bufs) unregister_buffer(buf.get());
+    }
+    rings.clear();
     // Every user of the context is gone; closing it closes the connections.
     context_.reset();
     absl::MutexLock lock(&mu_);
@@ -535,6 +605,16 @@ class ProcessGroup::Impl {
     absl::Status local_error;
     Body body;
     uint32_t tag;
+  };
+
+  // The receives recv_bytes_stream keeps posted for one (rank, tag).
+  struct PostedRing {
+    static constexpr size_t kDepth = 4;
+    std::mutex mu;  // one consumer at a time; guards the rest
+    std::vector<std::vector<uint8_t>> storage;
+    std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> bufs;
+    size_t next = 0;
+    absl::Status failed;  // a re-post that failed: every later call returns it
   };
 
   struct P2PThread {
@@ -720,6 +800,7 @@ class ProcessGroup::Impl {
   absl::flat_hash_set<gloo::transport::UnboundBuffer*> buffers_ ABSL_GUARDED_BY(mu_);
   int p2p_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   std::list<P2PThread> threads_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::pair<int, uint32_t>, std::shared_ptr<PostedRing>> rings_ ABSL_GUARDED_BY(mu_);
 };
 
 // A non-member handle, a shut-down group or a broken one cannot run anything; the

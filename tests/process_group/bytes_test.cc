@@ -1,5 +1,6 @@
-// ProcessGroup::send_bytes / recv_bytes: byte messages of any size between real
-// processes, from a given rank or from any rank, bad arguments, and a lost peer.
+// ProcessGroup::send_bytes / recv_bytes / recv_bytes_stream: byte messages of any size
+// between real processes, from a given rank or from any rank, a stream of back-to-back
+// messages, bad arguments, and a lost peer.
 #include <signal.h>
 #include <stdlib.h>
 
@@ -79,6 +80,28 @@ TEST(ProcessGroupBytesTest, AnySizeFromAGivenRankAndFromAnyRank) {
     }
     EXPECT_EQ(other[1], pattern(10, 1, 99));
     EXPECT_EQ(other[2], pattern(10, 2, 99));
+    ASSERT_OK(group->barrier());
+  }, seconds(90)));
+}
+
+TEST(ProcessGroupBytesTest, AStreamKeepsOrderAcrossSizes) {
+  ferry::testing::TempDir dir;
+  ferry::testing::expect_all_succeed(ferry::testing::run_processes(2, [&](int rank) {
+    std::unique_ptr<ProcessGroup> group = connect(dir.path(), rank, 2);
+    ASSERT_NE(group, nullptr);
+    constexpr int kMessages = 200;
+    auto size_of = [](int k) { return kSizes[static_cast<size_t>(k) % kSizes.size()] / (k % 3 + 1); };
+    if (rank == 1) {
+      for (int k = 0; k < kMessages; ++k) ASSERT_OK(group->send_bytes(pattern(size_of(k), 1, k), 0, 9));
+    } else {
+      for (int k = 0; k < kMessages; ++k) {
+        absl::StatusOr<ProcessGroup::ReceivedBytes> got = group->recv_bytes_stream(1, 9);
+        ASSERT_OK(got.status());
+        EXPECT_EQ(got->source_rank, 1);
+        ASSERT_EQ(got->data, pattern(size_of(k), 1, k)) << k;
+      }
+      EXPECT_THAT(group->recv_bytes_stream(0, 9), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("src 0")));
+    }
     ASSERT_OK(group->barrier());
   }, seconds(90)));
 }
