@@ -70,12 +70,14 @@ TEST(ProcessGroupRpc, FileInitFourWorkers) {
   }));
 }
 
-TEST(ProcessGroupRpc, TcpInitTwoWorkersOneSendRecvThread) {
+TEST(ProcessGroupRpc, TcpInitTwoWorkersTwoSendRecvThreads) {
   int port = ferry::testing::free_port();
   ferry::testing::expect_all_succeed(ferry::testing::run_processes(2, [&](int rank) {
     ProcessGroupRpcBackendOptions options;
     options.init_method = "tcp://127.0.0.1:" + std::to_string(port);
-    options.num_send_recv_threads = 1;
+    // The fewest that nested calls allow: each worker's relay holds one pool thread while
+    // the peer's relay needs one here.
+    options.num_send_recv_threads = 2;
     all_pairs_body(rank, 2, options);
   }));
 }
