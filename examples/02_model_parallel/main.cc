@@ -5,7 +5,7 @@
 // driver asks every stage for its weight norm at once with rpc_async.
 //
 // Runs as 4 real processes on this host (forked here), meeting through file:// in a
-// temporary directory. Usage: 02_model_parallel [steps] [--backend tensorpipe|process_group]
+// temporary directory. Usage: 02_model_parallel [steps]
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -109,21 +109,27 @@ int drive(int steps) {
   return loss < first_loss ? 0 : 1;
 }
 
-int run(int rank, const std::string& init_method, int steps, bool process_group) {
-  if (rank > 0) register_stage_functions(rank);
-  std::string name = "worker" + std::to_string(rank);
-  absl::Status started;
-  if (process_group) {
+// `--backend process_group` after the step count runs the workers on the PROCESS_GROUP
+// backend (Gloo over TCP) instead of TENSORPIPE; main() sets this before forking.
+bool use_process_group = false;
+
+absl::Status start_worker(const std::string& name, int rank, const std::string& init_method) {
+  if (use_process_group) {
     ferry::ProcessGroupRpcBackendOptions options;
     options.init_method = init_method;
     options.num_send_recv_threads = 2;
-    started = ferry::init_rpc(name, ferry::BackendType::PROCESS_GROUP, rank, kWorld, options);
-  } else {
-    ferry::TensorPipeRpcBackendOptions options;
-    options.init_method = init_method;
-    options.num_worker_threads = 2;
-    started = ferry::init_rpc(name, rank, kWorld, options);
+    return ferry::init_rpc(name, ferry::BackendType::PROCESS_GROUP, rank, kWorld, options);
   }
+  ferry::TensorPipeRpcBackendOptions options;
+  options.init_method = init_method;
+  options.num_worker_threads = 2;
+  return ferry::init_rpc(name, rank, kWorld, options);
+}
+
+int run(int rank, const std::string& init_method, int steps) {
+  if (rank > 0) register_stage_functions(rank);
+  std::string name = "worker" + std::to_string(rank);
+  absl::Status started = start_worker(name, rank, init_method);
   if (!started.ok()) {
     std::cerr << name << ": init_rpc failed: " << started << "\n";
     return 1;
@@ -151,30 +157,19 @@ int run(int rank, const std::string& init_method, int steps, bool process_group)
 }  // namespace
 
 int main(int argc, char** argv) {
-  int steps = 50;
-  bool process_group = false;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--backend" && i + 1 < argc) {
-      std::string backend = argv[++i];
-      if (backend != "tensorpipe" && backend != "process_group") {
-        std::cerr << "unknown backend \"" << backend << "\" (expected tensorpipe or process_group)\n";
-        return 2;
-      }
-      process_group = backend == "process_group";
-    } else {
-      steps = std::atoi(arg.c_str());
-    }
-  }
+  int steps = argc > 1 ? std::atoi(argv[1]) : 50;
   std::string dir = std::filesystem::temp_directory_path() / ("ferry-demo-" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
   std::string init_method = "file://" + dir + "/store";
+  for (int i = 2; i + 1 < argc; ++i) {
+    if (std::string(argv[i]) == "--backend") use_process_group = std::string(argv[i + 1]) == "process_group";
+  }
   std::fflush(stdout);
   std::vector<pid_t> children;
   for (int rank = 0; rank < kWorld; ++rank) {
     pid_t pid = fork();
     if (pid == 0) {
-      int code = run(rank, init_method, steps, process_group);
+      int code = run(rank, init_method, steps);
       std::fflush(stdout);
       _exit(code);
     }
