@@ -1,5 +1,7 @@
 #include "process_group/process_group.h"
 
+#include <signal.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <set>
@@ -48,6 +50,18 @@ absl::Status check_world_size(Store& store, const std::string& prefix, int rank,
   return absl::OkStatus();
 }
 
+// Gloo writes to its sockets without MSG_NOSIGNAL: a write to a peer that just died
+// would kill this process with SIGPIPE instead of failing the operation. Ignored once,
+// unless the program installed a handler of its own.
+void ignore_sigpipe() {
+  static const bool done = [] {
+    struct sigaction current {};
+    if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) signal(SIGPIPE, SIG_IGN);
+    return true;
+  }();
+  (void)done;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::create(std::shared_ptr<Store> store, int rank,
@@ -66,6 +80,7 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::create(std::shared_p
   }
   FERRY_ASSIGN_OR_RETURN(internal::ListenAddress bind,
                          internal::resolve_bind_address(options, std::getenv("FERRY_SOCKET_IFNAME")));
+  ignore_sigpipe();
 
   // Each rank numbers the groups it makes on this store; the n-th groups of all ranks
   // meet under the same prefix (see the contract in the header).

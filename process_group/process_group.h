@@ -95,6 +95,9 @@ class ProcessGroup {
   // that differs from the first rank's (kInvalidArgument), an interface that cannot be
   // used (see ProcessGroupOptions), a store error.
   //
+  // The first create() in a process ignores SIGPIPE (unless the program installed a
+  // handler): Gloo's socket writes would otherwise kill the process when a peer dies.
+  //
   // Several groups may share one store when every rank creates them in the same
   // order: each rank numbers the groups it creates on a store, and the n-th group of
   // every rank meets under its own key prefix.

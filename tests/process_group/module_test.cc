@@ -91,8 +91,9 @@ void body(int rank, int world, const std::string& init_method) {
   ASSERT_OK(sub.status());
   EXPECT_EQ(*get_rank(**sub), rank == 0 ? -1 : rank - 1);
   EXPECT_EQ(*get_world_size(**sub), 2);
-  sub->reset();
+  // The sub-group goes only after every rank is past its rendezvous.
   ASSERT_OK(group->barrier());
+  sub->reset();
   ASSERT_OK(destroy_process_group());
   EXPECT_FALSE(is_initialized());
 }
