@@ -3,6 +3,7 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
+#include "backends/process_group/process_group_backend.h"
 #include "backends/tensorpipe/tensorpipe_backend.h"
 #include "base/status.h"
 
@@ -82,8 +83,11 @@ void register_builtin_backends() {
   static const bool done = [] {
     absl::StatusOr<BackendType> tp = register_backend(BackendType::TENSORPIPE.name, &construct_tensorpipe_options,
                                                       &init_tensorpipe_backend);
-    // Only a user registering "TENSORPIPE" first can make this fail; the user's wins.
+    absl::StatusOr<BackendType> pg = register_backend(BackendType::PROCESS_GROUP.name,
+                                                      &construct_process_group_options, &init_process_group_backend);
+    // Only a user registering one of these names first can make this fail; the user's wins.
     (void)tp;
+    (void)pg;
     return true;
   }();
   (void)done;

@@ -2,7 +2,7 @@
 //
 // The registry of RPC backends (seeds 003/002): each backend is a name, a constructor
 // of its options from typed keyword arguments, and an init handler that builds its
-// agent. TENSORPIPE is built in; users register their own the same way.
+// agent. TENSORPIPE and PROCESS_GROUP are built in; users register their own the same way.
 //
 //   absl::StatusOr<BackendType> mine = register_backend("MINE", make_my_options, init_my_agent);
 //   auto options = construct_rpc_backend_options(*mine, std::chrono::seconds(30), "env://",
@@ -36,10 +36,13 @@ struct BackendType {
 
   // The built-in TensorPipe backend.
   static const BackendType TENSORPIPE;
+  // The built-in process-group backend (Gloo send/recv; backends/process_group/).
+  static const BackendType PROCESS_GROUP;
 
   friend bool operator==(const BackendType&, const BackendType&) = default;
 };
 inline const BackendType BackendType::TENSORPIPE{"TENSORPIPE"};
+inline const BackendType BackendType::PROCESS_GROUP{"PROCESS_GROUP"};
 
 // The options every backend has. A backend derives its own options type from it.
 class RpcBackendOptions {
@@ -90,7 +93,7 @@ bool backend_registered(const std::string& name);
 [[nodiscard]] absl::StatusOr<std::shared_ptr<RpcAgent>> init_backend(const BackendType& backend,
                                                                      const BackendInitArgs& args);
 
-// Registers TENSORPIPE (once; later calls do nothing). init_rpc calls it; call it
+// Registers TENSORPIPE and PROCESS_GROUP (once; later calls do nothing). init_rpc calls it; call it
 // yourself before using the registry directly. Explicit, because a static library's
 // self-registering initializers are dropped by the linker.
 void register_builtin_backends();

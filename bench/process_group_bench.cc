@@ -33,7 +33,7 @@
 #include "gloo/transport/tcp/device.h"
 #include "process_group/process_group.h"
 #include "store/file_store.h"
-#include "store/gloo_store.h"
+#include "process_group/internal/gloo_store.h"
 #include "store/prefix_store.h"
 
 namespace {
@@ -97,7 +97,7 @@ int run_rank(const Options& options, const std::string& dir, int rank) {
     auto device = gloo::transport::tcp::CreateDevice(attr);
     raw = std::make_shared<gloo::rendezvous::Context>(rank, n);
     raw->setTimeout(std::chrono::seconds(120));
-    ferry::GlooStore gloo_store(std::make_shared<ferry::PrefixStore>("bench/raw_gloo", store));
+    ferry::internal::GlooStore gloo_store(std::make_shared<ferry::PrefixStore>("bench/raw_gloo", store));
     raw->connectFullMesh(gloo_store, device);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "process_group_bench: raw Gloo setup failed: %s\n", e.what());

@@ -101,6 +101,9 @@ class ProcessGroup {
   // that differs from the first rank's (kInvalidArgument), an interface that cannot be
   // used (see ProcessGroupOptions), a store error.
   //
+  // The first create() in a process ignores SIGPIPE (unless the program installed a
+  // handler): Gloo's socket writes would otherwise kill the process when a peer dies.
+  //
   // Several groups may share one store when every rank creates them in the same
   // order: each rank numbers the groups it creates on a store, and the n-th group of
   // every rank meets under its own key prefix.
@@ -178,6 +181,40 @@ class ProcessGroup {
   // the Work's source_rank() (or recv's value) is the sender.
   Work irecv(Tensor tensor, std::optional<int> src = std::nullopt, uint32_t tag = 0);
   absl::StatusOr<int> recv(Tensor tensor, std::optional<int> src = std::nullopt, uint32_t tag = 0);
+
+  // Byte messages of any size (0 included) between two ranks, apart from the tensor
+  // messages above: `data` goes to rank `dst`, where a recv_bytes with the same tag
+  // takes it. send_bytes returns once the receiver has taken the data; messages from
+  // one sender thread to one rank with one tag arrive in order. Up to 64 KiB travel
+  // in one Gloo message with their header; larger ones take one round trip more and
+  // are never copied on the sending side.
+  //
+  // `timeout` bounds the wait (default: the group's). As in Gloo, a wait that times
+  // out breaks the whole group (Gloo closes every connection); pass kWaitIndefinitely
+  // for a receiver that may legitimately sit idle. A peer whose connection is lost
+  // fails only the operations with that peer (kUnavailable), unlike the collectives;
+  // a receive from any source is not failed by the loss of one peer (Gloo does not
+  // tell it), so receive from each peer when losses must be noticed at once.
+  // Errors: kInvalidArgument (dst/src out of range or this rank), kFailedPrecondition
+  // (shut down, broken, not a member), kCancelled (shut down while waiting),
+  // kUnavailable (the peer's connection failed), kDeadlineExceeded.
+  static constexpr std::chrono::milliseconds kWaitIndefinitely{std::chrono::hours(24 * 365)};
+  struct ReceivedBytes {
+    int source_rank = -1;
+    Bytes data;
+  };
+  absl::Status send_bytes(const Bytes& data, int dst, uint32_t tag = 0,
+                          std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+  // From rank `src`, or from any other rank when src is empty (source_rank says which).
+  absl::StatusOr<ReceivedBytes> recv_bytes(std::optional<int> src = std::nullopt, uint32_t tag = 0,
+                                           std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+  // Like recv_bytes from `src`, for a thread that takes everything `src` sends on
+  // `tag`: from the first call on, a few receives stay posted for (src, tag), so
+  // back-to-back messages land without waiting for this thread to post the next
+  // receive (no round trip per message). Messages from `src` on `tag` then go to
+  // recv_bytes_stream only, never to recv_bytes. Same errors as recv_bytes.
+  absl::StatusOr<ReceivedBytes> recv_bytes_stream(int src, uint32_t tag = 0,
+                                                  std::optional<std::chrono::milliseconds> timeout = std::nullopt);
 
   // Every rank's `data`, in rank order; sizes may differ by rank (and may be 0).
   // Blocking, like every collective: queued behind earlier asynchronous ones.

@@ -10,11 +10,17 @@ namespace ferry {
 namespace internal {
 
 bool WorkState::complete(absl::Status status, std::optional<int> source_rank) {
-  absl::MutexLock lock(&mu_);
-  if (done_) return false;
-  done_ = true;
-  status_ = std::move(status);
-  source_rank_ = status_.ok() ? source_rank : std::nullopt;
+  absl::StatusOr<int> result;
+  {
+    absl::MutexLock lock(&mu_);
+    if (done_) return false;
+    done_ = true;
+    status_ = std::move(status);
+    source_rank_ = status_.ok() ? source_rank : std::nullopt;
+    result = status_.ok() ? absl::StatusOr<int>(source_rank_.value_or(-1)) : absl::StatusOr<int>(status_);
+  }
+  // Outside the lock: callbacks may poll this Work.
+  promise_.set_result(std::move(result));
   return true;
 }
 
@@ -49,6 +55,12 @@ bool Work::is_completed() const { return state_->is_completed(); }
 std::optional<int> Work::source_rank() const { return state_->source_rank(); }
 
 const std::string& Work::name() const { return state_->name(); }
+
+Future<int> Work::future() const { return state_->future(); }
+
+void Work::add_callback(std::function<void(const absl::Status&)> callback) const {
+  state_->future().add_callback([callback = std::move(callback)](const absl::StatusOr<int>& r) { callback(r.status()); });
+}
 
 Work Work::completed(std::string name, absl::Status status) {
   auto state = std::make_shared<internal::WorkState>(std::move(name));

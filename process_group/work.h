@@ -8,17 +8,23 @@
 //   ...                                   // overlap other work with the all-reduce
 //   FERRY_RETURN_IF_ERROR(work.wait());   // tensor now holds the sum of every rank's
 //
+// Completion can also be awaited by callback or Future (see future()):
+//
+//   work.add_callback([](const absl::Status& s) { if (!s.ok()) FERRY_LOG(WARNING) << s; });
+//
 // A Work shares the operation's state: copies of it are handles to the same
 // operation, and dropping every copy does not cancel the operation (it still runs, in
 // order, on every rank).
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 
 #include "absl/status/status.h"
+#include "base/future.h"
 
 namespace ferry {
 
@@ -47,6 +53,15 @@ class Work {
   // For a completed receive: the rank the tensor came from (what a receive from any
   // rank reports). Empty for other operations, and before completion.
   std::optional<int> source_rank() const;
+
+  // The operation as a Future: OK with the sender's rank for a receive (-1 for every
+  // other operation), or the operation's error. Its callbacks (and add_callback's) run
+  // on the thread that completes the operation — the group's worker thread for a
+  // collective, the operation's own thread for isend/irecv — or at once on the calling
+  // thread when it is complete already. Keep them short: a callback that waits for
+  // another collective of the same group blocks the worker thread that would run it.
+  Future<int> future() const;
+  void add_callback(std::function<void(const absl::Status&)> callback) const;
 
   // The operation's name, as in its error messages ("all_reduce", "irecv").
   const std::string& name() const;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include "backends/backend_registry.h"
+#include "backends/process_group/process_group_backend.h"
 #include "backends/tensorpipe/tensorpipe_backend.h"
 #include "base/future.h"
 #include "base/status.h"

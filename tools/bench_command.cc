@@ -25,6 +25,7 @@ struct BenchRpcFlags {
   bool json = false;
   bool require_targets = false;
   std::vector<std::string> transports = {"shm", "uv"};
+  std::string backend = "tensorpipe";
   int iterations = 0;  // 0: the mode's default
   int repeat = 1;
 };
@@ -41,6 +42,7 @@ CLI::App* bench_group(CLI::App& app) {
 void run_bench_rpc(const BenchRpcFlags& flags, ExitCode& exit_code) {
   bench::RpcBenchOptions options;
   options.transports = flags.transports;
+  options.process_group = flags.backend == "process_group";
   options.quick = flags.quick;
   if (flags.iterations > 0) options.iterations = flags.iterations;
   options.repeat = flags.repeat;
@@ -135,6 +137,10 @@ void add_bench_command(CLI::App& app, ExitCode& exit_code) {
   rpc->add_option("--transports", flags->transports, "Transports to measure, comma-separated (default: shm,uv)")
       ->delimiter(',')
       ->check(CLI::IsMember({"shm", "uv"}));
+  rpc->add_option("--backend", flags->backend,
+                  "tensorpipe (default), or process_group: also measure the PROCESS_GROUP backend (Gloo over TCP) "
+                  "in the same run, beside raw TensorPipe over uv")
+      ->check(CLI::IsMember({"tensorpipe", "process_group"}));
   rpc->add_option("--iterations", flags->iterations,
                   "Latency samples per figure (default 10000; --quick: 300); the other counts scale with it")
       ->check(CLI::Range(1, 100000000));

@@ -112,13 +112,27 @@ int drive(int steps) {
   return loss < first_loss ? 0 : 1;
 }
 
-int run(int rank, const std::string& init_method, int steps) {
-  if (rank > 0) register_stage_functions(rank);
+// `--backend process_group` after the step count runs the workers on the PROCESS_GROUP
+// backend (Gloo over TCP) instead of TENSORPIPE; main() sets this before forking.
+bool use_process_group = false;
+
+absl::Status start_worker(const std::string& name, int rank, const std::string& init_method) {
+  if (use_process_group) {
+    ferry::ProcessGroupRpcBackendOptions options;
+    options.init_method = init_method;
+    options.num_send_recv_threads = 2;
+    return ferry::init_rpc(name, ferry::BackendType::PROCESS_GROUP, rank, kWorld, options);
+  }
   ferry::TensorPipeRpcBackendOptions options;
   options.init_method = init_method;
   options.num_worker_threads = 2;
+  return ferry::init_rpc(name, rank, kWorld, options);
+}
+
+int run(int rank, const std::string& init_method, int steps) {
+  if (rank > 0) register_stage_functions(rank);
   std::string name = "worker" + std::to_string(rank);
-  absl::Status started = ferry::init_rpc(name, rank, kWorld, options);
+  absl::Status started = start_worker(name, rank, init_method);
   if (!started.ok()) {
     std::cerr << name << ": init_rpc failed: " << started << "\n";
     return 1;
@@ -159,6 +173,9 @@ int main(int argc, char** argv) {
   std::string dir = std::filesystem::temp_directory_path() / ("ferry-demo-" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
   std::string init_method = "file://" + dir + "/store";
+  for (int i = 2; i + 1 < argc; ++i) {
+    if (std::string(argv[i]) == "--backend") use_process_group = std::string(argv[i + 1]) == "process_group";
+  }
   std::fflush(stdout);
   std::vector<pid_t> children;
   for (int rank = 0; rank < kWorld; ++rank) {

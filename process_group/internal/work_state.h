@@ -11,6 +11,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "base/future.h"
 
 namespace ferry::internal {
 
@@ -26,9 +27,13 @@ class WorkState {
   bool is_completed() const;
   std::optional<int> source_rank() const;
   const std::string& name() const { return name_; }
+  // Completes with the source rank (-1 when there is none) or the error, after the
+  // state above; its callbacks run on the completing thread.
+  Future<int> future() const { return promise_.get_future(); }
 
  private:
   const std::string name_;
+  const Promise<int> promise_;
   mutable absl::Mutex mu_;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mu_);

@@ -1,6 +1,7 @@
 // The agent conformance suite: what every RpcAgent must do, run with real processes
 // (one agent each) against every agent kind and, for TensorPipe, every transport.
-// A new backend adds its AgentKind to kinds() and must pass all of it.
+// A new backend adds its AgentKind to kinds() and must pass all of it: TensorPipe (uv,
+// shm) and the process-group agent do.
 #include <signal.h>
 #include <unistd.h>
 
@@ -9,6 +10,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "agents/process_group_agent.h"
 #include "agents/tensorpipe_agent.h"
 #include "gtest/gtest.h"
 #include "serialization/error.h"
@@ -25,13 +27,16 @@ using std::chrono::milliseconds;
 using std::chrono::seconds;
 
 // How the suite makes agents of one kind. Membership changes go through `start`,
-// `address`, `add` and `remove`; a static group through `create`.
+// `address`, `add` and `remove`; a static group through `create`. `start` gets the
+// number of processes too: a process-group agent's group is fixed-size, so its members
+// come and go among ranks of one group (see agents/process_group_agent.h).
 struct AgentKind {
   std::string name;
   std::function<absl::StatusOr<std::shared_ptr<RpcAgent>>(std::shared_ptr<Store>, std::string, int, int,
                                                           RequestHandler)>
       create;
-  std::function<absl::StatusOr<std::shared_ptr<RpcAgent>>(std::shared_ptr<Store>, std::string, int, RequestHandler)>
+  std::function<absl::StatusOr<std::shared_ptr<RpcAgent>>(std::shared_ptr<Store>, std::string, int, int,
+                                                          RequestHandler)>
       start;
   std::function<std::string(RpcAgent&)> address;
   std::function<absl::Status(RpcAgent&, WorkerInfo, std::string)> add;
@@ -55,7 +60,7 @@ AgentKind tensorpipe_kind(const std::string& transport) {
         FERRY_ASSIGN_OR_RETURN(auto agent, TensorPipeAgent::create(store, name, rank, n, options, handler));
         return std::shared_ptr<RpcAgent>(agent);
       },
-      [options](std::shared_ptr<Store> store, std::string name, int rank,
+      [options](std::shared_ptr<Store> store, std::string name, int rank, int /*n*/,
                 RequestHandler handler) -> absl::StatusOr<std::shared_ptr<RpcAgent>> {
         FERRY_ASSIGN_OR_RETURN(auto agent, TensorPipeAgent::start(store, name, rank, options, handler));
         return std::shared_ptr<RpcAgent>(agent);
@@ -68,7 +73,38 @@ AgentKind tensorpipe_kind(const std::string& transport) {
   };
 }
 
-std::vector<AgentKind> kinds() { return {tensorpipe_kind("uv"), tensorpipe_kind("shm")}; }
+AgentKind process_group_kind() {
+  ProcessGroupAgentOptions options;
+  options.rpc_timeout = seconds(30);
+  options.heartbeat_interval = milliseconds(300);
+  auto pg = [](RpcAgent& a) -> ProcessGroupAgent& { return dynamic_cast<ProcessGroupAgent&>(a); };
+  auto group = [](std::shared_ptr<Store> store, int rank, int n) -> absl::StatusOr<std::shared_ptr<ProcessGroup>> {
+    FERRY_ASSIGN_OR_RETURN(std::unique_ptr<ProcessGroup> g, ProcessGroup::create(std::move(store), rank, n, seconds(20)));
+    return std::shared_ptr<ProcessGroup>(std::move(g));
+  };
+  return AgentKind{
+      "process_group",
+      [options, group](std::shared_ptr<Store> store, std::string name, int rank, int n, RequestHandler handler)
+          -> absl::StatusOr<std::shared_ptr<RpcAgent>> {
+        FERRY_ASSIGN_OR_RETURN(std::shared_ptr<ProcessGroup> g, group(store, rank, n));
+        FERRY_ASSIGN_OR_RETURN(auto agent, ProcessGroupAgent::create(std::move(g), store, name, options, handler));
+        return std::shared_ptr<RpcAgent>(agent);
+      },
+      [options, group](std::shared_ptr<Store> store, std::string name, int rank, int n,
+                       RequestHandler handler) -> absl::StatusOr<std::shared_ptr<RpcAgent>> {
+        FERRY_ASSIGN_OR_RETURN(std::shared_ptr<ProcessGroup> g, group(store, rank, n));
+        FERRY_ASSIGN_OR_RETURN(auto agent, ProcessGroupAgent::start(std::move(g), store, name, options, handler));
+        return std::shared_ptr<RpcAgent>(agent);
+      },
+      [pg](RpcAgent& a) { return pg(a).address(); },
+      [pg](RpcAgent& a, WorkerInfo info, std::string address) {
+        return pg(a).add_member(std::move(info), std::move(address));
+      },
+      [pg](RpcAgent& a, int id, MembershipChange why) { return pg(a).remove_member(id, why); },
+  };
+}
+
+std::vector<AgentKind> kinds() { return {tensorpipe_kind("uv"), tensorpipe_kind("shm"), process_group_kind()}; }
 
 std::string name_of(int rank) { return absl::StrCat("w", rank); }
 
@@ -317,7 +353,7 @@ TEST_P(AgentConformance, MembersJoinAndLeaveWhileCallsRun) {
   ferry::testing::expect_all_succeed(ferry::testing::run_processes(3, [&](int rank) {
     const AgentKind& kind = GetParam();
     std::shared_ptr<Store> store = file_store(dir.path());
-    auto started = kind.start(store, name_of(rank), rank, handler_for(name_of(rank)));
+    auto started = kind.start(store, name_of(rank), rank, 3, handler_for(name_of(rank)));
     ASSERT_OK(started.status());
     std::shared_ptr<RpcAgent> agent = *started;
     ASSERT_OK(store->set(absl::StrCat("address/", rank), to_bytes(kind.address(*agent))));

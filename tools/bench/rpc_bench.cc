@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "backends/process_group/process_group_backend.h"
 #include "rpc/ferry.h"
 #include "tools/bench/raw_tensorpipe.h"
 
@@ -34,6 +35,9 @@ constexpr char kClientName[] = "bench0";
 constexpr char kServerName[] = "bench1";
 constexpr char kNoop[] = "bench.noop";
 constexpr char kEcho[] = "bench.echo";
+
+// The entry of the PROCESS_GROUP backend among the transports.
+constexpr char kProcessGroup[] = "process_group";
 
 constexpr size_t kKiB = 1024;
 constexpr size_t kMiB = 1024 * 1024;
@@ -71,6 +75,22 @@ TensorPipeRpcBackendOptions ferry_options(const std::string& transport, const st
   options.transports = std::vector<std::string>{transport};
   options.channels = channels_for(transport);
   return options;
+}
+
+// init_rpc for `transport`: TENSORPIPE on it, or PROCESS_GROUP for "process_group".
+absl::Status init_bench_rpc(const char* name, int rank, const std::string& transport, const std::string& store_path) {
+  if (transport == kProcessGroup) {
+    ProcessGroupRpcBackendOptions options;
+    options.init_method = "file://" + store_path;
+    return init_rpc(name, BackendType::PROCESS_GROUP, rank, 2, options);
+  }
+  return init_rpc(name, rank, 2, ferry_options(transport, store_path));
+}
+
+// The raw TensorPipe endpoint `transport` is compared with.
+RawEndpoint raw_endpoint_for(const std::string& transport) {
+  if (transport == kProcessGroup) return RawEndpoint{"uv", channels_for("uv")};
+  return RawEndpoint{transport, channels_for(transport)};
 }
 
 absl::Status check_echo(const Tensor& sent, const Tensor& got) {
@@ -203,7 +223,7 @@ absl::Status ferry_measure(const MeasurePlan& plan, std::chrono::milliseconds ti
 absl::StatusOr<SideResult> run_ferry_client(const std::string& transport, const std::string& store_path,
                                             const MeasurePlan& plan, std::chrono::milliseconds timeout) {
   FERRY_RETURN_IF_ERROR(register_bench_functions());
-  FERRY_RETURN_IF_ERROR(init_rpc(kClientName, 0, 2, ferry_options(transport, store_path)));
+  FERRY_RETURN_IF_ERROR(init_bench_rpc(kClientName, 0, transport, store_path));
   SideResult out;
   out.side = "ferry";
   out.transport = transport;
@@ -226,7 +246,7 @@ absl::StatusOr<SideResult> run_ferry_client(const std::string& transport, const 
 absl::Status run_ferry_server(const std::string& transport, const std::string& store_path,
                               std::chrono::milliseconds timeout) {
   FERRY_RETURN_IF_ERROR(register_bench_functions());
-  FERRY_RETURN_IF_ERROR(init_rpc(kServerName, 1, 2, ferry_options(transport, store_path)));
+  FERRY_RETURN_IF_ERROR(init_bench_rpc(kServerName, 1, transport, store_path));
   // Graceful: returns once the client has finished measuring and called shutdown too,
   // so `timeout` must cover the whole phase.
   return shutdown(/*graceful=*/true, timeout);
@@ -272,7 +292,7 @@ absl::StatusOr<SideResult> run_phase(const Phase& phase, const std::string& dir,
                                      const Deadlines& deadlines) {
   std::string base = dir + "/" + phase.label;
   std::string result_path = base + ".result.json";
-  RawEndpoint endpoint{phase.transport, channels_for(phase.transport)};
+  RawEndpoint endpoint = raw_endpoint_for(phase.transport);
   auto body = [&](int rank) -> absl::Status {
     if (phase.side == "ferry") {
       if (rank == 1) return run_ferry_server(phase.transport, base + ".store", deadlines.phase);
@@ -451,6 +471,7 @@ std::string format_value(double v, const std::string& units) {
 }  // namespace
 
 std::vector<std::string> channels_for(const std::string& transport) {
+  if (transport == kProcessGroup) return {};
   if (transport == "shm") return {"cma", "basic"};
   return {"basic"};
 }
@@ -489,6 +510,8 @@ absl::StatusOr<RpcBenchReport> run_rpc_bench(const RpcBenchOptions& options,
     }
   }
   if (options.repeat < 1) return absl::InvalidArgumentError("repeat must be at least 1");
+  std::vector<std::string> entries = options.transports;
+  if (options.process_group) entries.push_back(kProcessGroup);
   if (options.iterations.has_value() && *options.iterations < 1) {
     return absl::InvalidArgumentError("iterations must be at least 1");
   }
@@ -514,17 +537,17 @@ absl::StatusOr<RpcBenchReport> run_rpc_bench(const RpcBenchOptions& options,
   } remove_dir{dir};
 
   Clock::time_point start = Clock::now();
-  std::vector<std::vector<SideResult>> ferry_runs(options.transports.size());
-  std::vector<std::vector<SideResult>> raw_runs(options.transports.size());
+  std::vector<std::vector<SideResult>> ferry_runs(entries.size());
+  std::vector<std::vector<SideResult>> raw_runs(entries.size());
   int phase_index = 0;
   for (int r = 0; r < options.repeat; ++r) {
-    for (size_t t = 0; t < options.transports.size(); ++t) {
+    for (size_t t = 0; t < entries.size(); ++t) {
       // Alternate which side goes first, so a slow drift in the machine's load
       // does not always favour the same side.
       std::vector<std::string> sides = r % 2 == 0 ? std::vector<std::string>{"ferry", "raw"}
                                                   : std::vector<std::string>{"raw", "ferry"};
       for (const std::string& side : sides) {
-        Phase phase{side, options.transports[t], absl::StrCat(phase_index++, "-", side, "-", options.transports[t])};
+        Phase phase{side, entries[t], absl::StrCat(phase_index++, "-", side, "-", entries[t])};
         if (progress) {
           progress(absl::StrCat("ferry bench rpc: ", side, " on ", phase.transport,
                                 options.repeat > 1 ? absl::StrCat(" (run ", r + 1, " of ", options.repeat, ")") : ""));
@@ -536,8 +559,8 @@ absl::StatusOr<RpcBenchReport> run_rpc_bench(const RpcBenchOptions& options,
   }
   report.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   report.load_after = load_average();
-  for (size_t t = 0; t < options.transports.size(); ++t) {
-    report.transports.push_back(TransportResult{options.transports[t], channels_for(options.transports[t]),
+  for (size_t t = 0; t < entries.size(); ++t) {
+    report.transports.push_back(TransportResult{entries[t], channels_for(entries[t]),
                                                 median_side(ferry_runs[t]), median_side(raw_runs[t])});
   }
   return report;
@@ -546,6 +569,7 @@ absl::StatusOr<RpcBenchReport> run_rpc_bench(const RpcBenchOptions& options,
 std::vector<TargetResult> evaluate_targets(const RpcBenchReport& report) {
   std::vector<TargetResult> out;
   for (const TransportResult& t : report.transports) {
+    if (t.transport == kProcessGroup) continue;  // issue 7's targets are TENSORPIPE's
     auto add = [&](std::string name, std::string description, double value, double limit, bool at_most,
                    std::optional<size_t> bytes = std::nullopt) {
       bool met = at_most ? value <= limit : value >= limit;
@@ -643,7 +667,11 @@ std::string report_table(const RpcBenchReport& report) {
                             load(report.load_after), report.plan.iterations, report.options.repeat, report.seconds));
   absl::StrAppend(&out, "ratio = ferry / raw TensorPipe (latency: lower is better; others: higher is better)\n");
   for (const TransportResult& t : report.transports) {
-    absl::StrAppend(&out, absl::StrFormat("\n%s (channels %s)\n", t.transport, absl::StrJoin(t.channels, ",")));
+    if (t.transport == kProcessGroup) {
+      absl::StrAppend(&out, "\nprocess_group (PROCESS_GROUP backend, Gloo over TCP; raw = TensorPipe uv/basic)\n");
+    } else {
+      absl::StrAppend(&out, absl::StrFormat("\n%s (channels %s)\n", t.transport, absl::StrJoin(t.channels, ",")));
+    }
     absl::StrAppend(&out, absl::StrFormat("  %-42s %-8s %12s %12s %9s\n", "metric", "units", "ferry", "raw",
                                           "ferry/raw"));
     for (const MetricRow& row : metric_rows(t)) {

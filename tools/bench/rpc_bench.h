@@ -31,6 +31,10 @@ namespace ferry::tools::bench {
 
 struct RpcBenchOptions {
   std::vector<std::string> transports = {"shm", "uv"};
+  // Also measure the PROCESS_GROUP backend, reported as the entry "process_group" beside
+  // the TENSORPIPE transports; its raw baseline is TensorPipe over uv (TCP, like Gloo).
+  // Issue 7's targets are TENSORPIPE's and are not evaluated on it.
+  bool process_group = false;
   // A short run for CI: a few hundred calls, echo sizes up to 1 MiB.
   bool quick = false;
   // Latency samples per measurement (default 10,000; quick: 300).
@@ -41,7 +45,7 @@ struct RpcBenchOptions {
 };
 
 // The channels each transport is measured with: shm with ferry's defaults between
-// processes (cma, then basic), uv with basic only.
+// processes (cma, then basic), uv with basic only; "process_group" has none (Gloo).
 std::vector<std::string> channels_for(const std::string& transport);
 
 // How much each measurement does under `options`.

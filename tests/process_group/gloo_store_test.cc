@@ -1,4 +1,5 @@
-// GlooStore: Gloo's rendezvous over a ferry store, including a real Gloo full mesh.
+// GlooStore (process_group/internal/): Gloo's rendezvous over a ferry store, including a
+// real Gloo full mesh; a failed operation keeps the store's status as a value.
 #include <thread>
 #include <vector>
 
@@ -8,7 +9,7 @@
 #include "gloo/transport/tcp/device.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "store/gloo_store.h"
+#include "process_group/internal/gloo_store.h"
 #include "store/hash_store.h"
 #include "store/prefix_store.h"
 #include "tests/testing/status_matchers.h"
@@ -16,6 +17,8 @@
 namespace ferry {
 namespace {
 
+using ::ferry::internal::GlooStore;
+using ::ferry::testing::StatusIs;
 using ::testing::HasSubstr;
 using namespace std::chrono_literals;
 
@@ -28,6 +31,7 @@ TEST(GlooStoreTest, SetGetWait) {
   EXPECT_EQ(to_string(v), "hi");
   gloo_store.wait({"k"});
   gloo_store.wait({"k"}, 10ms);
+  EXPECT_OK(gloo_store.last_error());
 }
 
 TEST(GlooStoreTest, TimeoutsThrowIoExceptionNamingTheKey) {
@@ -39,7 +43,11 @@ TEST(GlooStoreTest, TimeoutsThrowIoExceptionNamingTheKey) {
     EXPECT_THAT(e.what(), HasSubstr("'never'"));
     EXPECT_THAT(e.what(), HasSubstr("timed out after"));
   }
+  // The status itself is kept, code included: nobody parses the message back.
+  EXPECT_THAT(gloo_store.last_error(), StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("'never'")));
   EXPECT_THROW(gloo_store.get("never"), gloo::IoException);
+  // The first error is the one kept.
+  EXPECT_THAT(gloo_store.last_error(), StatusIs(absl::StatusCode::kDeadlineExceeded));
 }
 
 TEST(GlooStoreTest, GlooFullMeshRendezvousesThroughIt) {

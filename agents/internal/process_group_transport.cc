@@ -1,0 +1,450 @@
+#include "agents/internal/process_group_transport.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "base/future.h"
+#include "base/logging.h"
+#include "base/status.h"
+
+namespace ferry::internal {
+namespace {
+
+// The frame: FrameHead, the sender's name, per tensor a TensorEntry and its target's
+// characters, the sealed Message, padding to kAlign, then each tensor's bytes, each
+// starting at a multiple of kAlign (so a received tensor is aligned for any dtype).
+enum class FrameKind : uint8_t { kRequest = 1, kReply = 2, kGoodbye = 3 };
+constexpr uint32_t kFrameMagic = 0x46504746;  // "FGPF"
+constexpr size_t kAlign = 64;
+struct FrameHead {
+  uint32_t magic;
+  uint8_t kind;
+  uint8_t reserved[3];
+  uint32_t name_bytes;
+  uint32_t num_tensors;
+  uint64_t metadata_bytes;
+};
+struct TensorEntry {
+  uint64_t nbytes;
+  uint32_t target_bytes;
+  uint32_t reserved;
+};
+
+size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+Bytes encode_frame(FrameKind kind, const std::string& sender, const Wire& wire) {
+  size_t table = sizeof(FrameHead) + sender.size();
+  for (size_t i = 0; i < wire.tensors.size(); ++i) {
+    table += sizeof(TensorEntry) + (i < wire.targets.size() ? wire.targets[i].size() : 0);
+  }
+  size_t total = align_up(table + wire.metadata.size());
+  for (const Tensor& t : wire.tensors) total += align_up(t.nbytes());
+  Bytes frame(total);
+  uint8_t* p = frame.data();
+  FrameHead head{kFrameMagic, static_cast<uint8_t>(kind), {0, 0, 0}, static_cast<uint32_t>(sender.size()),
+                 static_cast<uint32_t>(wire.tensors.size()), static_cast<uint64_t>(wire.metadata.size())};
+  std::memcpy(p, &head, sizeof(head));
+  p += sizeof(head);
+  std::memcpy(p, sender.data(), sender.size());
+  p += sender.size();
+  for (size_t i = 0; i < wire.tensors.size(); ++i) {
+    const std::string empty;
+    const std::string& target = i < wire.targets.size() ? wire.targets[i] : empty;
+    TensorEntry entry{static_cast<uint64_t>(wire.tensors[i].nbytes()), static_cast<uint32_t>(target.size()), 0};
+    std::memcpy(p, &entry, sizeof(entry));
+    p += sizeof(entry);
+    std::memcpy(p, target.data(), target.size());
+    p += target.size();
+  }
+  std::memcpy(p, wire.metadata.data(), wire.metadata.size());
+  size_t offset = align_up(table + wire.metadata.size());
+  for (const Tensor& t : wire.tensors) {
+    if (t.nbytes() > 0) std::memcpy(frame.data() + offset, t.data(), t.nbytes());
+    offset += align_up(t.nbytes());
+  }
+  return frame;
+}
+
+struct Frame {
+  FrameKind kind;
+  std::string sender;
+  Wire wire;
+};
+
+// Reads a frame, bounding every length by what arrived before trusting it. The
+// tensors are views into `bytes`, which they keep alive.
+absl::StatusOr<Frame> decode_frame(std::shared_ptr<Bytes> bytes) {
+  const size_t size = bytes->size();
+  const uint8_t* base = bytes->data();
+  size_t at = 0;
+  auto take = [&](void* out, size_t n, const char* what) -> absl::Status {
+    if (n > size - at) {
+      return absl::DataLossError(absl::StrCat("frame of ", size, " bytes is cut short in its ", what));
+    }
+    if (out != nullptr) std::memcpy(out, base + at, n);
+    at += n;
+    return absl::OkStatus();
+  };
+  FrameHead head;
+  FERRY_RETURN_IF_ERROR(take(&head, sizeof(head), "header"));
+  if (head.magic != kFrameMagic) return absl::DataLossError("not a ferry process-group agent frame");
+  if (head.kind < 1 || head.kind > 3) return absl::DataLossError(absl::StrCat("unknown frame kind ", head.kind));
+  Frame frame;
+  frame.kind = static_cast<FrameKind>(head.kind);
+  if (head.name_bytes > size - at) return absl::DataLossError("frame is cut short in the sender's name");
+  frame.sender.assign(reinterpret_cast<const char*>(base + at), head.name_bytes);
+  at += head.name_bytes;
+  if (head.num_tensors > (size - at) / sizeof(TensorEntry)) {
+    return absl::DataLossError(absl::StrCat("frame claims ", head.num_tensors, " tensors in ", size, " bytes"));
+  }
+  std::vector<uint64_t> lengths;
+  lengths.reserve(head.num_tensors);
+  frame.wire.targets.reserve(head.num_tensors);
+  for (uint32_t i = 0; i < head.num_tensors; ++i) {
+    TensorEntry entry;
+    FERRY_RETURN_IF_ERROR(take(&entry, sizeof(entry), "tensor table"));
+    if (entry.target_bytes > size - at) return absl::DataLossError("frame is cut short in a tensor's target");
+    frame.wire.targets.emplace_back(reinterpret_cast<const char*>(base + at), entry.target_bytes);
+    at += entry.target_bytes;
+    lengths.push_back(entry.nbytes);
+  }
+  if (head.metadata_bytes > size - at) return absl::DataLossError("frame is cut short in its message");
+  frame.wire.metadata.assign(reinterpret_cast<const char*>(base + at), head.metadata_bytes);
+  at = align_up(at + head.metadata_bytes);
+  frame.wire.tensors.reserve(head.num_tensors);
+  for (uint64_t n : lengths) {
+    if (at > size || n > size - at) return absl::DataLossError("frame is cut short in a tensor's bytes");
+    if (n == 0) {
+      FERRY_ASSIGN_OR_RETURN(Tensor empty, Tensor::empty({0}, DType::kUInt8));
+      frame.wire.tensors.push_back(std::move(empty));
+      continue;
+    }
+    std::shared_ptr<void> view(bytes, bytes->data() + at);
+    FERRY_ASSIGN_OR_RETURN(Tensor t, Tensor::from_blob(std::move(view), {static_cast<int64_t>(n)}, DType::kUInt8));
+    frame.wire.tensors.push_back(std::move(t));
+    at = align_up(at + n);
+  }
+  return frame;
+}
+
+// A copy of `wire` whose tensors share nothing with the original (messages to self).
+absl::StatusOr<Wire> copy_wire(const Wire& wire) {
+  Wire out{wire.metadata, {}, wire.targets};
+  for (const Tensor& t : wire.tensors) {
+    FERRY_ASSIGN_OR_RETURN(Tensor c, t.clone());
+    out.tensors.push_back(std::move(c));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string process_group_address(int rank) { return absl::StrCat("pg:", rank); }
+
+absl::StatusOr<int> rank_of_process_group_address(const std::string& address) {
+  int rank = -1;
+  if (!absl::StartsWith(address, "pg:") || !absl::SimpleAtoi(address.substr(3), &rank) || rank < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("\"", address, "\" is not a process-group agent address (expected \"pg:<rank>\")"));
+  }
+  return rank;
+}
+
+struct ProcessGroupTransport::State : std::enable_shared_from_this<State> {
+  // The way back to a rank that sent us a request.
+  struct Back final : ReplyPath {
+    std::weak_ptr<State> state;
+    int rank = -1;
+    std::string from;
+    void reply(Wire wire) override {
+      if (std::shared_ptr<State> s = state.lock()) s->enqueue(rank, -1, FrameKind::kReply, std::move(wire));
+    }
+    const std::string& caller() const override { return from; }
+    // A Gloo connection cannot be closed alone; the sender's garbage was dropped.
+    void close() override {}
+  };
+  // Our own requests, served without the network.
+  struct Loopback final : ReplyPath {
+    std::weak_ptr<State> state;
+    std::string from;
+    void reply(Wire wire) override {
+      std::shared_ptr<State> s = state.lock();
+      if (!s) return;
+      absl::StatusOr<Wire> copy = copy_wire(wire);
+      if (!copy.ok()) {
+        FERRY_LOG(WARNING) << from << ": reply to self not delivered: " << copy.status();
+        return;
+      }
+      TransportThreadScope transport_thread;
+      if (std::shared_ptr<TransportEvents> events = s->events.lock()) events->on_reply(s->self_id.load(), *std::move(copy));
+    }
+    const std::string& caller() const override { return from; }
+    void close() override {}
+  };
+  struct Outgoing {
+    int rank;
+    int peer;  // the member id of a request's target; -1 for replies and goodbyes
+    Bytes frame;
+  };
+
+  std::string name;
+  std::shared_ptr<ProcessGroup> group;
+  int rank = 0;
+  int world = 1;
+  int num_threads = 1;
+  std::weak_ptr<TransportEvents> events;
+  std::atomic<int> self_id{-1};
+
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Outgoing> queue;        // guarded by mu
+  int sending = 0;                   // guarded by mu
+  bool closing = false;              // guarded by mu: no new frames
+  bool stop_senders = false;         // guarded by mu
+  bool closed = false;               // guarded by mu
+  absl::flat_hash_map<int, int> ids_by_rank;          // guarded by mu
+  absl::flat_hash_map<int, std::string> names_by_rank;  // guarded by mu
+  std::vector<std::thread> senders;
+  std::vector<std::thread> receivers;
+  std::vector<std::unique_ptr<std::atomic<bool>>> said_goodbye;  // by rank
+
+  std::atomic<uint64_t> frames_sent{0};
+  std::atomic<uint64_t> frames_received{0};
+  std::atomic<uint64_t> bytes_sent{0};
+  std::atomic<uint64_t> bytes_received{0};
+
+  void enqueue(int to_rank, int peer, FrameKind kind, const Wire& wire) {
+    Bytes frame = encode_frame(kind, name, wire);
+    std::lock_guard<std::mutex> lock(mu);
+    if (closing) return;  // the core fails what is pending when it shuts down
+    queue.push_back(Outgoing{to_rank, peer, std::move(frame)});
+    cv.notify_one();
+  }
+
+  int id_of(int r) {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = ids_by_rank.find(r);
+    return it == ids_by_rank.end() ? r : it->second;
+  }
+  std::string name_of(int r) {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = names_by_rank.find(r);
+    return it == names_by_rank.end() ? absl::StrCat("rank ", r) : absl::StrCat("\"", it->second, "\" (rank ", r, ")");
+  }
+  bool is_closing() {
+    std::lock_guard<std::mutex> lock(mu);
+    return closing;
+  }
+
+  void lost(int r, const absl::Status& why) {
+    if (is_closing()) return;
+    std::shared_ptr<TransportEvents> e = events.lock();
+    if (!e) return;
+    e->on_peer_lost(id_of(r), absl::UnavailableError(absl::StrCat("worker ", name_of(r),
+                                                                  " is unreachable: ", why.message())));
+  }
+
+  void send_loop() {
+    TransportThreadScope transport_thread;
+    AgentThreadScope agent_thread;
+    for (;;) {
+      Outgoing out;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return !queue.empty() || stop_senders; });
+        if (queue.empty()) return;
+        out = std::move(queue.front());
+        queue.pop_front();
+        ++sending;
+      }
+      const bool goodbye = out.peer == -2;
+      absl::Status s = group->send_bytes(out.frame, out.rank, kProcessGroupAgentTag,
+                                         goodbye ? std::min(group->timeout(), std::chrono::milliseconds(5000))
+                                                 : group->timeout());
+      if (s.ok()) {
+        frames_sent.fetch_add(1, std::memory_order_relaxed);
+        bytes_sent.fetch_add(out.frame.size(), std::memory_order_relaxed);
+      } else if (out.peer >= 0) {
+        lost(out.rank, s);
+      } else if (!goodbye) {
+        FERRY_LOG(INFO) << name << ": reply to " << name_of(out.rank) << " not delivered: " << s;
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        --sending;
+      }
+      cv.notify_all();
+    }
+  }
+
+  void receive_loop(int r) {
+    TransportThreadScope transport_thread;
+    AgentThreadScope agent_thread;
+    for (;;) {
+      absl::StatusOr<ProcessGroup::ReceivedBytes> got =
+          group->recv_bytes_stream(r, kProcessGroupAgentTag, ProcessGroup::kWaitIndefinitely);
+      if (!got.ok()) {
+        lost(r, got.status());  // unless we are closing: then the group was shut down under us
+        return;
+      }
+      frames_received.fetch_add(1, std::memory_order_relaxed);
+      bytes_received.fetch_add(got->data.size(), std::memory_order_relaxed);
+      if (!deliver(r, std::make_shared<Bytes>(std::move(got->data)))) return;
+    }
+  }
+
+  // Hands one frame from rank `r` to the core; false once `r` said goodbye.
+  bool deliver(int r, std::shared_ptr<Bytes> bytes) {
+    std::shared_ptr<TransportEvents> e = events.lock();
+    absl::StatusOr<Frame> frame = decode_frame(std::move(bytes));
+    if (!frame.ok()) {
+      FERRY_LOG(WARNING) << name << ": dropping a frame from " << name_of(r) << ": " << frame.status();
+      return true;
+    }
+    if (!e) return true;
+    switch (frame->kind) {
+      case FrameKind::kRequest: {
+        auto back = std::make_shared<Back>();
+        back->state = weak_from_this();
+        back->rank = r;
+        back->from = frame->sender;
+        e->on_request(std::move(back), std::move(frame->wire));
+        return true;
+      }
+      case FrameKind::kReply:
+        e->on_reply(id_of(r), std::move(frame->wire));
+        return true;
+      case FrameKind::kGoodbye:
+        said_goodbye[static_cast<size_t>(r)]->store(true);
+        return false;
+    }
+    return true;
+  }
+};
+
+ProcessGroupTransport::ProcessGroupTransport(std::shared_ptr<State> state) : state_(std::move(state)) {}
+
+ProcessGroupTransport::~ProcessGroupTransport() { close(); }
+
+absl::StatusOr<std::unique_ptr<ProcessGroupTransport>> ProcessGroupTransport::create(
+    std::string name, std::shared_ptr<ProcessGroup> group, int num_send_recv_threads) {
+  if (group == nullptr) return absl::InvalidArgumentError("the process group is null");
+  if (!group->is_member()) return absl::InvalidArgumentError("this process is not a member of the process group");
+  if (num_send_recv_threads < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_send_recv_threads must be at least 1, got ", num_send_recv_threads));
+  }
+  auto state = std::make_shared<State>();
+  state->name = std::move(name);
+  state->rank = group->rank();
+  state->world = group->world_size();
+  state->num_threads = num_send_recv_threads;
+  state->group = std::move(group);
+  for (int r = 0; r < state->world; ++r) state->said_goodbye.push_back(std::make_unique<std::atomic<bool>>(false));
+  return std::unique_ptr<ProcessGroupTransport>(new ProcessGroupTransport(std::move(state)));
+}
+
+absl::StatusOr<std::string> ProcessGroupTransport::listen(std::weak_ptr<TransportEvents> events) {
+  State& s = *state_;
+  s.events = std::move(events);
+  for (int i = 0; i < s.num_threads; ++i) s.senders.emplace_back([state = state_] { state->send_loop(); });
+  for (int r = 0; r < s.world; ++r) {
+    if (r != s.rank) s.receivers.emplace_back([state = state_, r] { state->receive_loop(r); });
+  }
+  return process_group_address(s.rank);
+}
+
+void ProcessGroupTransport::send(int peer, const std::string& peer_name, const std::string& address, Wire wire) {
+  State& s = *state_;
+  absl::StatusOr<int> rank = rank_of_process_group_address(address);
+  if (rank.ok() && *rank >= s.world) {
+    rank = absl::InvalidArgumentError(absl::StrCat("rank ", *rank, " of address \"", address,
+                                                   "\" is outside the process group of ", s.world, " ranks"));
+  }
+  if (!rank.ok()) {
+    TransportThreadScope transport_thread;
+    if (std::shared_ptr<TransportEvents> e = s.events.lock()) {
+      e->on_peer_lost(peer, absl::InvalidArgumentError(absl::StrCat("worker \"", peer_name,
+                                                                      "\": ", rank.status().message())));
+    }
+    return;
+  }
+  if (*rank == s.rank) {
+    // To ourselves: served here, on copies, as a remote worker would get them.
+    s.self_id.store(peer);
+    auto loop = std::make_shared<State::Loopback>();
+    loop->state = state_;
+    loop->from = s.name;
+    absl::StatusOr<Wire> copy = copy_wire(wire);
+    TransportThreadScope transport_thread;
+    if (std::shared_ptr<TransportEvents> e = s.events.lock()) e->on_request(std::move(loop), std::move(copy));
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.ids_by_rank[*rank] = peer;
+    s.names_by_rank[*rank] = peer_name;
+  }
+  s.enqueue(*rank, peer, FrameKind::kRequest, wire);
+}
+
+void ProcessGroupTransport::disconnect(int peer) { (void)peer; }
+
+void ProcessGroupTransport::close() {
+  State& s = *state_;
+  {
+    std::unique_lock<std::mutex> lock(s.mu);
+    if (s.closing) {
+      s.cv.wait(lock, [&] { return s.closed; });
+      return;
+    }
+    // What is queued still goes (replies to requests served before the end), then a
+    // goodbye to every rank that has not said goodbye to us, in parallel.
+    s.cv.wait(lock, [&] { return s.queue.empty() && s.sending == 0; });
+    s.closing = true;
+    if (!s.senders.empty()) {
+      Wire bye;
+      for (int r = 0; r < s.world; ++r) {
+        if (r == s.rank || s.said_goodbye[static_cast<size_t>(r)]->load()) continue;
+        s.queue.push_back(State::Outgoing{r, -2, encode_frame(FrameKind::kGoodbye, s.name, bye)});
+      }
+    }
+    s.stop_senders = true;
+  }
+  s.cv.notify_all();
+  for (std::thread& t : s.senders) t.join();
+  // The only way to end a Gloo receive: shut the group down.
+  s.group->shutdown();
+  for (std::thread& t : s.receivers) t.join();
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.closed = true;
+  }
+  s.cv.notify_all();
+}
+
+std::map<std::string, std::string> ProcessGroupTransport::debug_info() const {
+  const State& s = *state_;
+  return {{"transport", "process_group"},
+          {"rank", std::to_string(s.rank)},
+          {"process_group_size", std::to_string(s.world)},
+          {"num_send_recv_threads", std::to_string(s.num_threads)},
+          {"frames_sent", std::to_string(s.frames_sent.load())},
+          {"frames_received", std::to_string(s.frames_received.load())},
+          {"bytes_sent", std::to_string(s.bytes_sent.load())},
+          {"bytes_received", std::to_string(s.bytes_received.load())}};
+}
+
+ProcessGroup& ProcessGroupTransport::group() { return *state_->group; }
+
+}  // namespace ferry::internal

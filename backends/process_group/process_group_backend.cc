@@ -1,0 +1,184 @@
+#include "backends/process_group/process_group_backend.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "agents/process_group_agent.h"
+#include "base/status.h"
+#include "cereal/types/string.hpp"
+#include "device_maps/validate.h"
+#include "process_group/process_group.h"
+#include "serialization/archive.h"
+#include "serialization/types.h"
+#include "tensor/cuda.h"
+
+namespace ferry {
+namespace {
+
+constexpr const char* kKnownKwargs[] = {"num_send_recv_threads", "device_maps", "devices"};
+
+template <typename T>
+absl::StatusOr<T> kwarg_as(const std::string& key, const KwargValue& value, const char* expected) {
+  if (const T* v = std::get_if<T>(&value)) return *v;
+  return absl::InvalidArgumentError(absl::StrCat("PROCESS_GROUP option \"", key, "\" must be ", expected, ", got ",
+                                                 kwarg_type_name(value)));
+}
+
+// Step 2's record, and step 5's (only `error`/`code` set): what failed locally, so
+// every worker fails together.
+struct InitRecord {
+  WorkerDeviceInfo info;
+  std::string error;  // empty: fine
+  int32_t code = 0;
+  template <class Archive>
+  void serialize(Archive& ar) {
+    ar(info, error, code);
+  }
+};
+
+Bytes encode(const InitRecord& record) {
+  Message m(MessageType::kResponse, 0);
+  {
+    PayloadWriter w(m);
+    w(record);
+  }
+  std::string s = m.seal();
+  return Bytes(s.begin(), s.end());
+}
+
+absl::StatusOr<std::vector<InitRecord>> all_gather(ProcessGroup& group, const InitRecord& mine) {
+  FERRY_ASSIGN_OR_RETURN(std::vector<Bytes> all, group.all_gather_bytes(encode(mine)));
+  std::vector<InitRecord> out;
+  for (const Bytes& bytes : all) {
+    FERRY_ASSIGN_OR_RETURN(Message m, Message::parse(std::string(bytes.begin(), bytes.end()), {}));
+    FERRY_ASSIGN_OR_RETURN(auto values, read_payload<InitRecord>(m, "PROCESS_GROUP init record"));
+    out.push_back(std::get<0>(std::move(values)));
+  }
+  return out;
+}
+
+void set_error(InitRecord& record, const absl::Status& status) {
+  record.error = std::string(status.message());
+  record.code = static_cast<int32_t>(status.code());
+}
+
+absl::Status failed_on(const std::string& worker, int32_t code, const std::string& error) {
+  return absl::Status(static_cast<absl::StatusCode>(code),
+                      absl::StrCat("init_rpc failed on worker \"", worker, "\": ", error));
+}
+
+}  // namespace
+
+absl::Status ProcessGroupRpcBackendOptions::validate() const {
+  ProcessGroupAgentOptions agent;
+  agent.num_send_recv_threads = num_send_recv_threads;
+  agent.rpc_timeout = rpc_timeout;
+  return agent.validate();
+}
+
+absl::StatusOr<std::unique_ptr<RpcBackendOptions>> construct_process_group_options(
+    std::chrono::milliseconds rpc_timeout, const std::string& init_method, const Kwargs& kwargs) {
+  auto options = std::make_unique<ProcessGroupRpcBackendOptions>();
+  options->rpc_timeout = rpc_timeout;
+  options->init_method = init_method;
+  for (const auto& [key, value] : kwargs) {
+    if (key == "num_send_recv_threads") {
+      FERRY_ASSIGN_OR_RETURN(int64_t n, kwarg_as<int64_t>(key, value, "int64"));
+      // Clamped only to fit an int: validate() below says what the range is.
+      options->num_send_recv_threads =
+          static_cast<int>(std::clamp<int64_t>(n, -1, ProcessGroupAgentOptions::kMaxSendRecvThreads + 1));
+    } else if (key == "device_maps") {
+      FERRY_ASSIGN_OR_RETURN(DeviceMaps maps, kwarg_as<DeviceMaps>(key, value, "device maps"));
+      for (const auto& [worker, map] : maps) FERRY_RETURN_IF_ERROR(options->set_device_map(worker, map));
+    } else if (key == "devices") {
+      FERRY_ASSIGN_OR_RETURN(std::vector<Device> devices, kwarg_as<std::vector<Device>>(key, value, "vector<Device>"));
+      FERRY_RETURN_IF_ERROR(options->set_devices(std::vector<DeviceSpec>(devices.begin(), devices.end())));
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("PROCESS_GROUP backend has no option \"", key,
+                                                     "\" (expected one of: ", absl::StrJoin(kKnownKwargs, ", "),
+                                                     ")"));
+    }
+  }
+  FERRY_RETURN_IF_ERROR(options->validate());
+  return options;
+}
+
+absl::StatusOr<std::shared_ptr<RpcAgent>> init_process_group_backend(const BackendInitArgs& args) {
+  const auto* options = dynamic_cast<const ProcessGroupRpcBackendOptions*>(&args.options);
+  if (options == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PROCESS_GROUP backend got options of backend ", args.options.backend_name()));
+  }
+  if (args.world_size <= 0) {
+    return absl::UnimplementedError(
+        "PROCESS_GROUP: dynamic groups (no world size) are not supported: a process group cannot gain members; "
+        "use TENSORPIPE");
+  }
+  // The group's timeout bounds every later wait for a peer to take a message, so it is
+  // at least Gloo's default even when calls time out sooner.
+  const std::chrono::milliseconds timeout =
+      options->rpc_timeout.count() > 0 ? std::max(options->rpc_timeout, ProcessGroup::kDefaultTimeout)
+                                       : std::chrono::milliseconds(std::chrono::minutes(5));
+
+  // Step 1: the process group.
+  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<ProcessGroup> created,
+                         ProcessGroup::create(args.store, args.rank, args.world_size, timeout));
+  std::shared_ptr<ProcessGroup> group(std::move(created));
+
+  // Step 2: every worker's device info, or what already failed.
+  InitRecord mine;
+  mine.info.name = args.name;
+  mine.info.device_count = cuda_runtime()->device_count();
+  mine.info.device_maps = options->device_maps();
+  mine.info.devices = options->devices();
+  if (absl::Status s = options->validate(); !s.ok()) set_error(mine, s);
+  if (args.name.empty()) set_error(mine, absl::InvalidArgumentError("worker name is empty"));
+  FERRY_ASSIGN_OR_RETURN(std::vector<InitRecord> all, all_gather(*group, mine));
+  std::vector<WorkerDeviceInfo> infos;
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (!all[r].error.empty()) return failed_on(all[r].info.name, all[r].code, all[r].error);
+    for (size_t q = 0; q < r; ++q) {
+      if (all[q].info.name == all[r].info.name) {
+        return absl::InvalidArgumentError(absl::StrCat("worker name \"", all[r].info.name, "\" is used by both rank ",
+                                                       q, " and rank ", r, "; names must be unique"));
+      }
+    }
+    infos.push_back(all[r].info);
+  }
+
+  // Step 3: deterministic, so every worker reaches the same verdict.
+  FERRY_ASSIGN_OR_RETURN(DeviceSetup setup, setup_devices(args.name, infos, /*is_static_group=*/true));
+
+  // Step 4: the agent; every rank of the group is a member.
+  ProcessGroupAgentOptions agent_options;
+  agent_options.num_send_recv_threads = options->num_send_recv_threads;
+  agent_options.rpc_timeout = options->rpc_timeout;
+  agent_options.device_maps = options->device_maps();
+  agent_options.reverse_device_maps = setup.reverse_device_maps;
+  ProcessGroup& pg = *group;
+  absl::StatusOr<std::shared_ptr<ProcessGroupAgent>> agent =
+      ProcessGroupAgent::create(group, args.store, args.name, std::move(agent_options), args.handler);
+
+  // Step 5: the barrier, which also tells every worker whether all agents started.
+  InitRecord started;
+  started.info.name = args.name;
+  if (!agent.ok()) set_error(started, agent.status());
+  absl::StatusOr<std::vector<InitRecord>> verdicts = all_gather(agent.ok() ? (*agent)->process_group() : pg, started);
+  absl::Status failed = verdicts.status();
+  if (verdicts.ok()) {
+    for (const InitRecord& v : *verdicts) {
+      if (!v.error.empty()) {
+        failed = failed_on(v.info.name, v.code, v.error);
+        break;
+      }
+    }
+  }
+  if (!failed.ok()) {
+    if (agent.ok()) (*agent)->shutdown();
+    return failed;
+  }
+  return std::shared_ptr<RpcAgent>(*std::move(agent));
+}
+
+}  // namespace ferry

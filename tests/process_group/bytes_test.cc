@@ -1,0 +1,160 @@
+// ProcessGroup::send_bytes / recv_bytes / recv_bytes_stream: byte messages of any size
+// between real processes, from a given rank or from any rank, a stream of back-to-back
+// messages, bad arguments, and a lost peer.
+#include <signal.h>
+#include <stdlib.h>
+
+#include <chrono>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "process_group/process_group.h"
+#include "store/file_store.h"
+#include "tests/testing/multi_process.h"
+#include "tests/testing/status_matchers.h"
+
+namespace ferry {
+namespace {
+
+using ::ferry::testing::StatusIs;
+using ::testing::HasSubstr;
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+std::unique_ptr<ProcessGroup> connect(const std::string& dir, int rank, int n, milliseconds timeout = seconds(30)) {
+  setenv("FERRY_SOCKET_IFNAME", "lo", 1);
+  auto store = FileStore::create(dir + "/store", {});
+  EXPECT_OK(store.status());
+  auto group = ProcessGroup::create(std::shared_ptr<Store>(*std::move(store)), rank, n, timeout);
+  EXPECT_OK(group.status());
+  return group.ok() ? *std::move(group) : nullptr;
+}
+
+// `n` bytes that depend on the sender and the message number.
+Bytes pattern(size_t n, int sender, int k) {
+  Bytes b(n);
+  for (size_t i = 0; i < n; ++i) b[i] = static_cast<uint8_t>(i * 31 + sender * 7 + k);
+  return b;
+}
+
+// Around the inline limit (64 KiB less a 16-byte header), and well past it.
+const std::vector<size_t> kSizes = {0, 1, 1000, 64 * 1024 - 16, 64 * 1024 - 15, 64 * 1024, (16u << 20) + 3};
+
+TEST(ProcessGroupBytesTest, AnySizeFromAGivenRankAndFromAnyRank) {
+  ferry::testing::TempDir dir;
+  ferry::testing::expect_all_succeed(ferry::testing::run_processes(3, [&](int rank) {
+    std::unique_ptr<ProcessGroup> group = connect(dir.path(), rank, 3);
+    ASSERT_NE(group, nullptr);
+    if (rank != 0) {
+      for (size_t k = 0; k < kSizes.size(); ++k) {
+        ASSERT_OK(group->send_bytes(pattern(kSizes[k], rank, static_cast<int>(k)), 0, /*tag=*/5));
+      }
+      // Then one on another tag, which only a receive with that tag takes.
+      ASSERT_OK(group->send_bytes(pattern(10, rank, 99), 0, /*tag=*/6));
+      ASSERT_OK(group->barrier());
+      return;
+    }
+    // From rank 2 first (rank 1's messages wait), then whatever comes from anyone.
+    for (size_t k = 0; k < kSizes.size(); ++k) {
+      absl::StatusOr<ProcessGroup::ReceivedBytes> got = group->recv_bytes(2, 5);
+      ASSERT_OK(got.status());
+      EXPECT_EQ(got->source_rank, 2);
+      EXPECT_EQ(got->data, pattern(kSizes[k], 2, static_cast<int>(k))) << kSizes[k];
+    }
+    std::map<int, int> next = {{1, 0}};
+    for (size_t k = 0; k < kSizes.size(); ++k) {
+      absl::StatusOr<ProcessGroup::ReceivedBytes> got = group->recv_bytes(std::nullopt, 5);
+      ASSERT_OK(got.status());
+      ASSERT_EQ(got->source_rank, 1);
+      int i = next[1]++;
+      EXPECT_EQ(got->data, pattern(kSizes[static_cast<size_t>(i)], 1, i));
+    }
+    std::map<int, Bytes> other;
+    for (int i = 0; i < 2; ++i) {
+      absl::StatusOr<ProcessGroup::ReceivedBytes> got = group->recv_bytes(std::nullopt, 6);
+      ASSERT_OK(got.status());
+      other[got->source_rank] = got->data;
+    }
+    EXPECT_EQ(other[1], pattern(10, 1, 99));
+    EXPECT_EQ(other[2], pattern(10, 2, 99));
+    ASSERT_OK(group->barrier());
+  }, seconds(90)));
+}
+
+TEST(ProcessGroupBytesTest, AStreamKeepsOrderAcrossSizes) {
+  ferry::testing::TempDir dir;
+  ferry::testing::expect_all_succeed(ferry::testing::run_processes(2, [&](int rank) {
+    std::unique_ptr<ProcessGroup> group = connect(dir.path(), rank, 2);
+    ASSERT_NE(group, nullptr);
+    constexpr int kMessages = 200;
+    auto size_of = [](int k) { return kSizes[static_cast<size_t>(k) % kSizes.size()] / (k % 3 + 1); };
+    if (rank == 1) {
+      for (int k = 0; k < kMessages; ++k) ASSERT_OK(group->send_bytes(pattern(size_of(k), 1, k), 0, 9));
+    } else {
+      for (int k = 0; k < kMessages; ++k) {
+        absl::StatusOr<ProcessGroup::ReceivedBytes> got = group->recv_bytes_stream(1, 9);
+        ASSERT_OK(got.status());
+        EXPECT_EQ(got->source_rank, 1);
+        ASSERT_EQ(got->data, pattern(size_of(k), 1, k)) << k;
+      }
+      EXPECT_THAT(group->recv_bytes_stream(0, 9), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("src 0")));
+    }
+    ASSERT_OK(group->barrier());
+  }, seconds(90)));
+}
+
+TEST(ProcessGroupBytesTest, BadArguments) {
+  ferry::testing::TempDir dir;
+  ferry::testing::expect_all_succeed(ferry::testing::run_processes(2, [&](int rank) {
+    std::unique_ptr<ProcessGroup> group = connect(dir.path(), rank, 2);
+    ASSERT_NE(group, nullptr);
+    EXPECT_THAT(group->send_bytes(Bytes{1}, rank),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("dst " + std::to_string(rank) +
+                                                                       " is this process's own rank")));
+    EXPECT_THAT(group->send_bytes(Bytes{1}, 2), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("dst 2")));
+    EXPECT_THAT(group->recv_bytes(-1), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("src -1")));
+    EXPECT_THAT(group->send_bytes(Bytes{1}, 1 - rank, 0, milliseconds(0)),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("must be positive")));
+    ASSERT_OK(group->barrier());
+    group->shutdown();
+    EXPECT_THAT(group->send_bytes(Bytes{1}, 1 - rank),
+                StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("shut down")));
+    EXPECT_THAT(group->recv_bytes(), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("shut down")));
+  }, seconds(60)));
+}
+
+TEST(ProcessGroupBytesTest, ALostPeerFailsItsReceiveButNotTheGroup) {
+  ferry::testing::TempDir dir;
+  std::vector<ferry::testing::ProcessResult> results = ferry::testing::run_processes(3, [&](int rank) {
+    std::unique_ptr<ProcessGroup> group = connect(dir.path(), rank, 3, seconds(60));
+    ASSERT_NE(group, nullptr);
+    ASSERT_OK(group->barrier());
+    if (rank == 2) raise(SIGKILL);
+    if (rank == 1) {
+      // Rank 0 hears of rank 2's death first, then of us.
+      absl::StatusOr<ProcessGroup::ReceivedBytes> go = group->recv_bytes(0);
+      ASSERT_OK(go.status());
+      ASSERT_OK(group->send_bytes(Bytes{42}, 0));
+      return;
+    }
+    auto start = std::chrono::steady_clock::now();
+    // Waits far longer than the test: only the lost connection can end it.
+    EXPECT_THAT(group->recv_bytes(2, 0, ProcessGroup::kWaitIndefinitely), StatusIs(absl::StatusCode::kUnavailable));
+    EXPECT_LT(std::chrono::steady_clock::now() - start, seconds(30));
+    // Rank 1 is untouched.
+    ASSERT_OK(group->send_bytes(Bytes{}, 1));
+    absl::StatusOr<ProcessGroup::ReceivedBytes> got = group->recv_bytes(1);
+    ASSERT_OK(got.status());
+    EXPECT_EQ(got->data, Bytes{42});
+  }, seconds(90));
+  ASSERT_EQ(results.size(), 3u);
+  EXPECT_TRUE(results[0].exited && results[0].exit_code == 0) << results[0].describe();
+  EXPECT_TRUE(results[1].exited && results[1].exit_code == 0) << results[1].describe();
+  EXPECT_EQ(results[2].term_signal, SIGKILL) << results[2].describe();
+}
+
+}  // namespace
+}  // namespace ferry
