@@ -44,8 +44,9 @@ std::vector<Device> devices_of(const DeviceMaps& maps, const DeviceMaps& reverse
   for (const auto& [peer, map] : maps) {
     for (const auto& [mine, theirs] : map) add(mine);
   }
+  // A reverse map is keyed by this worker's devices too: {mine -> the caller's}.
   for (const auto& [peer, map] : reverse) {
-    for (const auto& [theirs, mine] : map) add(mine);
+    for (const auto& [mine, theirs] : map) add(mine);
   }
   return out;
 }
