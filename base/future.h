@@ -64,8 +64,9 @@ bool on_transport_thread();
 
 // FERRY_SPIN_US, read once (default 50).
 std::chrono::microseconds configured_spin_window();
-// Whether the host has clearly more runnable threads than cores (sampled from the run
-// queue every 20 ms at most): polling then takes a core that another thread needs.
+// Whether the host has clearly more runnable threads than cores (over 4 per core,
+// sampled from the run queue every 20 ms at most): polling then takes a core that
+// another thread needs.
 bool host_crowded();
 
 // Runs `work` on a thread of its own that is joined when the process exits: for

@@ -65,9 +65,11 @@ bool host_crowded() {
   if (now - at > std::chrono::nanoseconds(kLoadSampleEvery).count() &&
       sample.at_ns.compare_exchange_strong(at, now, std::memory_order_relaxed)) {
     int runnable = runnable_threads();
-    // The sampling thread counts itself, and a ping-pong keeps one peer thread
-    // runnable as well: beyond that, a poller takes a core someone else needs.
-    sample.crowded.store(runnable > cores + 2, std::memory_order_relaxed);
+    // Pollers themselves are runnable (TensorPipe's shm reactors always are, and a
+    // busy pair of workers keeps a few more), so only a queue well beyond the cores
+    // means that polling takes a core another thread needs: 64 workers on 2 cores,
+    // not 2 workers exchanging calls (ferry bench rpc measured both).
+    sample.crowded.store(runnable > 4 * cores, std::memory_order_relaxed);
   }
   return sample.crowded.load(std::memory_order_relaxed);
 }

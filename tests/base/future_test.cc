@@ -168,7 +168,7 @@ TEST(Future, WithTheExecutorGoneCallbacksRunInline) {
 
 TEST(Spin, NoPollingWhileTheHostIsCrowded) {
   // More busy threads than cores, plus margin: the run queue says so within a sample.
-  int busy = static_cast<int>(std::thread::hardware_concurrency()) * 2 + 4;
+  int busy = static_cast<int>(std::thread::hardware_concurrency()) * 4 + 4;
   std::atomic<bool> stop{false};
   std::vector<std::thread> spinners;
   for (int i = 0; i < busy; ++i) {
