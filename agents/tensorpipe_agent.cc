@@ -12,8 +12,6 @@
 namespace ferry {
 namespace {
 
-constexpr char kKeyPrefix[] = "ferry/rpc/";
-
 // What create() publishes in the store.
 struct Published {
   std::string name;
@@ -94,7 +92,7 @@ absl::StatusOr<std::shared_ptr<TensorPipeAgent>> TensorPipeAgent::start(std::sha
   core_options.device_maps = std::move(options.device_maps);
   core_options.reverse_device_maps = std::move(options.reverse_device_maps);
   core_options.devices = std::move(options.devices);
-  core_options.store_prefix = kKeyPrefix;
+  core_options.store_prefix = options.store_prefix;
   FERRY_ASSIGN_OR_RETURN(std::shared_ptr<internal::AgentCore> core,
                          internal::AgentCore::start(WorkerInfo{std::move(name), rank}, std::move(store),
                                                     std::move(core_options), std::move(handler),
@@ -114,11 +112,12 @@ absl::StatusOr<std::shared_ptr<TensorPipeAgent>> TensorPipeAgent::create(std::sh
   if (store == nullptr) return absl::InvalidArgumentError("store is null");
   if (!handler) return absl::InvalidArgumentError("request handler is empty");
   std::chrono::milliseconds init_timeout = options.init_timeout;
+  const std::string prefix = options.store_prefix;
   FERRY_ASSIGN_OR_RETURN(std::shared_ptr<TensorPipeAgent> agent,
                          start(store, name, rank, std::move(options), std::move(handler)));
-  FERRY_RETURN_IF_ERROR(store->set(absl::StrCat(kKeyPrefix, "worker/", rank), encode({name, agent->address()})));
+  FERRY_RETURN_IF_ERROR(store->set(absl::StrCat(prefix, "worker/", rank), encode({name, agent->address()})));
   std::vector<std::string> keys;
-  for (int r = 0; r < world_size; ++r) keys.push_back(absl::StrCat(kKeyPrefix, "worker/", r));
+  for (int r = 0; r < world_size; ++r) keys.push_back(absl::StrCat(prefix, "worker/", r));
   absl::StatusOr<std::vector<Bytes>> values = store->multi_get(keys, init_timeout);
   if (!values.ok()) {
     return absl::Status(values.status().code(),

@@ -78,6 +78,10 @@ struct TensorPipeAgentOptions : TensorPipeAgentSettings {
   // How many workers of the group run on this host (the init handler counts them);
   // with `transports` unset, shm is left out when shm_crowds_host(local_workers).
   int local_workers = 1;
+  // Where this agent's keys go in the store (join() rounds; create()'s addresses). The
+  // init handler scopes it per init, so a relaunch on the same store never reads an
+  // earlier run's keys.
+  std::string store_prefix = "ferry/rpc/";
 };
 
 // Whether workers leave TensorPipe's shm transport out of their defaults: when the

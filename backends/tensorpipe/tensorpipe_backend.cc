@@ -194,6 +194,7 @@ absl::StatusOr<std::shared_ptr<RpcAgent>> init_tensorpipe_backend(const BackendI
   TensorPipeAgentOptions agent_options;
   static_cast<TensorPipeAgentSettings&>(agent_options) = *options;
   agent_options.local_workers = local_workers;
+  agent_options.store_prefix = prefix;
   agent_options.rpc_timeout = options->rpc_timeout;
   agent_options.init_timeout = init_timeout;
   agent_options.device_maps = options->device_maps();
