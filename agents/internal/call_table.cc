@@ -27,9 +27,9 @@ CallTable::Started CallTable::start(int peer, std::string_view peer_name, std::c
     }
     if (heartbeat_.count() > 0 && !checks_.contains(peer)) {
       // Silence is measured from now, or from the last reply if that is later.
-      heard_.try_emplace(peer, Clock::now());
-      Clock::time_point at = std::max(heard_[peer], Clock::now()) + heartbeat_;
-      schedule_check(peer, at);
+      auto heard = heard_.find(peer);
+      Clock::time_point since = heard == heard_.end() ? Clock::now() : std::max(heard->second, Clock::now());
+      schedule_check(peer, since + heartbeat_);
       earliest = earliest || deadlines_.begin()->second == (kHeartbeatBit | static_cast<uint64_t>(peer));
     }
     calls_.emplace(id, std::move(pending));
@@ -94,6 +94,7 @@ size_t CallTable::fail_peer(int peer, const absl::Status& status) {
   std::vector<Pending> failed;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    heard_.erase(peer);  // a later pipe to it starts unheard
     for (auto it = calls_.begin(); it != calls_.end();) {
       if (it->second.peer != peer) {
         ++it;
@@ -167,7 +168,14 @@ void CallTable::run_timer() {
           }
         }
         if (!waiting) continue;  // nothing pending: the next call schedules a check
-        Clock::time_point heard = heard_[peer];
+        auto heard_it = heard_.find(peer);
+        if (heard_it == heard_.end()) {
+          // Never heard from: its connection may still be coming up (slow on a loaded
+          // host); a failed connection reports itself. Only silence after a reply counts.
+          schedule_check(peer, now + heartbeat_);
+          continue;
+        }
+        Clock::time_point heard = heard_it->second;
         if (now - heard < heartbeat_) {
           schedule_check(peer, heard + heartbeat_);
         } else {
