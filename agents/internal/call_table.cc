@@ -42,12 +42,10 @@ CallTable::Started CallTable::start(int peer, std::string_view peer_name, std::c
 void CallTable::finish(Pending& pending, absl::StatusOr<Message> result) {
   pending.promise.set_result(std::move(result));
   activity_->exit();
-  bool watched;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    watched = peer_waiters_ > 0;
+  if (peer_waiters_.load(std::memory_order_acquire) > 0) {
+    std::lock_guard<std::mutex> lock(mu_);  // so a waiter between its check and its wait still hears it
+    done_cv_.notify_all();
   }
-  if (watched) done_cv_.notify_all();
 }
 
 bool CallTable::wait_peer_idle(int peer, std::chrono::milliseconds timeout) {

@@ -12,6 +12,7 @@
 //   calls.fail_peer(1, absl::UnavailableError("worker \"worker1\" is unreachable"));
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -88,7 +89,7 @@ class CallTable {
   mutable std::mutex mu_;
   std::condition_variable timer_cv_;
   std::condition_variable done_cv_;  // a call finished, for wait_peer_idle()
-  int peer_waiters_ = 0;             // guarded by mu_
+  std::atomic<int> peer_waiters_{0};  // read without mu_ on every completion
   uint64_t next_id_ = 1;                                           // guarded by mu_
   absl::flat_hash_map<uint64_t, Pending> calls_;                    // guarded by mu_
   absl::btree_set<std::pair<Clock::time_point, uint64_t>> deadlines_;  // guarded by mu_
