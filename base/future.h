@@ -212,7 +212,7 @@ class FutureState : public std::enable_shared_from_this<FutureState<T>> {
     Callback fn;
     bool inline_ok;
   };
-  const std::weak_ptr<Executor> executor_;
+  const std::weak_ptr<Executor> executor_{};
   std::optional<absl::StatusOr<T>> result_;
   std::vector<Entry> callbacks_;
 };
