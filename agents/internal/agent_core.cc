@@ -342,7 +342,8 @@ void AgentCore::on_reply(int peer, Wire wire) {
     // A device copy must not run on the transport thread: land on the pool. Counted in
     // before the call is counted out, so sync() never sees zero in between.
     std::weak_ptr<AgentCore> weak = weak_from_this();
-    bool posted = pool_->post([weak, peer, wire = std::move(wire)]() mutable {
+    // Refused only while shutting down, when the call fails with kCancelled anyway.
+    (void)pool_->post([weak, peer, wire = std::move(wire)]() mutable {
       std::shared_ptr<AgentCore> core = weak.lock();
       if (!core) return;
       absl::StatusOr<Message> reply = Message::parse(std::move(wire.metadata), std::move(wire.tensors));
@@ -353,7 +354,6 @@ void AgentCore::on_reply(int peer, Wire wire) {
       }
       core->complete_reply(peer, std::move(wire.targets), *std::move(reply));
     });
-    if (!posted) return;  // shutting down: the call fails with kCancelled
     return;
   }
   absl::StatusOr<Message> reply = Message::parse(std::move(wire.metadata), std::move(wire.tensors));

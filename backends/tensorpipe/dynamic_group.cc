@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "agents/internal/agent_core.h"
+#include "backends/tensorpipe/records.h"
 #include "base/logging.h"
 #include "base/status.h"
 #include "cereal/types/string.hpp"
@@ -46,29 +47,11 @@ struct Update {
   }
 };
 
-template <typename T>
-Bytes encode(const T& value) {
-  Message m(MessageType::kResponse, 0);
-  {
-    PayloadWriter w(m);
-    w(value);
-  }
-  std::string s = m.seal();
-  return Bytes(s.begin(), s.end());
-}
-
-template <typename T>
-absl::StatusOr<T> decode(const Bytes& bytes, const char* what) {
-  FERRY_ASSIGN_OR_RETURN(Message m, Message::parse(std::string(bytes.begin(), bytes.end()), {}));
-  FERRY_ASSIGN_OR_RETURN(auto values, read_payload<T>(m, what));
-  return std::get<0>(std::move(values));
-}
-
 absl::StatusOr<std::vector<MemberRecord>> read_members(Store& store) {
   FERRY_ASSIGN_OR_RETURN(bool present, store.check({kMembersKey}));
   if (!present) return std::vector<MemberRecord>();
   FERRY_ASSIGN_OR_RETURN(Bytes bytes, store.get(kMembersKey, std::chrono::seconds(10)));
-  return decode<std::vector<MemberRecord>>(bytes, "group member list");
+  return decode_record<std::vector<MemberRecord>>(bytes, "group member list");
 }
 
 // The membership lock: a ticket queue in the store.
@@ -143,9 +126,9 @@ Message Group::serve(const Message& request) {
   std::shared_ptr<TensorPipeAgent> owner = agent.lock();
   if (owner == nullptr) return error(absl::CancelledError(absl::StrCat(name, ": shutting down")));
   AgentCore& core = owner->core();
-  if (op == "device_info") return reply_with(request.id(), encode(mine));
+  if (op == "device_info") return reply_with(request.id(), encode_record(mine));
   if (op == "update") {
-    absl::StatusOr<Update> update = decode<Update>(body, "membership update");
+    absl::StatusOr<Update> update = decode_record<Update>(body, "membership update");
     if (!update.ok()) return error(update.status());
     if (update->join) {
       absl::Status added = core.add_member(Member{WorkerInfo{update->worker.name, update->worker.rank},
@@ -183,12 +166,12 @@ absl::Status Group::leave(std::chrono::milliseconds timeout) {
   Update update;
   update.worker = MemberRecord{name, rank, owner->address()};
   update.join = false;
-  Bytes body = encode(update);
+  Bytes body = encode_record(update);
   for (const MemberRecord& m : members) {
     absl::StatusOr<Bytes> told = call(*owner, m.rank, "update", body, timeout);
     if (!told.ok()) FERRY_LOG(INFO) << name << ": leaving, could not tell " << m.name << ": " << told.status();
   }
-  return store->set(kMembersKey, encode(members));
+  return store->set(kMembersKey, encode_record(members));
 }
 
 }  // namespace
@@ -237,7 +220,7 @@ absl::Status join_dynamic_group(const std::shared_ptr<TensorPipeAgent>& agent, c
       continue;
     }
     FERRY_RETURN_IF_ERROR(info.status());
-    FERRY_ASSIGN_OR_RETURN(WorkerDeviceInfo decoded, decode<WorkerDeviceInfo>(*info, "device info"));
+    FERRY_ASSIGN_OR_RETURN(WorkerDeviceInfo decoded, decode_record<WorkerDeviceInfo>(*info, "device info"));
     infos.push_back(std::move(decoded));
     alive.push_back(m);
   }
@@ -252,11 +235,11 @@ absl::Status join_dynamic_group(const std::shared_ptr<TensorPipeAgent>& agent, c
     update.join = true;
     update.reverse_device_maps = std::move(setup.reverse_device_maps);
     update.devices = std::move(setup.devices);
-    FERRY_RETURN_IF_ERROR(call(*agent, alive[i].rank, "update", encode(update), timeout).status());
+    FERRY_RETURN_IF_ERROR(call(*agent, alive[i].rank, "update", encode_record(update), timeout).status());
   }
   core.set_device_maps(options.device_maps(), own.reverse_device_maps, own.devices);
   alive.push_back(MemberRecord{args.name, args.rank, agent->address()});
-  FERRY_RETURN_IF_ERROR(args.store->set(kMembersKey, encode(alive)));
+  FERRY_RETURN_IF_ERROR(args.store->set(kMembersKey, encode_record(alive)));
   core.set_join([group](std::chrono::milliseconds t) { return group->leave(t); });
   return absl::OkStatus();
 }

@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "agents/tensorpipe_agent.h"
 #include "backends/tensorpipe/dynamic_group.h"
+#include "backends/tensorpipe/records.h"
 #include "base/logging.h"
 #include "base/status.h"
 #include "cereal/types/string.hpp"
@@ -56,26 +57,15 @@ struct AddressRecord {
 };
 
 template <typename T>
-Bytes encode(const T& value) {
-  Message m(MessageType::kResponse, 0);
-  {
-    PayloadWriter w(m);
-    w(value);
-  }
-  std::string s = m.seal();
-  return Bytes(s.begin(), s.end());
-}
-
-template <typename T>
 absl::StatusOr<std::vector<T>> all_gather(Store& store, const std::string& key, int rank, int world_size,
                                           const T& mine, std::chrono::milliseconds timeout) {
-  FERRY_ASSIGN_OR_RETURN(std::vector<Bytes> all, store_all_gather(store, key, rank, world_size, encode(mine), timeout));
+  FERRY_ASSIGN_OR_RETURN(std::vector<Bytes> all,
+                         store_all_gather(store, key, rank, world_size, internal::encode_record(mine), timeout));
   std::vector<T> out;
   out.reserve(all.size());
   for (const Bytes& bytes : all) {
-    FERRY_ASSIGN_OR_RETURN(Message m, Message::parse(std::string(bytes.begin(), bytes.end()), {}));
-    FERRY_ASSIGN_OR_RETURN(auto values, read_payload<T>(m, "init record"));
-    out.push_back(std::get<0>(std::move(values)));
+    FERRY_ASSIGN_OR_RETURN(T record, internal::decode_record<T>(bytes, "init record"));
+    out.push_back(std::move(record));
   }
   return out;
 }
