@@ -446,15 +446,40 @@ void AgentCore::add_membership_listener(MembershipListener listener) {
 }
 
 void AgentCore::notify(WorkerInfo worker, MembershipChange change) {
+  {
+    std::lock_guard<std::mutex> lock(changes_mu_);
+    changes_.emplace_back(std::move(worker), change);
+    if (delivering_) return;  // the task already running delivers this one too
+    delivering_ = true;
+  }
   std::weak_ptr<AgentCore> weak = weak_from_this();
-  pool_->post([weak, worker = std::move(worker), change] {
-    std::shared_ptr<AgentCore> core = weak.lock();
-    if (!core) return;
-    std::lock_guard<std::mutex> lock(core->listeners_mu_);
-    for (const MembershipListener& listener : core->listeners_) {
-      run_callback_guarded([&] { listener(worker, change); });
-    }
+  bool posted = pool_->post([weak] {
+    if (std::shared_ptr<AgentCore> core = weak.lock()) core->deliver_changes();
   });
+  if (!posted) {
+    std::lock_guard<std::mutex> lock(changes_mu_);
+    changes_.clear();  // the pool has shut down: no listener runs any more
+    delivering_ = false;
+  }
+}
+
+void AgentCore::deliver_changes() {
+  for (;;) {
+    std::pair<WorkerInfo, MembershipChange> next;
+    {
+      std::lock_guard<std::mutex> lock(changes_mu_);
+      if (changes_.empty()) {
+        delivering_ = false;
+        return;
+      }
+      next = std::move(changes_.front());
+      changes_.pop_front();
+    }
+    std::lock_guard<std::mutex> lock(listeners_mu_);
+    for (const MembershipListener& listener : listeners_) {
+      run_callback_guarded([&] { listener(next.first, next.second); });
+    }
+  }
 }
 
 absl::Status AgentCore::sync(std::chrono::milliseconds timeout) {

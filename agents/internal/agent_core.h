@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -121,6 +122,7 @@ class AgentCore final : public RpcAgent, public TransportEvents, public std::ena
   void suspect(int peer);
   void complete_reply(int peer, std::vector<std::string> targets, Message reply);
   void notify(WorkerInfo worker, MembershipChange change);
+  void deliver_changes();
   std::shared_ptr<const DeviceMaps> device_maps() const { return device_maps_.load(std::memory_order_acquire); }
   std::shared_ptr<const DeviceMaps> reverse_device_maps() const {
     return reverse_device_maps_.load(std::memory_order_acquire);
@@ -155,6 +157,11 @@ class AgentCore final : public RpcAgent, public TransportEvents, public std::ena
 
   std::mutex listeners_mu_;  // held while listeners run: one change at a time
   std::vector<MembershipListener> listeners_;
+  // Changes wait here so that listeners hear them in the order they happened,
+  // though the pool has many threads: one pool task at a time delivers them.
+  std::mutex changes_mu_;
+  std::deque<std::pair<WorkerInfo, MembershipChange>> changes_;  // guarded by changes_mu_
+  bool delivering_ = false;                                       // guarded by changes_mu_
 
   std::atomic<uint64_t> requests_served_{0};
   std::atomic<bool> shut_down_{false};
