@@ -59,6 +59,7 @@ absl::StatusOr<std::shared_ptr<ProcessGroupAgent>> ProcessGroupAgent::start(std:
   core_options.device_maps = std::move(options.device_maps);
   core_options.reverse_device_maps = std::move(options.reverse_device_maps);
   core_options.store_prefix = kKeyPrefix;
+  core_options.serves_inline = std::move(options.serves_inline);
   FERRY_ASSIGN_OR_RETURN(std::shared_ptr<internal::AgentCore> core,
                          internal::AgentCore::start(WorkerInfo{std::move(name), rank}, std::move(store),
                                                     std::move(core_options), std::move(handler),

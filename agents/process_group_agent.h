@@ -60,6 +60,8 @@ struct ProcessGroupAgentOptions {
   // A peer with calls pending that sends nothing for this long is pinged, and lost when
   // the ping goes unanswered as long again (see TensorPipeAgentSettings). Zero: off.
   std::chrono::milliseconds heartbeat_interval{std::chrono::seconds(5)};
+  // Requests to serve on the receiving thread (see InlineFilter); unset: none.
+  InlineFilter serves_inline;
 
   // kInvalidArgument, saying what was expected: num_send_recv_threads outside
   // [1, 4096], a negative rpc_timeout or heartbeat_interval.

@@ -42,6 +42,12 @@ struct WorkerInfo {
 // runs inside it) and may be called concurrently from several threads.
 using RequestHandler = std::function<Message(const Message& request, const WorkerInfo& from)>;
 
+// Whether `request` may be served right on the transport thread that received it,
+// with no hop to the worker pool: only when its handler never blocks (it then runs
+// there, and any call it tries to make fails at once). Called on transport threads;
+// must be quick, must not block, and may be called concurrently.
+using InlineFilter = std::function<bool(const Message& request)>;
+
 // What happened to a worker, as told to membership listeners.
 enum class MembershipChange {
   kJoined,  // it joined the group (dynamic groups)

@@ -93,6 +93,7 @@ absl::StatusOr<std::shared_ptr<TensorPipeAgent>> TensorPipeAgent::start(std::sha
   core_options.reverse_device_maps = std::move(options.reverse_device_maps);
   core_options.devices = std::move(options.devices);
   core_options.store_prefix = options.store_prefix;
+  core_options.serves_inline = std::move(options.serves_inline);
   FERRY_ASSIGN_OR_RETURN(std::shared_ptr<internal::AgentCore> core,
                          internal::AgentCore::start(WorkerInfo{std::move(name), rank}, std::move(store),
                                                     std::move(core_options), std::move(handler),

@@ -82,6 +82,8 @@ struct TensorPipeAgentOptions : TensorPipeAgentSettings {
   // init handler scopes it per init, so a relaunch on the same store never reads an
   // earlier run's keys.
   std::string store_prefix = "ferry/rpc/";
+  // Requests to serve on the transport thread (see InlineFilter); unset: none.
+  InlineFilter serves_inline;
 };
 
 // Whether workers leave TensorPipe's shm transport out of their defaults: when the

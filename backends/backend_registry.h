@@ -70,6 +70,7 @@ struct BackendInitArgs {
   int world_size = 0;  // 0: a dynamic group (workers join and leave)
   const RpcBackendOptions& options;
   RequestHandler handler;  // how the agent runs incoming requests
+  InlineFilter serves_inline;  // which of them it may run on the transport thread
 };
 
 using OptionsConstructor = std::function<absl::StatusOr<std::unique_ptr<RpcBackendOptions>>(

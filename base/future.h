@@ -82,6 +82,23 @@ class Executor {
   virtual bool post(std::function<void()> task) = 0;
 };
 
+// Marks the calling thread as running a function served inline (on a transport thread,
+// registered as never blocking): agents refuse calls made from it at once.
+void set_serving_inline(bool on);
+bool serving_inline();
+
+// Marks the calling thread as serving an inline function for the scope's duration.
+class InlineServingScope {
+ public:
+  InlineServingScope() : previous_(serving_inline()) { set_serving_inline(true); }
+  ~InlineServingScope() { set_serving_inline(previous_); }
+  InlineServingScope(const InlineServingScope&) = delete;
+  InlineServingScope& operator=(const InlineServingScope&) = delete;
+
+ private:
+  bool previous_;
+};
+
 // Marks the calling thread as a transport thread for the scope's duration.
 class TransportThreadScope {
  public:

@@ -19,6 +19,7 @@ namespace {
 
 thread_local bool agent_thread = false;
 thread_local bool transport_thread = false;
+thread_local bool inline_serving = false;
 
 // How often the run queue length is sampled, at most.
 constexpr std::chrono::milliseconds kLoadSampleEvery{20};
@@ -84,6 +85,8 @@ void set_on_agent_thread(bool on) { agent_thread = on; }
 bool on_agent_thread() { return agent_thread; }
 void set_on_transport_thread(bool on) { transport_thread = on; }
 bool on_transport_thread() { return transport_thread; }
+void set_serving_inline(bool on) { inline_serving = on; }
+bool serving_inline() { return inline_serving; }
 
 void run_callback_guarded(const std::function<void()>& fn) {
   try {

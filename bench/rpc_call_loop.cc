@@ -3,7 +3,9 @@
 //   perf record -e cycles:u -g -- build/bench/rpc_call_loop shm 100000
 //   perf report --no-children --sort sym
 //
-// Prints the median and p99 round trip. Usage: rpc_call_loop [shm|uv] [calls]
+// Prints the median and p99 round trip. With a third argument N > 1, keeps N rpc_async
+// calls in flight instead and prints calls per second.
+// Usage: rpc_call_loop [shm|uv] [calls] [outstanding]
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,6 +22,7 @@
 int main(int argc, char** argv) {
   std::string transport = argc > 1 ? argv[1] : "shm";
   int calls = argc > 2 ? std::atoi(argv[2]) : 20000;
+  int outstanding = argc > 3 ? std::max(1, std::atoi(argv[3])) : 1;
   std::string store = (std::filesystem::temp_directory_path() / ("ferry-loop-" + std::to_string(getpid()))).string();
   std::vector<pid_t> children;
   for (int rank = 0; rank < 2; ++rank) {
@@ -38,7 +41,22 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "w%d: %s\n", rank, started.ToString().c_str());
       _exit(1);
     }
-    if (rank == 0) {
+    if (rank == 0 && outstanding > 1) {
+      std::vector<ferry::Future<int64_t>> ring(static_cast<size_t>(outstanding));
+      auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < calls; ++i) {
+        ferry::Future<int64_t>& slot = ring[static_cast<size_t>(i % outstanding)];
+        if (slot.valid()) slot.wait();
+        slot = ferry::rpc_async<int64_t>("w1", "noop", int64_t{i});
+      }
+      for (ferry::Future<int64_t>& f : ring) {
+        if (f.valid()) f.wait();
+      }
+      double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::printf("%s: %d rpc_async no-op calls, %d outstanding: %.0f calls/s\n", transport.c_str(), calls,
+                  outstanding, calls / s);
+      std::fflush(stdout);
+    } else if (rank == 0) {
       std::vector<double> us;
       for (int i = 0; i < calls + 1000; ++i) {
         auto t0 = std::chrono::steady_clock::now();

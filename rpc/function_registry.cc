@@ -67,11 +67,11 @@ absl::StatusOr<std::shared_ptr<const RegisteredFunction>> find_function(const Fu
   return fn;
 }
 
-Message dispatch_request(const FunctionRegistry& registry, std::string_view self_name, const Message& request) {
-  std::string self(self_name);
-  PayloadReader reader(request);
-  // The name and signature are compared where they lie in the payload, not copied.
-  std::string_view name, signature;
+namespace {
+
+// A request's function name and signature, viewed where they lie in the payload (not
+// copied); `reader` is left at the arguments.
+absl::Status read_call_header(PayloadReader& reader, std::string_view& name, std::string_view& signature) {
   auto read_view = [&reader](std::string_view& out) {
     uint64_t size = 0;
     reader(cereal::make_size_tag(size));
@@ -79,17 +79,40 @@ Message dispatch_request(const FunctionRegistry& registry, std::string_view self
     out = std::string_view(reader.position(), size);
     reader.skip(size);
   };
-  absl::Status header = read_guarded("call header", [&] {
+  return read_guarded("call header", [&] {
     read_view(name);
     read_view(signature);
   });
+}
+
+}  // namespace
+
+bool serves_inline(const FunctionRegistry& registry, const Message& request) {
+  PayloadReader reader(request);
+  std::string_view name, signature;
+  if (!read_call_header(reader, name, signature).ok()) return false;  // the pool reports it
+  std::shared_ptr<const RegisteredFunction> fn = registry.find(name);
+  return fn != nullptr && fn->serving == Serving::kInline;
+}
+
+Message dispatch_request(const FunctionRegistry& registry, std::string_view self_name, const Message& request) {
+  std::string self(self_name);
+  PayloadReader reader(request);
+  std::string_view name, signature;
+  absl::Status header = read_call_header(reader, name, signature);
   if (!header.ok()) {
     return make_error_message(request.id(), self, absl::InvalidArgumentError(absl::StrCat(self, ": ", header.message())));
   }
   absl::StatusOr<std::shared_ptr<const RegisteredFunction>> fn = find_function(registry, self, name, signature);
   if (!fn.ok()) return make_error_message(request.id(), self, fn.status());
   Message response(MessageType::kResponse, request.id());
-  absl::Status s = run_function_guarded(self, name, [&] { return (*fn)->invoke(reader, response); });
+  absl::Status s = run_function_guarded(self, name, [&] {
+    if ((*fn)->serving != Serving::kInline) return (*fn)->invoke(reader, response);
+    // The same rules wherever it runs: a request that arrived before this worker was
+    // ready went to the pool, and must not be able to do what an inline one cannot.
+    internal::InlineServingScope scope;
+    return (*fn)->invoke(reader, response);
+  });
   if (!s.ok()) return make_error_message(request.id(), self, s);
   return response;
 }

@@ -12,6 +12,17 @@
 //
 // Every call carries the signature its caller used, e.g. "(int64, int64) -> int64";
 // a call whose signature differs from the registered one fails with both named.
+//
+// Where a function runs: by default on the worker pool, where it may block and make
+// calls of its own. A function registered with Serving::kInline runs right on the
+// transport thread that received the call, with no hand-off, so a call to it costs
+// about what a raw message round trip costs. It MUST NOT BLOCK (no waiting, no I/O, no
+// locks held for long): the transport thread stops while it runs. Calls it makes
+// (rpc_sync, rpc_async, remote, RRef arguments that must notify their owner) fail at
+// once with kFailedPrecondition. Calls carrying CUDA tensors still go to the pool.
+//
+//   FERRY_RETURN_IF_ERROR(ferry::register_function("get_step", [&] { return step.load(); },
+//                                                  ferry::Serving::kInline));
 #pragma once
 
 #include <functional>
@@ -107,8 +118,15 @@ struct OwnedValue {
 // `args` (positioned after the call header) and writes the result into `response`.
 // `make_value` reads the arguments the same way and keeps the result as an OwnedValue
 // (for remote(), rpc/rref.h).
+// Where a registered function runs (see the file comment).
+enum class Serving {
+  kPool,    // on the worker pool: may block and make calls
+  kInline,  // on the transport thread: must not block; makes no calls
+};
+
 struct RegisteredFunction {
   std::string signature;
+  Serving serving = Serving::kPool;
   std::function<absl::Status(PayloadReader& args, Message& response)> invoke;
   std::function<absl::StatusOr<OwnedValue>(PayloadReader& args)> make_value;
 };
@@ -163,13 +181,14 @@ absl::StatusOr<OwnedValue> own_value(V&& value) {
 }  // namespace internal
 
 template <typename F>
-RegisteredFunction make_registered_function(F fn) {
+RegisteredFunction make_registered_function(F fn, Serving serving = Serving::kPool) {
   using Traits = internal::CallableTraits<std::decay_t<F>>;
   using Result = typename Traits::Result;
   using Args = typename Traits::Args;
   using Wire = typename internal::WireResult<Result>::type;
   RegisteredFunction out;
   out.signature = internal::TupleSignature<Args>::get() + " -> " + TypeName<Wire>::get();
+  out.serving = serving;
   auto shared = std::make_shared<F>(std::move(fn));
   out.make_value = [shared](PayloadReader& reader) -> absl::StatusOr<OwnedValue> {
     F& fn = *shared;
@@ -215,12 +234,16 @@ RegisteredFunction make_registered_function(F fn) {
   return out;
 }
 
-// Registers `fn` under `name` in the process's registry. Errors: kAlreadyExists when
-// the name is taken.
+// Registers `fn` under `name` in the process's registry, to run where `serving` says.
+// Errors: kAlreadyExists when the name is taken.
 template <typename F>
-[[nodiscard]] absl::Status register_function(std::string name, F fn) {
-  return FunctionRegistry::global().add(std::move(name), make_registered_function(std::move(fn)));
+[[nodiscard]] absl::Status register_function(std::string name, F fn, Serving serving = Serving::kPool) {
+  return FunctionRegistry::global().add(std::move(name), make_registered_function(std::move(fn), serving));
 }
+
+// Whether `request` calls a function of `registry` registered with Serving::kInline.
+// Quick and non-blocking: agents ask it on their transport threads.
+bool serves_inline(const FunctionRegistry& registry, const Message& request);
 
 // Finds `name` in `registry` and checks that the call's `signature` is its own; the
 // errors (kNotFound, kInvalidArgument) name worker `self_name` as dispatch_request's do.

@@ -126,9 +126,10 @@ decltype(auto) convert_argument(T&& value) {
 // Registers `fn` under `name` (see register_function) and returns its typed handle.
 // Errors: those of register_function.
 template <typename F>
-[[nodiscard]] absl::StatusOr<typename internal::HandleOf<F>::type> register_remote_function(std::string name, F fn) {
+[[nodiscard]] absl::StatusOr<typename internal::HandleOf<F>::type> register_remote_function(
+    std::string name, F fn, Serving serving = Serving::kPool) {
   using Handle = typename internal::HandleOf<F>::type;
-  absl::Status added = FunctionRegistry::global().add(name, make_registered_function(std::move(fn)));
+  absl::Status added = FunctionRegistry::global().add(name, make_registered_function(std::move(fn), serving));
   if (!added.ok()) return added;
   return Handle(std::move(name));
 }

@@ -33,15 +33,18 @@ class Latch {
     {
       std::lock_guard<std::mutex> lock(mu_);
       open_ = true;
+      // Before any waiter wakes: once a request served after the wait has answered,
+      // is_open() must be true.
+      fast_.store(true, std::memory_order_release);
     }
     cv_.notify_all();
-    fast_.store(true, std::memory_order_release);
   }
   void wait() {
     if (fast_.load(std::memory_order_acquire)) return;
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [this] { return open_; });
   }
+  bool is_open() const { return fast_.load(std::memory_order_acquire); }
 
  private:
   std::atomic<bool> fast_{false};
@@ -122,7 +125,12 @@ absl::Status init_rpc(const std::string& name, const BackendType& backend, int r
     ready->wait();
     return rrefs->serve(FunctionRegistry::global(), request, from);
   };
-  BackendInitArgs args{rdzv.store, name, rank, world_size, options, std::move(handler)};
+  // Only once this process is ready: before that a request waits above, which an
+  // inline one must never do.
+  InlineFilter serves_inline = [ready](const Message& request) {
+    return ready->is_open() && ferry::serves_inline(FunctionRegistry::global(), request);
+  };
+  BackendInitArgs args{rdzv.store, name, rank, world_size, options, std::move(handler), std::move(serves_inline)};
   absl::StatusOr<std::shared_ptr<RpcAgent>> agent = init_backend(backend, args);
   if (agent.ok()) {
     rrefs->attach(*agent);

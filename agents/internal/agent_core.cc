@@ -202,6 +202,12 @@ Future<Message> AgentCore::send(int to, Message message, std::optional<std::chro
   if (shut_down_.load(std::memory_order_relaxed)) {
     return make_ready_future<Message>(absl::CancelledError("the agent shut down"));
   }
+  if (serving_inline()) {
+    return make_ready_future<Message>(absl::FailedPreconditionError(absl::StrCat(
+        self_.name, ": a function served inline made a call; inline functions run on the transport thread, "
+                    "which must deliver that call's reply, so they must not make calls or block "
+                    "(register the function to run on the worker pool instead)")));
+  }
   std::shared_ptr<const Membership::Table> table = members_.snapshot();
   const Member* peer = table->find(to);
   if (peer == nullptr) {
@@ -279,6 +285,18 @@ void AgentCore::on_request(std::shared_ptr<ReplyPath> from, absl::StatusOr<Wire>
   if (request->type() != MessageType::kRequest && request->type() != MessageType::kControl) {
     FERRY_LOG(WARNING) << self_.name << ": ignoring a " << message_type_name(request->type()) << " message from "
                        << from->caller() << " on a request pipe";
+    return;
+  }
+  if (request->type() == MessageType::kRequest && !any_target(wire->targets) && options_.serves_inline &&
+      options_.serves_inline(*request)) {
+    // No hop: the handler promised not to block. Counted like a pool task, so sync()
+    // and join() see it.
+    activity_->enter();
+    {
+      InlineServingScope scope;
+      serve(from, std::move(wire->targets), *std::move(request));
+    }
+    activity_->exit();
     return;
   }
   std::weak_ptr<AgentCore> weak = weak_from_this();

@@ -54,7 +54,11 @@ struct AgentCoreOptions {
   std::chrono::milliseconds heartbeat{std::chrono::seconds(5)};
   // Store keys of this agent's join() rounds start with this.
   std::string store_prefix = "ferry/rpc/";
+  // Requests served on the transport thread that received them (see InlineFilter);
+  // unset: every request goes to the pool.
+  InlineFilter serves_inline;
 };
+
 
 // Thread-safe. Owned by shared_ptr; its own threads hold only weak references, and
 // shutdown() joins them all, so whoever calls shutdown() holds the last strong one

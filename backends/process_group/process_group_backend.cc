@@ -154,6 +154,7 @@ absl::StatusOr<std::shared_ptr<RpcAgent>> init_process_group_backend(const Backe
   ProcessGroupAgentOptions agent_options;
   agent_options.num_send_recv_threads = options->num_send_recv_threads;
   agent_options.rpc_timeout = options->rpc_timeout;
+  agent_options.serves_inline = args.serves_inline;
   agent_options.device_maps = options->device_maps();
   agent_options.reverse_device_maps = setup.reverse_device_maps;
   ProcessGroup& pg = *group;

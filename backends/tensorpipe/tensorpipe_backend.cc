@@ -133,6 +133,7 @@ absl::StatusOr<std::shared_ptr<RpcAgent>> init_tensorpipe_backend(const BackendI
     static_cast<TensorPipeAgentSettings&>(agent_options) = *options;
     agent_options.rpc_timeout = options->rpc_timeout;
     agent_options.init_timeout = init_timeout;
+    agent_options.serves_inline = args.serves_inline;
     agent_options.device_maps = options->device_maps();
     FERRY_ASSIGN_OR_RETURN(std::shared_ptr<TensorPipeAgent> agent,
                            TensorPipeAgent::start(args.store, args.name, args.rank, agent_options, args.handler));
@@ -187,6 +188,7 @@ absl::StatusOr<std::shared_ptr<RpcAgent>> init_tensorpipe_backend(const BackendI
   agent_options.store_prefix = prefix;
   agent_options.rpc_timeout = options->rpc_timeout;
   agent_options.init_timeout = init_timeout;
+  agent_options.serves_inline = args.serves_inline;
   agent_options.device_maps = options->device_maps();
   agent_options.reverse_device_maps = setup.reverse_device_maps;
   agent_options.devices = setup.devices;

@@ -51,7 +51,7 @@ TEST(BackendRegistry, RegistersAndRejectsDuplicates) {
   EXPECT_EQ(options->backend_name(), "OTHER");
   EXPECT_EQ(options->rpc_timeout, std::chrono::seconds(3));
   EXPECT_EQ(options->init_method, "file:///x");
-  EXPECT_THAT(init_backend(other, {nullptr, "w", 0, 1, *options, nullptr}),
+  EXPECT_THAT(init_backend(other, {nullptr, "w", 0, 1, *options, nullptr, nullptr}),
               StatusIs(absl::StatusCode::kUnimplemented, "OTHER cannot start agents"));
 }
 
@@ -59,14 +59,14 @@ TEST(BackendRegistry, UnknownBackend) {
   EXPECT_THAT(construct_rpc_backend_options(BackendType{"GHOST"}),
               StatusIs(absl::StatusCode::kNotFound, "RPC backend GHOST: not registered"));
   TensorPipeRpcBackendOptions o;
-  EXPECT_THAT(init_backend(BackendType{"GHOST"}, {nullptr, "w", 0, 1, o, nullptr}),
+  EXPECT_THAT(init_backend(BackendType{"GHOST"}, {nullptr, "w", 0, 1, o, nullptr, nullptr}),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("GHOST")));
 }
 
 TEST(BackendRegistry, RejectsOptionsOfAnotherBackend) {
   register_builtin_backends();
   OtherOptions wrong;
-  EXPECT_THAT(init_backend(BackendType::TENSORPIPE, {nullptr, "w", 0, 1, wrong, nullptr}),
+  EXPECT_THAT(init_backend(BackendType::TENSORPIPE, {nullptr, "w", 0, 1, wrong, nullptr, nullptr}),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("RPC backend TENSORPIPE: got options of backend OTHER")));
 }

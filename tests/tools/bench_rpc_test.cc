@@ -19,7 +19,9 @@ namespace ferry {
 namespace {
 
 using nlohmann::json;
+using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr int kOk = 0;
 constexpr int kUsage = 2;
@@ -59,13 +61,24 @@ TEST(BenchRpc, QuickJsonHasEveryFigureAndTarget) {
   const std::vector<std::string> metrics = {
       "small_call_rtt_median",
       "small_call_rtt_p99",
+      "small_call_inline_rtt_median",
+      "small_call_inline_rtt_p99",
       "small_call_chained_rtt_median",
       "small_call_chained_rtt_p99",
       "tiny_tensor_rtt_median",
       "tiny_tensor_rtt_p99",
-      "calls_per_s_outstanding_1",
-      "calls_per_s_outstanding_16",
-      "calls_per_s_outstanding_256",
+      "pooled_calls_per_s_outstanding_1",
+      "pooled_call_p99_outstanding_1",
+      "pooled_calls_per_s_outstanding_16",
+      "pooled_call_p99_outstanding_16",
+      "pooled_calls_per_s_outstanding_256",
+      "pooled_call_p99_outstanding_256",
+      "inline_calls_per_s_outstanding_1",
+      "inline_call_p99_outstanding_1",
+      "inline_calls_per_s_outstanding_16",
+      "inline_call_p99_outstanding_16",
+      "inline_calls_per_s_outstanding_256",
+      "inline_call_p99_outstanding_256",
       "echo_4KiB_rtt_median",
       "echo_4KiB_bandwidth",
       "echo_64KiB_rtt_median",
@@ -73,8 +86,12 @@ TEST(BenchRpc, QuickJsonHasEveryFigureAndTarget) {
       "echo_1MiB_rtt_median",
       "echo_1MiB_bandwidth",
   };
-  const std::vector<std::string> targets = {"small_call_latency", "tiny_tensor_latency", "echo_bandwidth",
-                                            "calls_per_s_256_outstanding"};
+  const std::vector<std::string> targets = {
+      "inline_small_call_latency",   "pooled_small_call_latency", "tiny_tensor_latency",
+      "calls_per_s_16_outstanding",  "calls_per_s_256_outstanding", "echo_bandwidth_4KiB",
+      "echo_bandwidth_64KiB",        "echo_bandwidth_1MiB"};
+  // Targets and figures are named by what they measure, never by a tracker's numbers.
+  EXPECT_THAT(j.dump(), Not(ContainsRegex("[Ii]ssue[ -]?[0-9]")));
   ASSERT_TRUE(j.contains("transports"));
   ASSERT_TRUE(j.contains("targets"));
   for (const char* transport : {"shm", "uv"}) {
@@ -108,6 +125,13 @@ TEST(BenchRpc, QuickJsonHasEveryFigureAndTarget) {
     }
   }
   EXPECT_TRUE(j["all_targets_met"].is_boolean());
+}
+
+TEST(BenchRpc, HelpNamesNoTrackerIssue) {
+  ToolRun run = ferry_tool({"bench", "rpc", "--help"});
+  EXPECT_EQ(run.exit_code, kOk) << run.err;
+  EXPECT_THAT(run.out, HasSubstr("inline"));
+  EXPECT_THAT(run.out, Not(ContainsRegex("[Ii]ssue[ -]?[0-9]")));
 }
 
 TEST(BenchRpc, UnknownFlagIsBadUsage) {

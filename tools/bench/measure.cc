@@ -22,4 +22,10 @@ LatencyStats latency_stats(std::vector<double>& samples) {
   return s;
 }
 
+void set_call_latency(ThroughputResult& r, std::vector<double>& samples) {
+  LatencyStats s = latency_stats(samples);
+  r.median_us = s.median_us;
+  r.p99_us = s.p99_us;
+}
+
 }  // namespace ferry::tools::bench

@@ -80,14 +80,20 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(LatencyStats, samples, median_us, p99_us, mea
 LatencyStats latency_stats(std::vector<double>& samples);
 
 // Calls per second with `outstanding` calls kept in flight (`calls` completed in
-// `seconds`).
+// `seconds`), and how long a call took under that load: from its issue until the
+// client saw it complete.
 struct ThroughputResult {
   int outstanding = 0;
   int calls = 0;
   double seconds = 0;
   double calls_per_s = 0;
+  double median_us = 0;
+  double p99_us = 0;
 };
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ThroughputResult, outstanding, calls, seconds, calls_per_s)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ThroughputResult, outstanding, calls, seconds, calls_per_s, median_us, p99_us)
+
+// Fills `r`'s median_us and p99_us from per-call latencies (reordered).
+void set_call_latency(ThroughputResult& r, std::vector<double>& samples);
 
 // A tensor of `bytes` sent and echoed back. Bandwidth counts the payload both ways
 // over the median round trip, as PEERS.md does.
@@ -104,17 +110,22 @@ struct SideResult {
   std::string transport;  // "shm" or "uv"
   std::vector<std::string> channels;
   // A call with an int64 argument and result (raw: an 8-byte message) waited for by
-  // the calling thread: one thread hand-off per call, like rpc_sync.
+  // the calling thread: one thread hand-off per call, like rpc_sync. Ferry serves it
+  // on its worker pool.
   LatencyStats small_call;
+  // Ferry only: the same call to a function served inline (on the transport thread).
+  LatencyStats small_call_inline;
   // The same call issued from the previous call's completion callback: no hand-off.
   LatencyStats small_call_chained;
   // A call carrying a 4-element float32 tensor, echoed back.
   LatencyStats tiny_tensor;
   std::vector<ThroughputResult> throughput;
+  // Ferry only: the same to the inline function.
+  std::vector<ThroughputResult> throughput_inline;
   std::vector<EchoResult> echo;
 };
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(SideResult, side, transport, channels, small_call, small_call_chained,
-                                   tiny_tensor, throughput, echo)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(SideResult, side, transport, channels, small_call, small_call_inline,
+                                   small_call_chained, tiny_tensor, throughput, throughput_inline, echo)
 
 // How much each measurement does; the same plan drives both sides.
 struct MeasurePlan {

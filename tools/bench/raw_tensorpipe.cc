@@ -230,15 +230,24 @@ class RawClient {
     issued_ = first;
     completed_ = 0;
     min_calls_ = min_calls;
+    // Call k was issued at issued_at_[k % first]: replies come back in order, and at
+    // most `first` calls are in flight.
+    issued_at_.assign(static_cast<size_t>(first), Clock::time_point());
+    call_us_.clear();
     Clock::time_point t0 = Clock::now();
     until_ = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(min_seconds));
     read_pipelined();
-    for (int i = 0; i < first; ++i) send(0);
+    for (int i = 0; i < first; ++i) {
+      issued_at_[static_cast<size_t>(i)] = Clock::now();
+      send(0);
+    }
     absl::Status s = done_.wait(timeout_ * 4, "raw TensorPipe: the pipelined calls");
     Clock::time_point t1 = Clock::now();
     if (!s.ok()) return s;
     double seconds = std::chrono::duration<double>(t1 - t0).count();
-    return ThroughputResult{outstanding, completed_, seconds, completed_ / seconds};
+    ThroughputResult r{outstanding, completed_, seconds, completed_ / seconds};
+    set_call_latency(r, call_us_);
+    return r;
   }
 
   // Tells the server to stop and waits for its acknowledgement.
@@ -318,8 +327,12 @@ class RawClient {
         done_.set(std::move(s));
         return;
       }
+      Clock::time_point now = Clock::now();
+      const size_t window = issued_at_.size();
+      call_us_.push_back(micros_between(issued_at_[static_cast<size_t>(completed_) % window], now));
       ++completed_;
-      if (issued_ < min_calls_ || Clock::now() < until_) {
+      if (issued_ < min_calls_ || now < until_) {
+        issued_at_[static_cast<size_t>(issued_) % window] = Clock::now();
         ++issued_;
         read_pipelined();
         send(0);
@@ -350,6 +363,8 @@ class RawClient {
   int completed_ = 0;
   int min_calls_ = 0;
   Clock::time_point until_;
+  std::vector<Clock::time_point> issued_at_;
+  std::vector<double> call_us_;
 };
 
 absl::Status write_address_file(const std::string& path, const std::string& url) {

