@@ -45,7 +45,7 @@ struct TCPStoreServerOptions {
   // reading) its further requests until it reads them.
   size_t max_queued_bytes = 4u << 20;
   // The number of workers of this server's run. When set, a worker that connects after
-  // that many did is refused (kResourceExhausted; TCPStore's connect retries until its
+  // that many did (those that left since included) is refused (kResourceExhausted; TCPStore's connect retries until its
   // timeout): it belongs to another run, typically the next run's rank reaching this
   // run's server before it shut down. Tools and probes (not workers) are not counted.
   std::optional<int64_t> world_size = std::nullopt;

@@ -217,7 +217,9 @@ bool ServerCore::handle_auth(ConnId id, Conn& conn, Reader& r) {
 }
 
 bool ServerCore::admit(ConnId id, Conn& conn, bool is_worker) {
-  if (is_worker && limits_.world_size && workers_ >= *limits_.world_size) {
+  // Workers ever admitted, not those connected now: a worker of this run that already
+  // left must not make room for the next run's.
+  if (is_worker && limits_.world_size && workers_admitted_ >= *limits_.world_size) {
     transport_.write(id, error_frame(absl::ResourceExhaustedError(absl::StrCat(
                              "store server already has all ", *limits_.world_size,
                              " workers of its run; a worker of another run (this server may be the last run's, "
@@ -229,6 +231,7 @@ bool ServerCore::admit(ConnId id, Conn& conn, bool is_worker) {
   if (is_worker) {
     conn.worker = true;
     ++workers_;
+    ++workers_admitted_;
   }
   transport_.write(id, Writer().u8(0).u32(kProtocolVersion).finish());
   return true;

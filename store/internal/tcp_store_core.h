@@ -61,7 +61,8 @@ struct ServerLimits {
   // An input buffer whose capacity grew past this (one large request) is released as
   // soon as it has been handled.
   size_t keep_buffer_bytes = 64u << 10;
-  // The workers of this server's run: a worker handshake beyond it is refused with
+  // The workers of this server's run: a worker handshake beyond it (counting every
+  // worker ever admitted, those gone included) is refused with
   // kResourceExhausted (its client retries), since it belongs to another run, e.g. the
   // next run's rank reaching this run's server before the server has shut down.
   std::optional<int64_t> world_size;
@@ -165,7 +166,8 @@ class ServerCore {
   absl::flat_hash_map<ConnId, std::unique_ptr<Conn>> conns_;
   absl::flat_hash_map<std::string, Bytes> data_;
   absl::flat_hash_map<std::string, absl::flat_hash_set<ConnId>> waiters_;
-  int64_t workers_ = 0;
+  int64_t workers_ = 0;           // worker connections open now
+  int64_t workers_admitted_ = 0;  // worker connections ever admitted (world_size refusal)
   std::function<void(uint8_t)> hook_;
 };
 

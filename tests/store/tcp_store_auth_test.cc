@@ -147,15 +147,19 @@ TEST(TCPStoreAuthTest, RankZeroWithTokenServesItsRanks) {
     ASSERT_TRUE(store.ok()) << store.status();
     if (rank == 0) {
       EXPECT_EQ((*store)->server()->num_workers(), 3);
+      EXPECT_OK((*store)->set("up", to_bytes("1")));
     }
     EXPECT_OK((*store)->add("arrived", 1).status());
-    EXPECT_OK((*store)->set("done/" + std::to_string(rank), to_bytes("1")));
-    if (rank == 0) {
-      EXPECT_OK((*store)->wait({"done/1", "done/2"}, 30s));
-      auto arrived = (*store)->get("arrived");
-      ASSERT_TRUE(arrived.ok()) << arrived.status();
-      EXPECT_EQ(to_string(*arrived), "3");
+    if (rank != 0) {
+      // A worker that left would be uncounted: stay until rank 0 counted everyone.
+      EXPECT_OK((*store)->wait({"up"}, 30s));
+      EXPECT_OK((*store)->set("done/" + std::to_string(rank), to_bytes("1")));
+      return;
     }
+    EXPECT_OK((*store)->wait({"done/1", "done/2"}, 30s));
+    auto arrived = (*store)->get("arrived");
+    ASSERT_TRUE(arrived.ok()) << arrived.status();
+    EXPECT_EQ(to_string(*arrived), "3");
   }, 60s));
 }
 

@@ -288,6 +288,13 @@ TEST(CoreWorldSizeTest, WorkersBeyondTheRunAreRefused) {
   ASSERT_TRUE(core.on_open(3, "tool"));
   core.on_data(3, tool.data(), tool.size());
   EXPECT_FALSE(transport.closed.contains(3));
+  // The run's worker left: uncounted, but its place is not given to another run's.
+  core.on_disconnect(1, "");
+  EXPECT_EQ(core.num_workers(), 0);
+  ASSERT_TRUE(core.on_open(4, "next run"));
+  core.on_data(4, hello1.data(), hello1.size());
+  EXPECT_TRUE(transport.closed.contains(4));
+  EXPECT_EQ(core.num_workers(), 0);
 }
 
 TEST(WriterTest, FieldsLongerThanAFrameCanSayAreRefusedNotWrapped) {
