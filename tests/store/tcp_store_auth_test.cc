@@ -163,5 +163,45 @@ TEST(TCPStoreAuthTest, RankZeroWithTokenServesItsRanks) {
   }, 60s));
 }
 
+// Each case in its own process, since the warning is once per process: `host` and
+// `token` for two servers in a row, and how many warnings the process logs.
+void expect_open_listener_warnings(const std::string& host, const std::string& token, size_t expected) {
+  TempDir dir;
+  const std::string log_path = dir.path() + "/log";
+  expect_all_succeed(run_processes(1, [&](int) {
+    int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    ASSERT_GE(fd, 0);
+    ASSERT_GE(::dup2(fd, STDERR_FILENO), 0);
+    ::close(fd);
+    for (int i = 0; i < 2; ++i) {
+      TCPStoreServerOptions options;
+      options.host = host;
+      options.auth_token = token;
+      auto server = TCPStoreServer::create(options);
+      ASSERT_TRUE(server.ok()) << server.status();
+    }
+    std::fflush(stderr);
+    std::string log = read_file(log_path);
+    size_t n = 0;
+    for (size_t at = log.find("without a job token"); at != std::string::npos;
+         at = log.find("without a job token", at + 1)) {
+      ++n;
+    }
+    EXPECT_EQ(n, expected) << log;
+    if (expected > 0) {
+      EXPECT_THAT(log, HasSubstr("FERRY_AUTH_TOKEN")) << log;
+    }
+  }, 30s));
+}
+
+TEST(TCPStoreAuthTest, OpenListenerWithoutTokenWarnsOncePerProcess) {
+  expect_open_listener_warnings("0.0.0.0", "", 1);
+}
+
+TEST(TCPStoreAuthTest, LoopbackOrTokenListenerDoesNotWarn) {
+  expect_open_listener_warnings("127.0.0.1", "", 0);
+  expect_open_listener_warnings("0.0.0.0", "job-secret", 0);
+}
+
 }  // namespace
 }  // namespace ferry
