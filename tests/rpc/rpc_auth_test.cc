@@ -94,5 +94,21 @@ TEST(RpcAuth, ProcessGroupRankWithAnotherTokenIsRefused) {
   }, std::chrono::seconds(60)));
 }
 
+TEST(RpcAuthOptions, TensorPipeKwargCarriesTheToken) {
+  register_builtin_backends();
+  auto options = construct_rpc_backend_options(BackendType::TENSORPIPE, std::chrono::seconds(7), "tcp://h:1",
+                                               {{"auth_token", std::string("job-secret")}});
+  ASSERT_OK(options.status());
+  auto* tp = dynamic_cast<TensorPipeRpcBackendOptions*>(options->get());
+  ASSERT_NE(tp, nullptr);
+  EXPECT_EQ(tp->auth_token, "job-secret");
+  // Unset by default: the agent reads FERRY_AUTH_TOKEN.
+  EXPECT_FALSE(TensorPipeRpcBackendOptions().auth_token.has_value());
+  EXPECT_THAT(construct_rpc_backend_options(BackendType::TENSORPIPE, std::chrono::seconds(7), "tcp://h:1",
+                                            {{"auth_token", int64_t{7}}})
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"auth_token\" must be string")));
+}
+
 }  // namespace
 }  // namespace ferry
