@@ -11,10 +11,10 @@
 #include <tensorpipe/tensorpipe.h>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/numbers.h"
 #include "agents/internal/buffer_pool.h"
 #include "base/auth.h"
 #include "base/env.h"
