@@ -192,6 +192,8 @@ void write_wire(const std::shared_ptr<tp::Pipe>& pipe, Wire wire, Done done) {
 // {nonce_s, proof_s} or kRefused {reason}; the opener sends kProof {proof_c}; the
 // acceptor answers kAccepted {} or kRefused {reason}. Only then do requests flow.
 // Both proofs cover both nonces, the opener's name and id and the acceptor's name.
+// The magic never starts a sealed Message (whose header opens with its own magic,
+// 0xFE77), so a worker without a token tells a hello from a request.
 constexpr std::string_view kAuthMagic = "FRYPAUTH";
 enum class AuthKind : char { kHello = 'H', kChallenge = 'C', kProof = 'P', kAccepted = 'A', kRefused = 'R' };
 
