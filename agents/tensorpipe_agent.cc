@@ -6,6 +6,7 @@
 #include "absl/strings/str_join.h"
 #include "agents/internal/agent_core.h"
 #include "agents/internal/tensorpipe_transport.h"
+#include "base/auth.h"
 #include "base/status.h"
 #include "serialization/types.h"
 
@@ -56,7 +57,7 @@ absl::Status TensorPipeAgentSettings::validate() const {
     return absl::InvalidArgumentError(absl::StrCat("heartbeat_interval must be >= 0 ms (0: off), got ",
                                                    heartbeat_interval.count(), " ms"));
   }
-  return internal::check_tensorpipe_options({transports, channels, {}});
+  return internal::check_tensorpipe_options({transports, channels, {}, {}, -1});
 }
 
 bool shm_crowds_host(int local_workers) {
@@ -80,8 +81,10 @@ absl::StatusOr<std::shared_ptr<TensorPipeAgent>> TensorPipeAgent::start(std::sha
   if (name.empty()) return absl::InvalidArgumentError("worker name is empty");
   if (rank < 0) return absl::InvalidArgumentError(absl::StrCat("rank must be >= 0, got ", rank));
   FERRY_RETURN_IF_ERROR(options.validate());
-  internal::TensorPipeTransportOptions transport_options{options.transports, options.channels, {}};
+  internal::TensorPipeTransportOptions transport_options{options.transports, options.channels, {}, {}, -1};
   if (shm_crowds_host(options.local_workers)) transport_options.not_by_default.push_back("shm");
+  transport_options.auth_token = internal::auth::job_token(options.auth_token);
+  transport_options.self_id = rank;
   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<internal::TensorPipeTransport> transport,
                          internal::TensorPipeTransport::create(name, transport_options));
   internal::TensorPipeTransport* raw = transport.get();
@@ -98,6 +101,24 @@ absl::StatusOr<std::shared_ptr<TensorPipeAgent>> TensorPipeAgent::start(std::sha
                          internal::AgentCore::start(WorkerInfo{std::move(name), rank}, std::move(store),
                                                     std::move(core_options), std::move(handler),
                                                     std::move(transport)));
+  // A pipe's claim (a member's id and name) is checked against the membership: a
+  // name or id the table gives someone else is refused. One not in the table yet (a
+  // peer faster than our set_members) passes on the token alone.
+  raw->set_member_check([weak = std::weak_ptr<internal::AgentCore>(core)](int id, const std::string& claimed) {
+    std::shared_ptr<internal::AgentCore> core = weak.lock();
+    if (!core) return absl::UnavailableError("the agent is shutting down");
+    absl::StatusOr<WorkerInfo> by_id = core->worker_info(id);
+    if (by_id.ok() && by_id->name != claimed) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("the membership names worker id ", id, " \"", by_id->name, "\", not \"", claimed, "\""));
+    }
+    absl::StatusOr<WorkerInfo> by_name = core->worker_info(claimed);
+    if (by_name.ok() && by_name->id != id) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("the membership gives worker \"", claimed, "\" id ", by_name->id, ", not ", id));
+    }
+    return absl::OkStatus();
+  });
   return std::shared_ptr<TensorPipeAgent>(new TensorPipeAgent(std::move(core), raw));
 }
 

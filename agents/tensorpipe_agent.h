@@ -59,6 +59,14 @@ struct TensorPipeAgentSettings {
   // goes unanswered as long again: a stopped or unreachable peer that never closed its
   // sockets. Zero turns it off.
   std::chrono::milliseconds heartbeat_interval{std::chrono::seconds(5)};
+  // The job token (docs/security.md): unset reads FERRY_AUTH_TOKEN; "" means none.
+  // With one, every pipe starts with a challenge-response (HMAC-SHA256 over nonces;
+  // the token never crosses the wire) in which the opener proves the token and the
+  // worker name and id it claims; a pipe without the token, with another one, or
+  // claiming a name or id the membership gives someone else (or an id that already
+  // has an open pipe here) is refused: its calls fail with kUnauthenticated, and the
+  // refusing worker logs why. All workers of a group must agree.
+  std::optional<std::string> auth_token;
 
   // kInvalidArgument, saying what was expected: num_worker_threads outside [1, 4096],
   // a negative heartbeat_interval, an unknown or empty transport or channel list.

@@ -8,7 +8,7 @@
 //
 // The knobs: FERRY_LOG_LEVEL (base/logging.h), FERRY_SPIN_US (base/future.h),
 // FERRY_SOCKET_IFNAME (base/net.h), FERRY_RECEIVE_CACHE_MB (agents),
-// FERRY_INLINE_TENSOR_BYTES (serialization).
+// FERRY_INLINE_TENSOR_BYTES (serialization), FERRY_AUTH_TOKEN (base/auth.h).
 #pragma once
 
 #include <cstdint>

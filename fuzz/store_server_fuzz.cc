@@ -80,7 +80,7 @@ Bytes frame(const Bytes& body) {
 
 // A well-formed request chosen by the input: op, keys from "a".."d", small values.
 Bytes request(Input& in) {
-  const uint8_t op = static_cast<uint8_t>(in.byte() % 11 + 1);
+  const uint8_t op = static_cast<uint8_t>(in.byte() % 12 + 1);
   auto key = [&] { return std::string(1, static_cast<char>('a' + in.byte() % 4)); };
   auto value = [&] { return std::string(in.byte() % 3 == 0 ? 3000 : in.byte() % 8, 'v'); };
   Bytes body{op};
@@ -89,6 +89,16 @@ Bytes request(Input& in) {
       put_u32(body, kMagic);
       put_u32(body, in.byte() % 8 == 0 ? 2 : kProtocolVersion);
       body.push_back(in.byte() & 1);
+      // No nonce (no job token), a well-sized one, or a malformed one.
+      switch (in.byte() % 3) {
+        case 1: put_str(body, std::string(32, 'n')); break;
+        case 2: put_str(body, std::string(in.byte() % 40, 'n')); break;
+        default: break;
+      }
+      break;
+    case Op::kAuth:
+      // A proof that never matches (the server's nonce is random): the refusal path.
+      put_str(body, std::string(in.byte() % 2 == 0 ? 32 : in.byte() % 40, 'p'));
       break;
     case Op::kSet:
       put_str(body, key());
@@ -137,6 +147,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   limits.max_queued_bytes = 8192;
   limits.keep_buffer_bytes = 1024;
   limits.world_size = 3;
+  // Odd-sized inputs run the server with a job token: hellos then start the
+  // challenge-response, and workers count only once they passed it.
+  if (size % 2 == 1) limits.auth_token = "fuzz-token";
   FuzzTransport transport;
   ServerCore core(transport, limits);
   std::vector<ConnId> live;
@@ -188,8 +201,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::erase_if(live, [&](ConnId c) { return transport.closed(c); });
     if (!core.invariants_hold()) FuzzTransport::abort_with("waiter bookkeeping is inconsistent");
     if (core.num_connections() != live.size()) FuzzTransport::abort_with("connection count is off");
+    if (core.num_workers() < 0 || static_cast<size_t>(core.num_workers()) > live.size()) {
+      FuzzTransport::abort_with("worker count is off (a closed worker connection was not uncounted)");
+    }
   }
   core.close_all();
-  if (!core.invariants_hold() || core.num_connections() != 0) FuzzTransport::abort_with("close_all left state");
+  if (!core.invariants_hold() || core.num_connections() != 0 || core.num_workers() != 0) {
+    FuzzTransport::abort_with("close_all left state");
+  }
   return 0;
 }

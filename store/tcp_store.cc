@@ -17,6 +17,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "base/auth.h"
 #include "base/logging.h"
 #include "base/status.h"
 #include "store/internal/store_util.h"
@@ -71,12 +72,14 @@ struct Socket {
 
 class TCPStore::Client {
  public:
-  Client(std::string host, uint16_t port, std::chrono::milliseconds timeout, uint32_t max_message_bytes)
+  Client(std::string host, uint16_t port, std::chrono::milliseconds timeout, uint32_t max_message_bytes,
+         std::string token)
       : host_(std::move(host)),
         port_(port),
         address_(absl::StrCat(host_, ":", port_)),
         timeout_(timeout),
-        max_message_bytes_(max_message_bytes) {}
+        max_message_bytes_(max_message_bytes),
+        token_(std::move(token)) {}
 
   const std::string& host() const { return host_; }
   uint16_t port() const { return port_; }
@@ -172,8 +175,12 @@ class TCPStore::Client {
     while (true) {
       auto s = connect_once(deadline, is_worker);
       if (s.ok()) return s;
-      // A server that speaks another protocol will not start speaking ours.
-      if (s.status().code() == absl::StatusCode::kFailedPrecondition) return s.status();
+      // A server that speaks another protocol, or holds another job token, will not
+      // start accepting us.
+      if (s.status().code() == absl::StatusCode::kFailedPrecondition ||
+          s.status().code() == absl::StatusCode::kUnauthenticated) {
+        return s.status();
+      }
       last_error = std::string(s.status().message());
       auto now = Clock::now();
       if (now >= deadline) break;
@@ -212,21 +219,55 @@ class TCPStore::Client {
     if (s == nullptr) return absl::UnavailableError(error);
     int one = 1;
     ::setsockopt(s->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    // Handshake: magic, version, whether this connection counts as a worker.
-    Bytes hello = Writer()
-                      .u8(static_cast<uint8_t>(Op::kHello))
-                      .u32(kMagic)
-                      .u32(kProtocolVersion)
-                      .u8(is_worker ? 1 : 0)
-                      .finish();
-    FERRY_RETURN_IF_ERROR(send_all(s->fd, hello, std::max(deadline, Clock::now() + kResponseGrace)));
-    auto answer = receive(s->fd, std::max(deadline, Clock::now() + kResponseGrace));
-    if (!answer.ok()) return absl::UnavailableError(absl::StrCat("handshake failed: ", answer.status().message()));
-    Reader r(answer->data(), answer->size());
-    uint8_t code = 0;
+    // Handshake: magic, version, whether this connection counts as a worker, and with
+    // a job token our nonce (the challenge-response is in tcp_protocol.h).
+    const Clock::time_point handshake_deadline = std::max(deadline, Clock::now() + kResponseGrace);
+    const std::string client_nonce = token_.empty() ? std::string() : internal::auth::nonce();
+    Writer hello;
+    hello.u8(static_cast<uint8_t>(Op::kHello)).u32(kMagic).u32(kProtocolVersion).u8(is_worker ? 1 : 0);
+    if (!token_.empty()) hello.str(client_nonce);
+    FERRY_RETURN_IF_ERROR(send_all(s->fd, std::move(hello).finish(), handshake_deadline));
+    FERRY_ASSIGN_OR_RETURN(Bytes answer, handshake_answer(s->fd, handshake_deadline));
+    Reader r(answer.data(), answer.size());
     uint32_t version = 0;
-    if (!r.u8(&code)) return absl::UnavailableError("handshake failed: empty answer");
+    if (!r.u32(&version) || version != kProtocolVersion) {
+      return absl::FailedPreconditionError(absl::StrCat("store server at ", address_, " speaks protocol version ",
+                                                        version, ", this client ", kProtocolVersion));
+    }
+    if (token_.empty()) return s;
+    std::string server_nonce, server_proof;
+    if (!r.str(&server_nonce) || !r.str(&server_proof) || !r.done()) {
+      return absl::UnauthenticatedError(absl::StrCat(
+          "store server at ", address_, " did not answer this client's job token with a challenge: it runs "
+          "without FERRY_AUTH_TOKEN; set the same secret on every process of the job"));
+    }
+    // Our proof goes even when the server's does not check out, so that the server
+    // logs why it refused us too.
+    const bool server_knows = internal::auth::same_digest(
+        server_proof, internal::auth::proof(token_, "ferry-store-server", {client_nonce, server_nonce}));
+    std::string client_proof = internal::auth::proof(token_, "ferry-store-client", {client_nonce, server_nonce});
+    FERRY_RETURN_IF_ERROR(send_all(s->fd,
+                                   Writer().u8(static_cast<uint8_t>(Op::kAuth)).str(client_proof).finish(),
+                                   handshake_deadline));
+    FERRY_RETURN_IF_ERROR(handshake_answer(s->fd, handshake_deadline).status());
+    if (!server_knows) {
+      return absl::UnauthenticatedError(absl::StrCat(
+          "store server at ", address_, " could not prove it knows this client's job token: FERRY_AUTH_TOKEN "
+          "differs between this process and the server's; set the same secret on every process of the job"));
+    }
+    return s;
+  }
+
+  // Reads one handshake answer: the body after an OK status byte, or the server's
+  // refusal as an error (kUnauthenticated for a job-token refusal, kResourceExhausted
+  // for a full server, which connect retries; kFailedPrecondition otherwise).
+  absl::StatusOr<Bytes> handshake_answer(int fd, Clock::time_point deadline) {
+    auto answer = receive(fd, deadline);
+    if (!answer.ok()) return absl::UnavailableError(absl::StrCat("handshake failed: ", answer.status().message()));
+    if (answer->empty()) return absl::UnavailableError("handshake failed: empty answer");
+    uint8_t code = (*answer)[0];
     if (code != 0) {
+      Reader r(answer->data() + 1, answer->size() - 1);
       std::string message;
       r.str(&message);
       if (code == static_cast<uint8_t>(absl::StatusCode::kResourceExhausted)) {
@@ -234,14 +275,15 @@ class TCPStore::Client {
         return absl::ResourceExhaustedError(absl::StrCat("store server at ", address_, " refused the connection: ",
                                                          message));
       }
+      if (code == static_cast<uint8_t>(absl::StatusCode::kUnauthenticated)) {
+        return absl::UnauthenticatedError(absl::StrCat("store server at ", address_, " refused this client: ",
+                                                       message));
+      }
       return absl::FailedPreconditionError(absl::StrCat("store server at ", address_, " refused the handshake: ",
                                                         message));
     }
-    if (!r.u32(&version) || version != kProtocolVersion) {
-      return absl::FailedPreconditionError(absl::StrCat("store server at ", address_, " speaks protocol version ",
-                                                        version, ", this client ", kProtocolVersion));
-    }
-    return s;
+    answer->erase(answer->begin());
+    return *std::move(answer);
   }
 
   static absl::Status connect_with_deadline(int fd, const sockaddr* addr, socklen_t len, Clock::time_point deadline) {
@@ -347,6 +389,7 @@ class TCPStore::Client {
   const std::string address_;
   const std::chrono::milliseconds timeout_;
   const uint64_t max_message_bytes_;
+  const std::string token_;  // "" for none
 
   absl::Mutex mu_;
   std::vector<std::unique_ptr<Socket>> idle_ ABSL_GUARDED_BY(mu_);
@@ -385,13 +428,15 @@ absl::StatusOr<std::unique_ptr<TCPStore>> TCPStore::create(const TCPStoreOptions
     server_options.port = options.port;
     server_options.max_message_bytes = options.max_message_bytes;
     if (options.world_size) server_options.world_size = *options.world_size;
+    server_options.auth_token = options.auth_token;
     FERRY_ASSIGN_OR_RETURN(server, TCPStoreServer::create(server_options));
     port = server->port();
     // The server may listen on every interface; its own client uses loopback.
     if (connect_host.empty() || connect_host == "0.0.0.0") connect_host = "127.0.0.1";
     if (connect_host == "::") connect_host = "::1";
   }
-  auto client = std::make_unique<Client>(connect_host, port, options.timeout, options.max_message_bytes);
+  auto client = std::make_unique<Client>(connect_host, port, options.timeout, options.max_message_bytes,
+                                         internal::auth::job_token(options.auth_token));
   FERRY_RETURN_IF_ERROR(client->connect_first(deadline, /*is_worker=*/options.world_size.has_value()));
   if (server != nullptr && options.world_size && options.wait_for_workers) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());

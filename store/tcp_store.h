@@ -45,10 +45,15 @@ struct TCPStoreServerOptions {
   // reading) its further requests until it reads them.
   size_t max_queued_bytes = 4u << 20;
   // The number of workers of this server's run. When set, a worker that connects after
-  // that many did is refused (kResourceExhausted; TCPStore's connect retries until its
+  // that many did (those that left since included) is refused (kResourceExhausted; TCPStore's connect retries until its
   // timeout): it belongs to another run, typically the next run's rank reaching this
   // run's server before it shut down. Tools and probes (not workers) are not counted.
   std::optional<int64_t> world_size = std::nullopt;
+  // The job token (docs/security.md): unset reads FERRY_AUTH_TOKEN; "" means none.
+  // With a token, a client is served (and counted as a worker) only after it proved it
+  // knows the token; one that did not is refused with kUnauthenticated and the reason
+  // logged. Without one, a listener on a non-loopback address logs a warning, once.
+  std::optional<std::string> auth_token = std::nullopt;
 };
 
 // The store's server: one libuv event-loop thread serves up to max_connections
@@ -74,7 +79,8 @@ class TCPStoreServer {
   const std::string& host() const;
   uint16_t port() const;
 
-  // How many clients have connected as workers (see TCPStoreOptions::world_size).
+  // How many clients are connected as workers (see TCPStoreOptions::world_size): a
+  // worker connection counts once it passed the handshake, until it closes.
   int64_t num_workers() const;
   // Waits until at least `n` workers have connected; kDeadlineExceeded otherwise.
   absl::Status wait_for_workers(int64_t n, std::chrono::milliseconds timeout) const;
@@ -115,6 +121,11 @@ struct TCPStoreOptions {
   // The largest request this client sends (larger ones fail with kInvalidArgument),
   // and the in-process server's limit.
   uint32_t max_message_bytes = kDefaultMaxStoreMessageBytes;
+  // The job token, the client's and (is_server) the in-process server's: unset reads
+  // FERRY_AUTH_TOKEN; "" means none. Client and server must agree: a mismatch (one
+  // side without a token included) fails create() with kUnauthenticated saying what to
+  // set. Never sent: each side proves it knows it (docs/security.md).
+  std::optional<std::string> auth_token;
 };
 
 // A client of a TCPStoreServer, owning that server when it is rank 0's.

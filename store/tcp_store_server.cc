@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "base/auth.h"
 #include "base/logging.h"
 #include "base/status.h"
 #include "store/internal/store_util.h"
@@ -109,6 +110,7 @@ class TCPStoreServer::Impl final : public ServerTransport {
     limits.max_connections = options.max_connections;
     limits.max_queued_bytes = options.max_queued_bytes;
     limits.world_size = options.world_size;
+    limits.auth_token = internal::auth::job_token(options.auth_token);
     return limits;
   }
 
@@ -204,6 +206,9 @@ absl::Status TCPStoreServer::Impl::start() {
                                            : reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
   thread_ = std::thread([this] { uv_run(&loop_, UV_RUN_DEFAULT); });
   FERRY_LOG(INFO) << "store server: listening on " << sockaddr_to_string(reinterpret_cast<sockaddr*>(&addr));
+  char bound_host[NI_MAXHOST] = "";
+  ::getnameinfo(reinterpret_cast<sockaddr*>(&addr), len, bound_host, sizeof(bound_host), nullptr, 0, NI_NUMERICHOST);
+  internal::auth::warn_if_open("the store server", bound_host, internal::auth::job_token(options_.auth_token));
   return absl::OkStatus();
 }
 

@@ -11,10 +11,12 @@
 #include <tensorpipe/tensorpipe.h>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "agents/internal/buffer_pool.h"
+#include "base/auth.h"
 #include "base/env.h"
 #include "base/future.h"
 #include "base/logging.h"
@@ -184,6 +186,64 @@ void write_wire(const std::shared_ptr<tp::Pipe>& pipe, Wire wire, Done done) {
   });
 }
 
+// The job token's handshake on a pipe (docs/security.md). Its messages are metadata
+// only: kAuthMagic, a kind byte, then fields, each a u32 little-endian length and its
+// bytes. The opener sends kHello {name, id, nonce_c}; the acceptor answers kChallenge
+// {nonce_s, proof_s} or kRefused {reason}; the opener sends kProof {proof_c}; the
+// acceptor answers kAccepted {} or kRefused {reason}. Only then do requests flow.
+// Both proofs cover both nonces, the opener's name and id and the acceptor's name.
+// The magic never starts a sealed Message (whose header opens with its own magic,
+// 0xFE77), so a worker without a token tells a hello from a request.
+constexpr std::string_view kAuthMagic = "FRYPAUTH";
+enum class AuthKind : char { kHello = 'H', kChallenge = 'C', kProof = 'P', kAccepted = 'A', kRefused = 'R' };
+
+Wire auth_message(AuthKind kind, std::initializer_list<std::string_view> fields) {
+  Wire wire;
+  wire.metadata.assign(kAuthMagic);
+  wire.metadata.push_back(static_cast<char>(kind));
+  for (std::string_view f : fields) {
+    uint32_t n = static_cast<uint32_t>(f.size());
+    for (int i = 0; i < 4; ++i) wire.metadata.push_back(static_cast<char>(n >> (8 * i)));
+    wire.metadata.append(f);
+  }
+  return wire;
+}
+
+bool is_auth_message(const Wire& wire) {
+  return wire.tensors.empty() && wire.metadata.size() > kAuthMagic.size() &&
+         std::string_view(wire.metadata).substr(0, kAuthMagic.size()) == kAuthMagic;
+}
+
+// The `n` fields of an auth message of kind `kind`, or nullopt when `wire` is not one.
+std::optional<std::vector<std::string>> parse_auth(const Wire& wire, AuthKind kind, size_t n) {
+  if (!is_auth_message(wire) || wire.metadata[kAuthMagic.size()] != static_cast<char>(kind)) return std::nullopt;
+  std::string_view rest = std::string_view(wire.metadata).substr(kAuthMagic.size() + 1);
+  std::vector<std::string> fields;
+  for (size_t i = 0; i < n; ++i) {
+    if (rest.size() < 4) return std::nullopt;
+    uint32_t len = 0;
+    for (int b = 0; b < 4; ++b) len |= static_cast<uint32_t>(static_cast<uint8_t>(rest[b])) << (8 * b);
+    rest.remove_prefix(4);
+    if (rest.size() < len) return std::nullopt;
+    fields.emplace_back(rest.substr(0, len));
+    rest.remove_prefix(len);
+  }
+  if (!rest.empty()) return std::nullopt;
+  return fields;
+}
+
+// The reason in a kRefused message, or nullopt when `wire` is not one.
+std::optional<std::string> refusal(const Wire& wire) {
+  auto fields = parse_auth(wire, AuthKind::kRefused, 1);
+  if (!fields) return std::nullopt;
+  return (*fields)[0];
+}
+
+std::string pipe_proof(std::string_view token, std::string_view role, std::string_view nonce_c,
+                       std::string_view nonce_s, std::string_view opener, int opener_id, std::string_view acceptor) {
+  return auth::proof(token, role, {nonce_c, nonce_s, opener, std::to_string(opener_id), acceptor});
+}
+
 }  // namespace
 
 const std::vector<std::string>& tensorpipe_transport_names() {
@@ -216,11 +276,21 @@ struct TensorPipeTransport::State : std::enable_shared_from_this<State> {
     int peer;
     std::string name;
     std::shared_ptr<tp::Pipe> pipe;
+    // With a job token, requests wait in `pending` until the handshake accepted the
+    // pipe (guarded by State::mu).
+    bool ready = true;
+    std::vector<Wire> pending;
+    // The next reply read is the pipe's first (loop thread only).
+    bool first_reply = true;
   };
   // A pipe a peer opened to us: its requests in, our replies out.
   struct Server final : ReplyPath {
     std::shared_ptr<tp::Pipe> pipe;
     std::string from;
+    // The id its opener proved with the job token (-1 without one).
+    int id = -1;
+    // The next request read is the pipe's first (loop thread only).
+    bool first = true;
     void reply(Wire wire) override {
       write_wire(pipe, std::move(wire), [from = from](const tp::Error& error) {
         if (error) FERRY_LOG(INFO) << "reply to " << from << " not delivered: " << error.what();
@@ -231,6 +301,8 @@ struct TensorPipeTransport::State : std::enable_shared_from_this<State> {
   };
 
   std::string name;
+  int self_id = -1;
+  std::string token;  // the job token, "" for none
   std::shared_ptr<tp::Context> context;
   std::shared_ptr<tp::Listener> listener;
   std::vector<std::string> transport_names;
@@ -244,11 +316,24 @@ struct TensorPipeTransport::State : std::enable_shared_from_this<State> {
   absl::flat_hash_map<int, std::shared_ptr<Client>> clients;  // guarded by mu
   std::vector<std::shared_ptr<tp::Pipe>> server_pipes;        // guarded by mu
   uint64_t pipes_opened = 0;                                   // guarded by mu
+  MemberCheck member_check;                                    // guarded by mu
+  // Authenticated incoming pipes by the id they proved.
+  absl::flat_hash_map<int, std::shared_ptr<tp::Pipe>> authed_in;  // guarded by mu
 
   void accept_next();
+  // The acceptor's side of the job token's handshake, then read_request.
+  void authenticate(std::shared_ptr<Server> server);
+  void check_proof(std::shared_ptr<Server> server, int id, std::string nonce_c, std::string nonce_s);
+  // Logs `why`, tells the opener `tell` (a kRefused message) and closes the pipe.
+  void refuse(const std::shared_ptr<Server>& server, std::string_view why, std::string_view tell);
+  // The opener's side: hello, proofs, then the queued requests and read_reply.
+  void open_handshake(std::shared_ptr<Client> client);
+  void finish_handshake(std::shared_ptr<Client> client, bool acceptor_proved);
+  void forget_server(const std::shared_ptr<Server>& server);
   void read_request(std::shared_ptr<Server> server);
   void read_reply(std::shared_ptr<Client> client);
   void lost(const std::shared_ptr<Client>& client, absl::Status why);
+  void write_request(const std::shared_ptr<Client>& client, Wire wire);
 };
 
 void TensorPipeTransport::State::accept_next() {
@@ -268,7 +353,198 @@ void TensorPipeTransport::State::accept_next() {
       std::lock_guard<std::mutex> lock(state->mu);
       state->server_pipes.push_back(pipe);
     }
+    if (state->token.empty()) {
+      state->read_request(std::move(server));
+    } else {
+      state->authenticate(std::move(server));
+    }
+  });
+}
+
+void TensorPipeTransport::State::forget_server(const std::shared_ptr<Server>& server) {
+  std::lock_guard<std::mutex> lock(mu);
+  std::erase(server_pipes, server->pipe);
+  auto it = authed_in.find(server->id);
+  if (it != authed_in.end() && it->second == server->pipe) authed_in.erase(it);
+}
+
+void TensorPipeTransport::State::refuse(const std::shared_ptr<Server>& server, std::string_view why,
+                                        std::string_view tell) {
+  FERRY_LOG(WARNING) << name << ": refusing a pipe from "
+                     << (server->from.empty() ? std::string("an unnamed peer") : absl::StrCat("\"", server->from, "\""))
+                     << ": " << why;
+  forget_server(server);
+  std::shared_ptr<tp::Pipe> pipe = server->pipe;
+  write_wire(pipe, auth_message(AuthKind::kRefused, {tell}), [pipe](const tp::Error&) { pipe->close(); });
+}
+
+void TensorPipeTransport::State::authenticate(std::shared_ptr<Server> server) {
+  std::weak_ptr<State> weak = weak_from_this();
+  std::shared_ptr<tp::Pipe> pipe = server->pipe;
+  read_wire(pipe, buffers, [weak, server = std::move(server)](absl::StatusOr<Wire> wire) mutable {
+    std::shared_ptr<State> state = weak.lock();
+    if (!state || state->closing.load()) return;
+    if (!wire.ok()) {
+      state->forget_server(server);
+      return;
+    }
+    std::optional<std::vector<std::string>> hello = parse_auth(*wire, AuthKind::kHello, 3);
+    if (!hello) {
+      state->refuse(server, "it sent no job-token hello (FERRY_AUTH_TOKEN unset on that worker?)",
+                    absl::StrCat("worker \"", state->name, "\" requires the job token and this pipe presented none: ",
+                                 "set FERRY_AUTH_TOKEN to the job's secret on every worker"));
+      return;
+    }
+    std::string claimed = (*hello)[0];
+    int id = -1;
+    server->from = claimed;
+    if (!absl::SimpleAtoi((*hello)[1], &id) || id < 0 || (*hello)[2].size() != auth::kNonceBytes) {
+      state->refuse(server, "malformed job-token hello", "malformed job-token hello");
+      return;
+    }
+    MemberCheck check;
+    {
+      std::lock_guard<std::mutex> lock(state->mu);
+      check = state->member_check;
+    }
+    if (check) {
+      absl::Status member = check(id, claimed);
+      if (!member.ok()) {
+        state->refuse(server, absl::StrCat("it claims to be worker \"", claimed, "\" (id ", id, "): ", member.message()),
+                      absl::StrCat("worker \"", state->name, "\" refused the claim to be worker \"", claimed, "\" (id ",
+                                   id, "): ", member.message()));
+        return;
+      }
+    }
+    std::string nonce_s = auth::nonce();
+    std::string proof_s = pipe_proof(state->token, "ferry-pipe-server", (*hello)[2], nonce_s, claimed, id, state->name);
+    write_wire(server->pipe, auth_message(AuthKind::kChallenge, {nonce_s, proof_s}), [](const tp::Error&) {
+      // A failed write shows as a failed read of the proof.
+    });
+    state->check_proof(std::move(server), id, std::move((*hello)[2]), std::move(nonce_s));
+  });
+}
+
+void TensorPipeTransport::State::check_proof(std::shared_ptr<Server> server, int id, std::string nonce_c,
+                                             std::string nonce_s) {
+  std::weak_ptr<State> weak = weak_from_this();
+  std::shared_ptr<tp::Pipe> pipe = server->pipe;
+  read_wire(pipe, buffers, [weak, server = std::move(server), id, nonce_c = std::move(nonce_c),
+                            nonce_s = std::move(nonce_s)](absl::StatusOr<Wire> wire) mutable {
+    std::shared_ptr<State> state = weak.lock();
+    if (!state || state->closing.load()) return;
+    if (!wire.ok()) {
+      state->forget_server(server);
+      return;
+    }
+    std::optional<std::vector<std::string>> proof = parse_auth(*wire, AuthKind::kProof, 1);
+    std::string expected = pipe_proof(state->token, "ferry-pipe-client", nonce_c, nonce_s, server->from, id, state->name);
+    if (!proof || !auth::same_digest((*proof)[0], expected)) {
+      state->refuse(server, "wrong job token (its proof does not match this worker's FERRY_AUTH_TOKEN)",
+                    absl::StrCat("the job token differs from worker \"", state->name,
+                                 "\"'s: set FERRY_AUTH_TOKEN to the same secret on every worker"));
+      return;
+    }
+    bool duplicate = false;
+    {
+      std::lock_guard<std::mutex> lock(state->mu);
+      duplicate = !state->authed_in.try_emplace(id, server->pipe).second;
+    }
+    if (duplicate) {
+      state->refuse(server, absl::StrCat("worker id ", id, " already has an open pipe to this worker"),
+                    absl::StrCat("worker \"", state->name, "\" already has an open pipe from worker id ", id,
+                                 "; a second one claiming it is refused"));
+      return;
+    }
+    server->id = id;
+    server->first = false;
+    write_wire(server->pipe, auth_message(AuthKind::kAccepted, {}), [](const tp::Error&) {});
     state->read_request(std::move(server));
+  });
+}
+
+void TensorPipeTransport::State::open_handshake(std::shared_ptr<Client> client) {
+  std::weak_ptr<State> weak = weak_from_this();
+  std::string nonce_c = auth::nonce();
+  write_wire(client->pipe, auth_message(AuthKind::kHello, {name, std::to_string(self_id), nonce_c}),
+             [](const tp::Error&) {
+               // A failed write shows as a failed read of the challenge.
+             });
+  read_wire(client->pipe, buffers, [weak, client, nonce_c = std::move(nonce_c)](absl::StatusOr<Wire> wire) mutable {
+    std::shared_ptr<State> state = weak.lock();
+    if (!state || state->closing.load()) return;
+    if (!wire.ok()) {
+      state->lost(client, absl::UnavailableError(absl::StrCat("worker \"", client->name, "\" (id ", client->peer,
+                                                              ") is unreachable: ", wire.status().message())));
+      return;
+    }
+    if (std::optional<std::string> reason = refusal(*wire)) {
+      state->lost(client, absl::UnauthenticatedError(
+                              absl::StrCat("worker \"", client->name, "\" refused this worker's pipe: ", *reason)));
+      return;
+    }
+    std::optional<std::vector<std::string>> challenge = parse_auth(*wire, AuthKind::kChallenge, 2);
+    if (!challenge) {
+      state->lost(client, absl::UnauthenticatedError(absl::StrCat(
+                              "worker \"", client->name, "\" did not answer the job-token hello with a challenge")));
+      return;
+    }
+    const std::string& nonce_s = (*challenge)[0];
+    bool proved = auth::same_digest(
+        (*challenge)[1],
+        pipe_proof(state->token, "ferry-pipe-server", nonce_c, nonce_s, state->name, state->self_id, client->name));
+    // Our proof goes even when the acceptor's does not check out, so that it logs why
+    // it refuses us too.
+    write_wire(client->pipe,
+               auth_message(AuthKind::kProof, {pipe_proof(state->token, "ferry-pipe-client", nonce_c, nonce_s,
+                                                          state->name, state->self_id, client->name)}),
+               [](const tp::Error&) {});
+    state->finish_handshake(std::move(client), proved);
+  });
+}
+
+void TensorPipeTransport::State::finish_handshake(std::shared_ptr<Client> client, bool acceptor_proved) {
+  std::weak_ptr<State> weak = weak_from_this();
+  read_wire(client->pipe, buffers, [weak, client, acceptor_proved](absl::StatusOr<Wire> wire) mutable {
+    std::shared_ptr<State> state = weak.lock();
+    if (!state || state->closing.load()) return;
+    if (!wire.ok()) {
+      state->lost(client, absl::UnavailableError(absl::StrCat("worker \"", client->name, "\" (id ", client->peer,
+                                                              ") is unreachable: ", wire.status().message())));
+      return;
+    }
+    if (std::optional<std::string> reason = refusal(*wire)) {
+      state->lost(client, absl::UnauthenticatedError(
+                              absl::StrCat("worker \"", client->name, "\" refused this worker's pipe: ", *reason)));
+      return;
+    }
+    if (!parse_auth(*wire, AuthKind::kAccepted, 0)) {
+      state->lost(client, absl::UnauthenticatedError(
+                              absl::StrCat("worker \"", client->name, "\" sent no verdict on the job-token proof")));
+      return;
+    }
+    if (!acceptor_proved) {
+      state->lost(client, absl::UnauthenticatedError(absl::StrCat(
+                              "worker \"", client->name, "\" could not prove it knows this worker's job token: ",
+                              "FERRY_AUTH_TOKEN differs between the workers; set the same secret on every worker")));
+      return;
+    }
+    client->first_reply = false;
+    state->read_reply(client);
+    // Send what queued up during the handshake, in order; a send() racing with this
+    // queues behind it until `ready` is set with nothing left.
+    while (true) {
+      std::vector<Wire> batch;
+      {
+        std::lock_guard<std::mutex> lock(state->mu);
+        if (client->pending.empty()) {
+          client->ready = true;
+          break;
+        }
+        batch.swap(client->pending);
+      }
+      for (Wire& w : batch) state->write_request(client, std::move(w));
+    }
   });
 }
 
@@ -279,16 +555,24 @@ void TensorPipeTransport::State::read_request(std::shared_ptr<Server> server) {
     std::shared_ptr<State> state = weak.lock();
     if (!state || state->closing.load()) return;
     if (!wire.ok()) {
-      {
-        std::lock_guard<std::mutex> lock(state->mu);
-        std::erase(state->server_pipes, server->pipe);
-      }
+      state->forget_server(server);
       // The caller went away (kUnavailable): nothing to reply to, nothing to report.
       if (wire.status().code() != absl::StatusCode::kUnavailable) {
         if (auto events = state->events.lock()) events->on_request(server, std::move(wire));
         server->pipe->close();
       }
       return;
+    }
+    if (server->first) {
+      server->first = false;
+      if (is_auth_message(*wire)) {
+        // A job-token hello on a worker without a token (read_request follows the
+        // handshake when there is one).
+        state->refuse(server, "it presents a job token and this worker has none (FERRY_AUTH_TOKEN unset here)",
+                      absl::StrCat("worker \"", state->name, "\" has no job token but this pipe presented one: set ",
+                                   "FERRY_AUTH_TOKEN to the same secret on every worker"));
+        return;
+      }
     }
     state->read_request(server);
     if (auto events = state->events.lock()) events->on_request(std::move(server), std::move(wire));
@@ -304,6 +588,15 @@ void TensorPipeTransport::State::read_reply(std::shared_ptr<Client> client) {
       state->lost(client, absl::UnavailableError(absl::StrCat("worker \"", client->name, "\" (id ", client->peer,
                                                               ") is unreachable: ", wire.status().message())));
       return;
+    }
+    if (client->first_reply) {
+      client->first_reply = false;
+      // A worker with a job token refuses a pipe that opened without one.
+      if (std::optional<std::string> reason = refusal(*wire)) {
+        state->lost(client, absl::UnauthenticatedError(
+                                absl::StrCat("worker \"", client->name, "\" refused this worker's pipe: ", *reason)));
+        return;
+      }
     }
     state->read_reply(client);
     if (auto events = state->events.lock()) events->on_reply(client->peer, *std::move(wire));
@@ -340,6 +633,8 @@ absl::StatusOr<std::unique_ptr<TensorPipeTransport>> TensorPipeTransport::create
   FERRY_ASSIGN_OR_RETURN(std::vector<const Choice*> channels, pick(options.channels, kChannels, "channel"));
   auto state = std::make_shared<State>();
   state->name = name;
+  state->self_id = options.self_id;
+  state->token = options.auth_token;
   state->context = std::make_shared<tp::Context>(tp::ContextOptions().name(name));
   std::unique_ptr<TensorPipeTransport> transport(new TensorPipeTransport(state));
   std::optional<std::string> host;
@@ -406,6 +701,7 @@ absl::StatusOr<std::unique_ptr<TensorPipeTransport>> TensorPipeTransport::create
     state->channel_names.push_back(kind);
   }
   if (state->channel_names.empty()) return absl::FailedPreconditionError("no usable channel on this machine");
+  if (host.has_value()) auth::warn_if_open(absl::StrCat("TensorPipe agent \"", name, "\""), *host, state->token);
   return transport;
 }
 
@@ -421,12 +717,18 @@ void TensorPipeTransport::send(int peer, const std::string& peer_name, const std
   State& s = *state_;
   std::shared_ptr<State::Client> client;
   bool opened = false;
+  bool queued = false;
   absl::Status unreachable;
   {
     std::lock_guard<std::mutex> lock(s.mu);
     auto it = s.clients.find(peer);
     if (it != s.clients.end()) {
       client = it->second;
+      if (!client->ready) {
+        // Its handshake is under way: sent in order once the pipe is accepted.
+        client->pending.push_back(std::move(wire));
+        queued = true;
+      }
     } else if (!s.closing.load()) {
       // Connect with the first transport in our order that the peer also listens on;
       // TensorPipe then upgrades to the best transport both sides share.
@@ -445,6 +747,11 @@ void TensorPipeTransport::send(int peer, const std::string& peer_name, const std
         client->peer = peer;
         client->name = peer_name;
         client->pipe = s.context->connect(url, tp::PipeOptions().remoteName(peer_name));
+        if (!s.token.empty()) {
+          client->ready = false;
+          client->pending.push_back(std::move(wire));
+          queued = true;
+        }
         s.clients.emplace(peer, client);
         ++s.pipes_opened;
         opened = true;
@@ -456,8 +763,19 @@ void TensorPipeTransport::send(int peer, const std::string& peer_name, const std
     return;
   }
   if (client == nullptr) return;  // closing: the core fails the call
-  if (opened) s.read_reply(client);
-  std::weak_ptr<State> weak = state_;
+  if (opened) {
+    if (s.token.empty()) {
+      s.read_reply(client);
+    } else {
+      s.open_handshake(client);
+    }
+  }
+  if (queued) return;
+  s.write_request(client, std::move(wire));
+}
+
+void TensorPipeTransport::State::write_request(const std::shared_ptr<Client>& client, Wire wire) {
+  std::weak_ptr<State> weak = weak_from_this();
   write_wire(client->pipe, std::move(wire), [weak, client](const tp::Error& error) {
     if (!error) return;
     std::shared_ptr<State> state = weak.lock();
@@ -465,6 +783,11 @@ void TensorPipeTransport::send(int peer, const std::string& peer_name, const std
     state->lost(client, absl::UnavailableError(absl::StrCat("sending to worker \"", client->name,
                                                             "\" failed: ", error.what())));
   });
+}
+
+void TensorPipeTransport::set_member_check(MemberCheck check) {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  state_->member_check = std::move(check);
 }
 
 void TensorPipeTransport::disconnect(int peer) {
@@ -499,6 +822,7 @@ std::map<std::string, std::string> TensorPipeTransport::debug_info() const {
       {"pipes_out", std::to_string(s.clients.size())},
       {"pipes_in", std::to_string(s.server_pipes.size())},
       {"pipes_opened", std::to_string(s.pipes_opened)},
+      {"auth", s.token.empty() ? "none" : "job token"},
       {"receive_buffer_hits", std::to_string(s.buffers->hits())},
       {"receive_buffer_misses", std::to_string(s.buffers->misses())},
   };

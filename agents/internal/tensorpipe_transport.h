@@ -6,6 +6,7 @@
 // them. Pipes peers open to us carry their requests and our replies.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -23,7 +24,18 @@ struct TensorPipeTransportOptions {
   std::optional<std::vector<std::string>> channels;
   // Left out of the defaults when `transports` is unset.
   std::vector<std::string> not_by_default;
+  // The job token ("" for none; see docs/security.md). With one, every pipe starts
+  // with a challenge-response before any request: the opener says who it is (name,
+  // id) and both sides prove they know the token, bound to both names and the id.
+  std::string auth_token;
+  // This worker's id, which the hello of the pipes it opens carries.
+  int self_id = -1;
 };
+
+// Decides whether a pipe whose opener proved the token and claims to be worker `id`
+// named `name` is that worker: OK, or the reason it is not (the pipe is refused).
+// Called on a transport thread; must not block.
+using MemberCheck = std::function<absl::Status(int id, const std::string& name)>;
 
 // The names TensorPipeTransportOptions accepts, in priority order.
 const std::vector<std::string>& tensorpipe_transport_names();
@@ -47,6 +59,12 @@ class TensorPipeTransport final : public Transport {
   void disconnect(int peer) override;
   void close() override;
   std::map<std::string, std::string> debug_info() const override;
+
+  // With a job token: how claims on incoming pipes are checked against the
+  // membership (beyond the token, which any member holds). A second pipe claiming an
+  // id that has a live authenticated pipe is refused regardless. Set once, before
+  // peers know our address.
+  void set_member_check(MemberCheck check);
 
   // After listen(): the URL per transport ("uv" -> "uv://127.0.0.1:41234").
   std::map<std::string, std::string> addresses() const;

@@ -23,7 +23,7 @@ namespace {
 
 constexpr char kInitPrefix[] = "ferry/rpc/init/";
 constexpr const char* kKnownKwargs[] = {"num_worker_threads", "transports", "channels", "device_maps", "devices",
-                                        "heartbeat_interval_ms"};
+                                        "heartbeat_interval_ms", "auth_token"};
 
 template <typename T>
 absl::StatusOr<T> kwarg_as(const std::string& key, const KwargValue& value, const char* expected) {
@@ -98,6 +98,8 @@ absl::StatusOr<std::unique_ptr<RpcBackendOptions>> construct_tensorpipe_options(
     } else if (key == "heartbeat_interval_ms") {
       FERRY_ASSIGN_OR_RETURN(int64_t ms, kwarg_as<int64_t>(key, value, "int64"));
       options->heartbeat_interval = std::chrono::milliseconds(ms);
+    } else if (key == "auth_token") {
+      FERRY_ASSIGN_OR_RETURN(options->auth_token, kwarg_as<std::string>(key, value, "string"));
     } else if (key == "transports") {
       FERRY_ASSIGN_OR_RETURN(options->transports, kwarg_as<std::vector<std::string>>(key, value, "vector<string>"));
     } else if (key == "channels") {

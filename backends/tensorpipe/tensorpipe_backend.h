@@ -55,7 +55,8 @@ class TensorPipeRpcBackendOptions final : public RpcBackendOptions, public Tenso
 
 // TENSORPIPE's options constructor. Keyword arguments: num_worker_threads (int64),
 // transports, channels (vector<string>), device_maps (DeviceMaps), devices
-// (vector<Device>). Errors (kInvalidArgument): an unknown key (named, with the known
+// (vector<Device>), heartbeat_interval_ms (int64), auth_token (string; unset: the
+// agent reads FERRY_AUTH_TOKEN). Errors (kInvalidArgument): an unknown key (named, with the known
 // ones), a value of the wrong type, settings that TensorPipeAgentSettings::validate()
 // refuses.
 absl::StatusOr<std::unique_ptr<RpcBackendOptions>> construct_tensorpipe_options(std::chrono::milliseconds rpc_timeout,

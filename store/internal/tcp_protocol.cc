@@ -15,6 +15,7 @@ std::string op_name(uint8_t op) {
     case Op::kNumKeys: return "num_keys";
     case Op::kMultiGet: return "multi_get";
     case Op::kMultiSet: return "multi_set";
+    case Op::kAuth: return "auth";
   }
   return "unknown op " + std::to_string(op);
 }

@@ -6,8 +6,18 @@
 // byte (absl::StatusCode), then a message string when the code is not OK, else the
 // op's result. Strings and byte values are a u32 length and the bytes; integers are
 // little-endian. The first request on a connection must be kHello (magic, version,
-// whether this connection counts as a worker); the server answers with its version
-// or an error, and closes the connection on a mismatch. Requests on one connection are
+// whether this connection counts as a worker, and, when the client has a job token,
+// a string holding its nonce); the server answers with its version or an error, and
+// closes the connection on a mismatch.
+//
+// With a job token (base/auth.h; docs/security.md) the hello starts a challenge-
+// response: the client's hello carries nonce_c; the server answers OK, its version,
+// nonce_s and proof_s = proof(token, "ferry-store-server", {nonce_c, nonce_s}); the
+// client checks proof_s and sends kAuth with proof_c = proof(token,
+// "ferry-store-client", {nonce_c, nonce_s}); the server answers OK and its version,
+// or kUnauthenticated and closes. Only then does it serve requests (and count the
+// connection as a worker). A server without a token answers a hello without a nonce
+// as before: the protocol without tokens is unchanged. Requests on one connection are
 // answered in order; a blocking request (get, wait, multi_get) carries its timeout and
 // the server answers it with kDeadlineExceeded itself when it passes.
 #pragma once
@@ -39,6 +49,7 @@ enum class Op : uint8_t {
   kNumKeys = 9,
   kMultiGet = 10,
   kMultiSet = 11,
+  kAuth = 12,
 };
 
 // The op's name for logs and errors ("get"), or "unknown op N".

@@ -3,6 +3,7 @@
 #include <exception>
 
 #include "absl/strings/str_cat.h"
+#include "base/auth.h"
 #include "base/logging.h"
 #include "base/status.h"
 #include "store/internal/store_util.h"
@@ -148,7 +149,8 @@ bool ServerCore::handle_hello(ConnId id, Conn& conn, Reader& r) {
     close(id, "not a ferry store client (bad handshake magic)");
     return false;
   }
-  if (!r.u32(&version) || !r.u8(&is_worker) || !r.done()) {
+  std::string client_nonce;
+  if (!r.u32(&version) || !r.u8(&is_worker) || (!r.done() && (!r.str(&client_nonce) || !r.done()))) {
     close(id, "malformed handshake");
     return false;
   }
@@ -158,7 +160,66 @@ bool ServerCore::handle_hello(ConnId id, Conn& conn, Reader& r) {
     close(id, absl::StrCat("protocol version ", version, ", this server speaks ", kProtocolVersion), /*flush=*/true);
     return false;
   }
-  if (is_worker && limits_.world_size && workers_ >= *limits_.world_size) {
+  const std::string& token = limits_.auth_token;
+  if (token.empty()) {
+    if (!client_nonce.empty()) {
+      refuse(id,
+             absl::UnauthenticatedError(
+                 "this store server has no job token but the client presented one: set FERRY_AUTH_TOKEN to the "
+                 "same secret on the server's process too, or unset it on the client"),
+             "refused: the client presented a job token and this server has none (FERRY_AUTH_TOKEN unset here)");
+      return false;
+    }
+    return admit(id, conn, is_worker != 0);
+  }
+  if (client_nonce.empty()) {
+    refuse(id,
+           absl::UnauthenticatedError(
+               "this store server requires the job token and the client presented none: set FERRY_AUTH_TOKEN to "
+               "the job's secret (the same on every process) or pass it as auth_token"),
+           "refused: the client presented no job token (FERRY_AUTH_TOKEN is set on this server)");
+    return false;
+  }
+  if (client_nonce.size() != auth::kNonceBytes) {
+    close(id, absl::StrCat("malformed handshake: a nonce of ", client_nonce.size(), " bytes, expected ",
+                           auth::kNonceBytes));
+    return false;
+  }
+  conn.awaiting_proof = true;
+  conn.wants_worker = is_worker != 0;
+  conn.client_nonce = std::move(client_nonce);
+  conn.server_nonce = auth::nonce();
+  std::string server_proof = auth::proof(token, "ferry-store-server", {conn.client_nonce, conn.server_nonce});
+  transport_.write(id, Writer().u8(0).u32(kProtocolVersion).str(conn.server_nonce).str(server_proof).finish());
+  return true;
+}
+
+bool ServerCore::handle_auth(ConnId id, Conn& conn, Reader& r) {
+  std::string client_proof;
+  if (!r.str(&client_proof) || !r.done()) {
+    close(id, "malformed auth request");
+    return false;
+  }
+  std::string expected =
+      auth::proof(limits_.auth_token, "ferry-store-client", {conn.client_nonce, conn.server_nonce});
+  if (!auth::same_digest(client_proof, expected)) {
+    refuse(id,
+           absl::UnauthenticatedError(
+               "the client's job token does not match the store server's: set FERRY_AUTH_TOKEN to the same "
+               "secret on every process of the job"),
+           "refused: wrong job token (its proof does not match this server's FERRY_AUTH_TOKEN)");
+    return false;
+  }
+  conn.awaiting_proof = false;
+  conn.client_nonce.clear();
+  conn.server_nonce.clear();
+  return admit(id, conn, conn.wants_worker);
+}
+
+bool ServerCore::admit(ConnId id, Conn& conn, bool is_worker) {
+  // Workers ever admitted, not those connected now: a worker of this run that already
+  // left must not make room for the next run's.
+  if (is_worker && limits_.world_size && workers_admitted_ >= *limits_.world_size) {
     transport_.write(id, error_frame(absl::ResourceExhaustedError(absl::StrCat(
                              "store server already has all ", *limits_.world_size,
                              " workers of its run; a worker of another run (this server may be the last run's, "
@@ -167,9 +228,18 @@ bool ServerCore::handle_hello(ConnId id, Conn& conn, Reader& r) {
     return false;
   }
   conn.greeted = true;
-  if (is_worker) ++workers_;
+  if (is_worker) {
+    conn.worker = true;
+    ++workers_;
+    ++workers_admitted_;
+  }
   transport_.write(id, Writer().u8(0).u32(kProtocolVersion).finish());
   return true;
+}
+
+void ServerCore::refuse(ConnId id, const absl::Status& to_client, std::string_view reason) {
+  transport_.write(id, error_frame(to_client));
+  close(id, reason, /*flush=*/true);
 }
 
 bool ServerCore::handle_request(ConnId id, Conn& conn, const uint8_t* body, size_t size) {
@@ -178,6 +248,13 @@ bool ServerCore::handle_request(ConnId id, Conn& conn, const uint8_t* body, size
   if (!r.u8(&op_byte)) {
     close(id, "empty request");
     return false;
+  }
+  if (conn.awaiting_proof) {
+    if (static_cast<Op>(op_byte) != Op::kAuth) {
+      close(id, absl::StrCat("expected the job token's proof, got ", op_name(op_byte)));
+      return false;
+    }
+    return handle_auth(id, conn, r);
   }
   if (!conn.greeted) {
     if (static_cast<Op>(op_byte) != Op::kHello) {
@@ -303,6 +380,7 @@ bool ServerCore::handle_request(ConnId id, Conn& conn, const uint8_t* body, size
       return find(id) != nullptr;
     }
     case Op::kHello:
+    case Op::kAuth:
       close(id, "second handshake on one connection");
       return false;
   }
@@ -416,6 +494,7 @@ void ServerCore::close(ConnId id, std::string_view reason, bool flush) {
     FERRY_LOG(WARNING) << "store server: closing connection from " << it->second->peer << ": " << reason;
   }
   unpark(id, *it->second);
+  if (it->second->worker) --workers_;
   conns_.erase(it);
   transport_.close(id, flush);
 }

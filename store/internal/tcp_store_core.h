@@ -61,10 +61,15 @@ struct ServerLimits {
   // An input buffer whose capacity grew past this (one large request) is released as
   // soon as it has been handled.
   size_t keep_buffer_bytes = 64u << 10;
-  // The workers of this server's run: a worker handshake beyond it is refused with
+  // The workers of this server's run: a worker handshake beyond it (counting every
+  // worker ever admitted, those gone included) is refused with
   // kResourceExhausted (its client retries), since it belongs to another run, e.g. the
   // next run's rank reaching this run's server before the server has shut down.
   std::optional<int64_t> world_size;
+  // The job token ("" for none). With one, a connection is served only after it
+  // proves it knows the token (see tcp_protocol.h); without one, a client that
+  // presents a token is refused too (it expects this server to prove one).
+  std::string auth_token;
 };
 
 // Thread-compatible: one thread (the libuv loop) drives it.
@@ -89,6 +94,7 @@ class ServerCore {
   // Closes every connection (server shutdown).
   void close_all();
 
+  // Workers whose connection passed the handshake and is still open.
   int64_t num_workers() const { return workers_; }
   size_t num_connections() const { return conns_.size(); }
   // For tests: how many connections wait on `key`, and the capacity of `id`'s input
@@ -111,6 +117,14 @@ class ServerCore {
   struct Conn {
     std::string peer;
     bool greeted = false;
+    // Between the hello and the kAuth that proves the token: the nonces, and whether
+    // the hello asked to count as a worker.
+    bool awaiting_proof = false;
+    bool wants_worker = false;
+    std::string client_nonce;
+    std::string server_nonce;
+    // Counted in workers_ (uncounted when it closes).
+    bool worker = false;
     Bytes in;
     size_t in_pos = 0;
     std::optional<Parked> parked;
@@ -129,6 +143,12 @@ class ServerCore {
   bool handle(ConnId id, Conn& conn, const uint8_t* body, size_t size);
   bool handle_request(ConnId id, Conn& conn, const uint8_t* body, size_t size);
   bool handle_hello(ConnId id, Conn& conn, Reader& r);
+  bool handle_auth(ConnId id, Conn& conn, Reader& r);
+  // Serves the connection from now on (counting it as a worker when it asked to), or
+  // refuses it when the run already has all its workers.
+  bool admit(ConnId id, Conn& conn, bool is_worker);
+  // Answers `to_client` and closes, logging `reason`.
+  void refuse(ConnId id, const absl::Status& to_client, std::string_view reason);
   void close(ConnId id, std::string_view reason, bool flush = false);
   // Sends an answer, or kResourceExhausted in its place when it exceeds the limit.
   void respond(ConnId id, std::string_view op, Writer answer);
@@ -146,7 +166,8 @@ class ServerCore {
   absl::flat_hash_map<ConnId, std::unique_ptr<Conn>> conns_;
   absl::flat_hash_map<std::string, Bytes> data_;
   absl::flat_hash_map<std::string, absl::flat_hash_set<ConnId>> waiters_;
-  int64_t workers_ = 0;
+  int64_t workers_ = 0;           // worker connections open now
+  int64_t workers_admitted_ = 0;  // worker connections ever admitted (world_size refusal)
   std::function<void(uint8_t)> hook_;
 };
 

@@ -95,7 +95,7 @@ TEST(TensorPipeOptions, KwargsAreTypedAndChecked) {
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("TENSORPIPE backend has no option \"num_worker_thread\" (expected one of: "
                                  "num_worker_threads, transports, channels, device_maps, devices, "
-                                 "heartbeat_interval_ms)")));
+                                 "heartbeat_interval_ms, auth_token)")));
   EXPECT_THAT(construct_rpc_backend_options(BackendType::TENSORPIPE, kDefaultRpcTimeout, "env://",
                                             {{"num_worker_threads", std::string("four")}}),
               StatusIs(absl::StatusCode::kInvalidArgument,

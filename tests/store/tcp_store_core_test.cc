@@ -8,6 +8,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "base/auth.h"
 #include "tests/store/raw_socket.h"
 
 namespace ferry::internal::tcp_store {
@@ -287,6 +288,13 @@ TEST(CoreWorldSizeTest, WorkersBeyondTheRunAreRefused) {
   ASSERT_TRUE(core.on_open(3, "tool"));
   core.on_data(3, tool.data(), tool.size());
   EXPECT_FALSE(transport.closed.contains(3));
+  // The run's worker left: uncounted, but its place is not given to another run's.
+  core.on_disconnect(1, "");
+  EXPECT_EQ(core.num_workers(), 0);
+  ASSERT_TRUE(core.on_open(4, "next run"));
+  core.on_data(4, hello1.data(), hello1.size());
+  EXPECT_TRUE(transport.closed.contains(4));
+  EXPECT_EQ(core.num_workers(), 0);
 }
 
 TEST(WriterTest, FieldsLongerThanAFrameCanSayAreRefusedNotWrapped) {
@@ -302,6 +310,157 @@ TEST(WriterTest, FieldsLongerThanAFrameCanSayAreRefusedNotWrapped) {
   EXPECT_FALSE(ok.too_large());
   Bytes f = ok.finish();
   EXPECT_EQ(read_frame_length(f.data()), 6u);
+}
+
+// The job token's challenge-response, driven by hand: what the server answers, when
+// a worker counts, and what it refuses.
+class CoreAuthTest : public ::testing::Test {
+ protected:
+  static ServerLimits with_token() {
+    ServerLimits limits;
+    limits.auth_token = "job-secret";
+    return limits;
+  }
+  static Bytes worker_hello(const std::string& nonce) {
+    Bytes body{static_cast<uint8_t>(Op::kHello)};
+    put_u32(body, kMagic);
+    put_u32(body, kProtocolVersion);
+    body.push_back(1);
+    if (!nonce.empty()) put_str(body, nonce);
+    return frame(body);
+  }
+  static Bytes auth_request(const std::string& proof) {
+    Bytes body{static_cast<uint8_t>(Op::kAuth)};
+    put_str(body, proof);
+    return frame(body);
+  }
+  void send(ConnId id, const Bytes& bytes) { core.on_data(id, bytes.data(), bytes.size()); }
+  // The (server nonce, server proof) of `id`'s challenge.
+  std::pair<std::string, std::string> challenge(ConnId id) {
+    const Bytes& f = transport.frames.at(id).at(0);
+    Reader r(f.data() + 4, f.size() - 4);
+    uint8_t code = 1;
+    uint32_t version = 0;
+    std::string nonce, proof;
+    EXPECT_TRUE(r.u8(&code) && r.u32(&version) && r.str(&nonce) && r.str(&proof) && r.done());
+    EXPECT_EQ(code, 0);
+    return {nonce, proof};
+  }
+  std::string error_text(ConnId id, size_t i) {
+    const Bytes& f = transport.frames.at(id).at(i);
+    Reader r(f.data() + 5, f.size() - 5);
+    std::string text;
+    EXPECT_TRUE(r.str(&text));
+    return text;
+  }
+
+  RecordingTransport transport;
+  ServerCore core{transport, with_token()};
+  const std::string client_nonce = std::string(auth::kNonceBytes, 'c');
+};
+
+TEST_F(CoreAuthTest, WorkerCountsOnlyAfterAValidProofAndUncountsOnClose) {
+  ASSERT_TRUE(core.on_open(1, "w1"));
+  send(1, worker_hello(client_nonce));
+  auto [server_nonce, server_proof] = challenge(1);
+  EXPECT_EQ(server_nonce.size(), auth::kNonceBytes);
+  EXPECT_EQ(server_proof, auth::proof("job-secret", "ferry-store-server", {client_nonce, server_nonce}));
+  EXPECT_EQ(core.num_workers(), 0) << "a hello alone does not count";
+  // No request is served before the proof.
+  send(1, set_request("k", "v"));
+  EXPECT_TRUE(transport.closed.contains(1));
+  EXPECT_EQ(core.num_workers(), 0);
+
+  ASSERT_TRUE(core.on_open(2, "w2"));
+  send(2, worker_hello(client_nonce));
+  auto [nonce2, proof2] = challenge(2);
+  EXPECT_NE(nonce2, server_nonce) << "each connection gets a fresh nonce";
+  send(2, auth_request(auth::proof("job-secret", "ferry-store-client", {client_nonce, nonce2})));
+  EXPECT_FALSE(transport.closed.contains(2));
+  ASSERT_EQ(transport.frames[2].size(), 2u);
+  EXPECT_EQ(transport.frames[2][1][4], 0) << "OK";
+  EXPECT_EQ(core.num_workers(), 1);
+  send(2, set_request("k", "v"));
+  EXPECT_EQ(transport.code(2, 1), 0);
+  core.on_disconnect(2, "");
+  EXPECT_EQ(core.num_workers(), 0) << "a closed worker connection is uncounted";
+}
+
+TEST_F(CoreAuthTest, WrongProofIsRefusedAndNeverCounted) {
+  ASSERT_TRUE(core.on_open(1, "w1"));
+  send(1, worker_hello(client_nonce));
+  auto [server_nonce, server_proof] = challenge(1);
+  send(1, auth_request(auth::proof("other-secret", "ferry-store-client", {client_nonce, server_nonce})));
+  EXPECT_TRUE(transport.closed.contains(1));
+  ASSERT_EQ(transport.frames[1].size(), 2u);
+  EXPECT_EQ(transport.frames[1][1][4], static_cast<uint8_t>(absl::StatusCode::kUnauthenticated));
+  EXPECT_THAT(error_text(1, 1), HasSubstr("FERRY_AUTH_TOKEN"));
+  EXPECT_EQ(core.num_workers(), 0);
+}
+
+TEST_F(CoreAuthTest, ReplayedProofOfAnotherConnectionIsRefused) {
+  ASSERT_TRUE(core.on_open(1, "w1"));
+  send(1, worker_hello(client_nonce));
+  auto [nonce1, proof1] = challenge(1);
+  std::string good = auth::proof("job-secret", "ferry-store-client", {client_nonce, nonce1});
+  send(1, auth_request(good));
+  ASSERT_FALSE(transport.closed.contains(1));
+  // An eavesdropper replays connection 1's hello and proof: the server's new nonce
+  // makes the old proof worthless.
+  ASSERT_TRUE(core.on_open(2, "eve"));
+  send(2, worker_hello(client_nonce));
+  send(2, auth_request(good));
+  EXPECT_TRUE(transport.closed.contains(2));
+  EXPECT_EQ(core.num_workers(), 1);
+}
+
+TEST_F(CoreAuthTest, HelloWithoutTokenIsRefusedNamingTheVariable) {
+  ASSERT_TRUE(core.on_open(1, "w1"));
+  send(1, worker_hello(""));
+  EXPECT_TRUE(transport.closed.contains(1));
+  ASSERT_EQ(transport.frames[1].size(), 1u);
+  EXPECT_EQ(transport.frames[1][0][4], static_cast<uint8_t>(absl::StatusCode::kUnauthenticated));
+  EXPECT_THAT(error_text(1, 0), HasSubstr("presented none"));
+  EXPECT_THAT(error_text(1, 0), HasSubstr("FERRY_AUTH_TOKEN"));
+  EXPECT_EQ(core.num_workers(), 0);
+}
+
+TEST_F(CoreAuthTest, MalformedNonceIsRefused) {
+  ASSERT_TRUE(core.on_open(1, "w1"));
+  send(1, worker_hello("short"));
+  EXPECT_TRUE(transport.closed.contains(1));
+  EXPECT_EQ(core.num_workers(), 0);
+}
+
+TEST(CoreNoTokenTest, ClientWithATokenIsRefusedByAServerWithout) {
+  RecordingTransport transport;
+  ServerCore core(transport, ServerLimits{});
+  ASSERT_TRUE(core.on_open(1, "w1"));
+  Bytes body{static_cast<uint8_t>(Op::kHello)};
+  put_u32(body, kMagic);
+  put_u32(body, kProtocolVersion);
+  body.push_back(1);
+  put_str(body, std::string(auth::kNonceBytes, 'n'));
+  Bytes f = frame(body);
+  core.on_data(1, f.data(), f.size());
+  EXPECT_TRUE(transport.closed.contains(1));
+  EXPECT_EQ(transport.frames[1][0][4], static_cast<uint8_t>(absl::StatusCode::kUnauthenticated));
+  EXPECT_EQ(core.num_workers(), 0);
+}
+
+TEST(CoreNoTokenTest, WorkerWithoutTokenCountsAtHelloAndUncountsOnClose) {
+  RecordingTransport transport;
+  ServerCore core(transport, ServerLimits{});
+  ASSERT_TRUE(core.on_open(1, "w1"));
+  Bytes body{static_cast<uint8_t>(Op::kHello)};
+  put_u32(body, kMagic);
+  put_u32(body, kProtocolVersion);
+  body.push_back(1);
+  Bytes f = frame(body);
+  core.on_data(1, f.data(), f.size());
+  EXPECT_EQ(core.num_workers(), 1);
+  core.on_disconnect(1, "");
+  EXPECT_EQ(core.num_workers(), 0);
 }
 
 }  // namespace
