@@ -56,7 +56,7 @@ absl::Status TensorPipeAgentSettings::validate() const {
     return absl::InvalidArgumentError(absl::StrCat("heartbeat_interval must be >= 0 ms (0: off), got ",
                                                    heartbeat_interval.count(), " ms"));
   }
-  return internal::check_tensorpipe_options({transports, channels, {}});
+  return internal::check_tensorpipe_options({transports, channels, {}, {}});
 }
 
 bool shm_crowds_host(int local_workers) {
@@ -80,7 +80,8 @@ absl::StatusOr<std::shared_ptr<TensorPipeAgent>> TensorPipeAgent::start(std::sha
   if (name.empty()) return absl::InvalidArgumentError("worker name is empty");
   if (rank < 0) return absl::InvalidArgumentError(absl::StrCat("rank must be >= 0, got ", rank));
   FERRY_RETURN_IF_ERROR(options.validate());
-  internal::TensorPipeTransportOptions transport_options{options.transports, options.channels, {}};
+  internal::TensorPipeTransportOptions transport_options{options.transports, options.channels, {},
+                                                         options.store_host};
   if (shm_crowds_host(options.local_workers)) transport_options.not_by_default.push_back("shm");
   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<internal::TensorPipeTransport> transport,
                          internal::TensorPipeTransport::create(name, transport_options));

@@ -23,6 +23,8 @@ struct TensorPipeTransportOptions {
   std::optional<std::vector<std::string>> channels;
   // Left out of the defaults when `transports` is unset.
   std::vector<std::string> not_by_default;
+  // The store's host, for the listen-address resolver (base/net.h); empty: unknown.
+  std::string store_host;
 };
 
 // The names TensorPipeTransportOptions accepts, in priority order.
