@@ -4,6 +4,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/match.h"
 #include "base/logging.h"
 #include "base/status.h"
@@ -14,6 +15,9 @@ namespace ferry::internal {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+constexpr char kAttributedPayload[] = "ferry.init/attributed";
+constexpr char kVerdictPayload[] = "ferry.init/verdict";
 
 // The record: "<code>\n<message>", the message already naming the rank.
 Bytes encode_failure(const absl::Status& status) {
@@ -108,7 +112,14 @@ std::string store_host_of(const Store& store) {
 }
 
 absl::Status init_failure(int rank, std::string_view name, absl::StatusCode code, std::string_view why) {
-  return absl::Status(code, absl::StrCat("init_rpc failed on rank ", rank, " (worker \"", av(name), "\"): ", av(why)));
+  absl::Status s(code, absl::StrCat("init_rpc failed on rank ", rank, " (worker \"", av(name), "\"): ", av(why)));
+  s.SetPayload(kAttributedPayload, absl::Cord());
+  return s;
+}
+
+absl::Status group_verdict(absl::Status status) {
+  if (!status.ok()) status.SetPayload(kVerdictPayload, absl::Cord());
+  return status;
 }
 
 InitFailures::InitFailures(std::shared_ptr<Store> store, std::string prefix)
@@ -131,7 +142,17 @@ absl::Status InitFailures::conclude(int rank, std::string_view name, const absl:
     if (!absl::StrContains(status.message(), first->message())) FERRY_LOG(WARNING) << "init_rpc on rank " << rank << " also failed: " << status;
     return *first;
   }
-  absl::Status mine = init_failure(rank, name, status.code(), std::string(status.message()));
+  // A rank that timed out waiting blames no one in particular (its message names the
+  // ranks that never arrived); the others time out alike. A verdict every rank reaches
+  // by itself needs no publishing either.
+  if (status.code() == absl::StatusCode::kDeadlineExceeded || status.GetPayload(kVerdictPayload).has_value()) {
+    return absl::Status(status.code(), status.message());
+  }
+  // Already naming the rank that failed (read from its record), or this rank's own.
+  absl::Status mine = status.GetPayload(kAttributedPayload).has_value()
+                          ? absl::Status(status.code(), status.message())
+                          : init_failure(rank, name, status.code(), std::string(status.message()));
+  mine.ErasePayload(kAttributedPayload);
   // The first failure published stays: every rank ends with the same one.
   absl::StatusOr<Bytes> now = store_->compare_set(key_, Bytes{}, encode_failure(mine));
   if (!now.ok()) {

@@ -30,8 +30,12 @@ namespace ferry::internal {
 // PrefixStores), for the listen-address resolver; empty for other stores.
 std::string store_host_of(const Store& store);
 
-// The message every rank's init ends with when rank `rank` (worker `name`) failed.
+// The message every rank's init ends with when rank `rank` (worker `name`) failed
+// (conclude() publishes it as is).
 absl::Status init_failure(int rank, std::string_view name, absl::StatusCode code, std::string_view why);
+// Marks `status` as a verdict every rank reaches by itself from the same records
+// (duplicate worker names, inconsistent device maps): conclude() returns it unchanged.
+absl::Status group_verdict(absl::Status status);
 
 // One init generation's failure record. Thread-safe.
 class InitFailures {
@@ -49,9 +53,10 @@ class InitFailures {
   std::shared_ptr<Store> watching_store() const { return watched_; }
 
   // The init's outcome from this rank's view: ok stays ok. Otherwise the failure already
-  // published (so every rank ends with the same one), else `status` (as init_failure()
-  // of this rank) published first and returned. A status that already is the published
-  // one is returned as is.
+  // published (so every rank ends with the same one); else a timeout (kDeadlineExceeded,
+  // which names the ranks that never arrived) or a group_verdict() as is, unpublished;
+  // else `status` published and returned: as is when made by init_failure(), else as
+  // init_failure() of this rank.
   absl::Status conclude(int rank, std::string_view name, const absl::Status& status);
 
   // The published failure, if there is one; nullopt when none (or the store failed).

@@ -106,22 +106,24 @@ absl::StatusOr<std::shared_ptr<ProcessGroupAgent>> init_group(const BackendInitA
     }
     for (size_t q = 0; q < r; ++q) {
       if (all[q].info.name == all[r].info.name) {
-        return absl::InvalidArgumentError(absl::StrCat("worker name \"", all[r].info.name, "\" is used by both rank ",
-                                                       q, " and rank ", r, "; names must be unique"));
+        return internal::group_verdict(absl::InvalidArgumentError(absl::StrCat(
+            "worker name \"", all[r].info.name, "\" is used by both rank ", q, " and rank ", r,
+            "; names must be unique")));
       }
     }
     infos.push_back(all[r].info);
   }
 
   // Step 3: deterministic, so every worker reaches the same verdict.
-  FERRY_ASSIGN_OR_RETURN(DeviceSetup setup, setup_devices(args.name, infos, /*is_static_group=*/true));
+  absl::StatusOr<DeviceSetup> setup = setup_devices(args.name, infos, /*is_static_group=*/true);
+  if (!setup.ok()) return internal::group_verdict(setup.status());
 
   // Step 4: the agent; every rank of the group is a member.
   ProcessGroupAgentOptions agent_options;
   agent_options.num_send_recv_threads = options.num_send_recv_threads;
   agent_options.rpc_timeout = options.rpc_timeout;
   agent_options.device_maps = options.device_maps();
-  agent_options.reverse_device_maps = setup.reverse_device_maps;
+  agent_options.reverse_device_maps = setup->reverse_device_maps;
   ProcessGroup& pg = *group;
   absl::StatusOr<std::shared_ptr<ProcessGroupAgent>> agent =
       ProcessGroupAgent::create(group, args.store, args.name, std::move(agent_options), args.handler);

@@ -109,8 +109,9 @@ absl::StatusOr<std::shared_ptr<TensorPipeAgent>> init_static_group(const Backend
     }
     auto [it, fresh] = ranks_by_name.emplace(record.info.name, static_cast<int>(r));
     if (!fresh) {
-      return absl::InvalidArgumentError(absl::StrCat("worker name \"", record.info.name, "\" is used by both rank ",
-                                                     it->second, " and rank ", r, "; names must be unique"));
+      return internal::group_verdict(absl::InvalidArgumentError(absl::StrCat(
+          "worker name \"", record.info.name, "\" is used by both rank ", it->second, " and rank ", r,
+          "; names must be unique")));
     }
     if (record.host == mine.host) ++local_workers;
     infos.push_back(record.info);
@@ -118,7 +119,8 @@ absl::StatusOr<std::shared_ptr<TensorPipeAgent>> init_static_group(const Backend
 
   // Steps 3-5: validate every worker's maps (deterministic, so every worker reaches the
   // same verdict), then my reverse maps and device list.
-  FERRY_ASSIGN_OR_RETURN(DeviceSetup setup, setup_devices(args.name, infos, /*is_static_group=*/true));
+  absl::StatusOr<DeviceSetup> setup = setup_devices(args.name, infos, /*is_static_group=*/true);
+  if (!setup.ok()) return internal::group_verdict(setup.status());
 
   // Step 6: the agent, listening where the peers that reach the store reach it; no
   // pipe opens yet.
@@ -129,8 +131,8 @@ absl::StatusOr<std::shared_ptr<TensorPipeAgent>> init_static_group(const Backend
   agent_options.rpc_timeout = options.rpc_timeout;
   agent_options.init_timeout = init_timeout;
   agent_options.device_maps = options.device_maps();
-  agent_options.reverse_device_maps = setup.reverse_device_maps;
-  agent_options.devices = setup.devices;
+  agent_options.reverse_device_maps = setup->reverse_device_maps;
+  agent_options.devices = setup->devices;
   agent_options.store_host = internal::store_host_of(*args.store);
   absl::StatusOr<std::shared_ptr<TensorPipeAgent>> agent =
       TensorPipeAgent::start(args.store, args.name, args.rank, agent_options, args.handler);

@@ -58,6 +58,20 @@ TEST(InitFailuresTest, TheFirstFailureWinsEverywhere) {
   // A rank whose own wait ended with the published failure returns it unchanged.
   EXPECT_EQ(b.conclude(0, "w0", first), first);
   EXPECT_OK(b.conclude(0, "w0", absl::OkStatus()));
+  // A timeout is nobody's in particular: returned as is, not published.
+  internal::InitFailures c(store, "t/");
+  absl::Status late = absl::DeadlineExceededError("after 10 ms, rank(s) 3 of 4 had not arrived");
+  EXPECT_EQ(c.conclude(0, "w0", late), late);
+  EXPECT_EQ(c.published(), std::nullopt);
+  // A verdict every rank reaches alike: as is, unpublished.
+  absl::Status dup = absl::InvalidArgumentError("worker name \"w\" is used by both rank 0 and rank 1");
+  EXPECT_EQ(c.conclude(1, "w", internal::group_verdict(dup)), dup);
+  EXPECT_EQ(c.published(), std::nullopt);
+  // A failure read from rank 5's record is published as rank 5's, by whichever rank
+  // gets there first.
+  absl::Status theirs = c.conclude(0, "w0", internal::init_failure(5, "w5", absl::StatusCode::kUnavailable, "down"));
+  EXPECT_THAT(theirs, StatusIs(absl::StatusCode::kUnavailable, "init_rpc failed on rank 5 (worker \"w5\"): down"));
+  EXPECT_EQ(c.published(), theirs);
   // Other generations are not affected.
   internal::InitFailures other(store, "q/");
   EXPECT_EQ(other.published(), std::nullopt);
