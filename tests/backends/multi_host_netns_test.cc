@@ -1,6 +1,7 @@
 // Three "hosts" in network namespaces on one bridge, each with a host name that
 // resolves to 127.0.0.1 (the cloud-VM and container case): workers started with the
-// default options and a tcp:// store on host 1's bridge address reach one another.
+// default options (TENSORPIPE, then PROCESS_GROUP) and a tcp:// store on host 1's
+// bridge address reach one another.
 //
 // Needs root and iproute2 (`ip netns`); skipped, saying why, otherwise. Everything it
 // makes is named "ferrynt-*" on 10.213.7.0/24 and addresses nothing else; it removes
@@ -37,20 +38,20 @@ std::string veth_host(int i) { return "ferrynt-v" + std::to_string(i); }  // bri
 std::string veth_ns(int i) { return "ferrynt-n" + std::to_string(i); }    // namespace side
 std::string address(int i) { return kSubnet + std::to_string(i); }
 
-// Runs `ip args...`; returns "" on success, else what it said.
-std::string ip(const std::vector<std::string>& args) {
-  ferry::testing::ProgramRun r = run_program("/usr/sbin/ip", args, 20s);
-  if (r.exit_code == 0) return "";
-  std::string cmd = "ip";
-  for (const std::string& a : args) cmd += " " + a;
-  return cmd + ": exit " + std::to_string(r.exit_code) + ": " + r.err;
-}
-
 std::string ip_binary() {
   for (const char* p : {"/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"}) {
     if (access(p, X_OK) == 0) return p;
   }
   return "";
+}
+
+// Runs `ip args...`; returns "" on success, else what it said.
+std::string ip(const std::vector<std::string>& args) {
+  ferry::testing::ProgramRun r = run_program(ip_binary(), args, 20s);
+  if (r.exit_code == 0) return "";
+  std::string cmd = "ip";
+  for (const std::string& a : args) cmd += " " + a;
+  return cmd + ": exit " + std::to_string(r.exit_code) + ": " + r.err;
 }
 
 // Removes everything a run makes; quiet about what is not there.
@@ -124,31 +125,36 @@ TEST(MultiHostNetns, DefaultOptionsWorkWhenHostNamesResolveToLoopback) {
     GTEST_SKIP() << "not allowed to make network namespaces here: " << built;
   }
   ASSERT_EQ(built, "");
-  const std::string store = "tcp://" + address(1) + ":29500";
   setenv("FERRY_LOG_LEVEL", "info", 1);  // the workers say which address they chose
-  std::vector<ferry::testing::Child> workers;
-  for (int i = 1; i <= kHosts; ++i) {
-    workers.push_back(ferry::testing::spawn(
-        ip_binary(), {"netns", "exec", ns(i), NETNS_WORKER, ns(i), std::to_string(i - 1), std::to_string(kHosts), store}));
-  }
-  auto deadline = std::chrono::steady_clock::now() + 90s;
-  for (int i = 0; i < kHosts; ++i) {
-    std::string out = ferry::testing::read_until(workers[i].out, deadline);
-    std::string err = ferry::testing::read_until(workers[i].err, deadline);
-    int code = ferry::testing::wait_exit(workers[i].pid, 10s);
-    close(workers[i].out);
-    close(workers[i].err);
-    std::printf("%s", out.c_str());
-    if (size_t at = err.find("ferry listens on"); at != std::string::npos) {
-      std::printf("rank %d: %s\n", i, err.substr(at, err.find('\n', at) - at).c_str());
+  int port = 29500;
+  for (const char* backend : {"TENSORPIPE", "PROCESS_GROUP"}) {
+    SCOPED_TRACE(backend);
+    const std::string store = "tcp://" + address(1) + ":" + std::to_string(port++);
+    std::vector<ferry::testing::Child> workers;
+    for (int i = 1; i <= kHosts; ++i) {
+      workers.push_back(ferry::testing::spawn(ip_binary(), {"netns", "exec", ns(i), NETNS_WORKER, ns(i),
+                                                            std::to_string(i - 1), std::to_string(kHosts), store,
+                                                            backend}));
     }
-    EXPECT_EQ(code, 0) << "rank " << i << " in " << ns(i + 1) << ":\n" << out << err;
-    for (int to = 0; to < kHosts; ++to) {
-      EXPECT_THAT(out, ::testing::HasSubstr("rank " + std::to_string(i) + " -> worker" + std::to_string(to) +
-                                            " on host " + ns(to + 1) + ": ok"));
+    auto deadline = std::chrono::steady_clock::now() + 60s;
+    for (int i = 0; i < kHosts; ++i) {
+      std::string out = ferry::testing::read_until(workers[i].out, deadline);
+      std::string err = ferry::testing::read_until(workers[i].err, deadline);
+      int code = ferry::testing::wait_exit(workers[i].pid, 10s);
+      close(workers[i].out);
+      close(workers[i].err);
+      std::printf("%s", out.c_str());
+      if (size_t at = err.find("ferry listens on"); at != std::string::npos) {
+        std::printf("rank %d: %s\n", i, err.substr(at, err.find('\n', at) - at).c_str());
+      }
+      EXPECT_EQ(code, 0) << "rank " << i << " in " << ns(i + 1) << ":\n" << out << err;
+      for (int to = 0; to < kHosts; ++to) {
+        EXPECT_THAT(out, ::testing::HasSubstr("rank " + std::to_string(i) + " -> worker" + std::to_string(to) +
+                                              " on host " + ns(to + 1) + ": ok"));
+      }
+      // Each worker chose its bridge address, saying why.
+      EXPECT_THAT(err, ::testing::HasSubstr("ferry listens on " + address(i + 1))) << err;
     }
-    // Each worker chose its bridge address, saying why.
-    EXPECT_THAT(err, ::testing::HasSubstr("ferry listens on " + address(i + 1))) << err;
   }
 }
 

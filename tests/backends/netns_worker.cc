@@ -4,7 +4,7 @@
 // default TENSORPIPE options through the given tcp:// store, calls every worker, and
 // shuts down gracefully.
 //
-//   netns_worker HOSTNAME RANK WORLD_SIZE tcp://10.213.7.1:29500
+//   netns_worker HOSTNAME RANK WORLD_SIZE tcp://10.213.7.1:29500 TENSORPIPE|PROCESS_GROUP
 //
 // Exit 0 when every call returned what it should; 1 with the reason on stderr.
 #include <sched.h>
@@ -15,6 +15,7 @@
 #include <cstring>
 #include <string>
 
+#include "backends/process_group/process_group_backend.h"
 #include "rpc/rpc.h"
 
 namespace {
@@ -33,7 +34,7 @@ int fail(const std::string& what) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 5) return fail("usage: netns_worker HOSTNAME RANK WORLD_SIZE INIT_METHOD");
+  if (argc != 6) return fail("usage: netns_worker HOSTNAME RANK WORLD_SIZE INIT_METHOD BACKEND");
   const std::string hostname = argv[1];
   const int rank = std::atoi(argv[2]);
   const int world = std::atoi(argv[3]);
@@ -43,10 +44,18 @@ int main(int argc, char** argv) {
   }
   (void)ferry::register_function("add", [](int64_t a, int64_t b) { return a + b; });
   (void)ferry::register_function("host", [] { return this_host(); });
-  ferry::TensorPipeRpcBackendOptions options;  // defaults, but for where the store is
+  // Default options, but for where the store is and a bounded init.
+  const std::string backend = argv[5];
+  ferry::TensorPipeRpcBackendOptions tensorpipe;
+  ferry::ProcessGroupRpcBackendOptions process_group;
+  ferry::RpcBackendOptions& options =
+      backend == "PROCESS_GROUP" ? static_cast<ferry::RpcBackendOptions&>(process_group) : tensorpipe;
   options.init_method = argv[4];
   options.rpc_timeout = std::chrono::seconds(30);
-  absl::Status init = ferry::init_rpc("worker" + std::to_string(rank), rank, world, options);
+  absl::Status init = ferry::init_rpc("worker" + std::to_string(rank),
+                                      backend == "PROCESS_GROUP" ? ferry::BackendType::PROCESS_GROUP
+                                                                 : ferry::BackendType::TENSORPIPE,
+                                      rank, world, options);
   if (!init.ok()) return fail("init_rpc: " + init.ToString());
   int failures = 0;
   for (int to = 0; to < world; ++to) {
