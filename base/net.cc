@@ -360,7 +360,7 @@ absl::StatusOr<ListenAddress> resolve_listen_address(std::optional<std::string> 
   return where;
 }
 
-absl::StatusOr<ListenAddress> resolve_bind_address_for(std::string_view host) {
+absl::StatusOr<ListenAddress> resolve_store_bind_address(std::string_view host) {
   FERRY_ASSIGN_OR_RETURN(NetworkView view, read_network_view());
   FERRY_ASSIGN_OR_RETURN(ListenAddress where, choose_bind_address(view, host, resolve_host_addresses(host),
                                                                   env_string("FERRY_SOCKET_IFNAME").value_or("")));

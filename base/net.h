@@ -110,7 +110,7 @@ absl::StatusOr<ListenAddress> resolve_listen_address(std::optional<std::string> 
 
 // choose_bind_address() over the system's view, FERRY_SOCKET_IFNAME read from the
 // environment. Logs each distinct choice once, at info.
-absl::StatusOr<ListenAddress> resolve_bind_address_for(std::string_view host);
+absl::StatusOr<ListenAddress> resolve_store_bind_address(std::string_view host);
 
 // The address of network interface `name` (see ListenRequest::ifname for which one).
 // Errors name `source` (how the interface was chosen).

@@ -387,7 +387,7 @@ absl::StatusOr<std::unique_ptr<TCPStore>> TCPStore::create(const TCPStoreOptions
     } else {
       // Where the others reach it, when that is an address of this host; else the
       // interface the shared resolver picks (base/net.h).
-      absl::StatusOr<internal::ListenAddress> where = internal::resolve_bind_address_for(options.host);
+      absl::StatusOr<internal::ListenAddress> where = internal::resolve_store_bind_address(options.host);
       if (!where.ok()) {
         return absl::Status(where.status().code(), absl::StrCat("TCPStore: no address for the server at '",
                                                                 options.host, "' to listen on: ",

@@ -171,7 +171,7 @@ absl::Status TCPStoreServer::Impl::start() {
   // Never every interface unless asked: no address means the interface the shared
   // resolver picks (base/net.h); a wildcard asked for is logged as such.
   if (host_.empty() || internal::is_wildcard_address(host_)) {
-    absl::StatusOr<internal::ListenAddress> where = internal::resolve_bind_address_for(host_);
+    absl::StatusOr<internal::ListenAddress> where = internal::resolve_store_bind_address(host_);
     if (!where.ok()) {
       return absl::Status(where.status().code(),
                           absl::StrCat("store server: no address to listen on: ", where.status().message()));
