@@ -57,7 +57,7 @@ absl::Status TensorPipeAgentSettings::validate() const {
     return absl::InvalidArgumentError(absl::StrCat("heartbeat_interval must be >= 0 ms (0: off), got ",
                                                    heartbeat_interval.count(), " ms"));
   }
-  return internal::check_tensorpipe_options({transports, channels, {}, {}, -1});
+  return internal::check_tensorpipe_options({transports, channels, {}, {}, -1, {}});
 }
 
 bool shm_crowds_host(int local_workers) {
@@ -81,7 +81,8 @@ absl::StatusOr<std::shared_ptr<TensorPipeAgent>> TensorPipeAgent::start(std::sha
   if (name.empty()) return absl::InvalidArgumentError("worker name is empty");
   if (rank < 0) return absl::InvalidArgumentError(absl::StrCat("rank must be >= 0, got ", rank));
   FERRY_RETURN_IF_ERROR(options.validate());
-  internal::TensorPipeTransportOptions transport_options{options.transports, options.channels, {}, {}, -1};
+  internal::TensorPipeTransportOptions transport_options{options.transports, options.channels, {}, {}, -1,
+                                                         options.store_host};
   if (shm_crowds_host(options.local_workers)) transport_options.not_by_default.push_back("shm");
   transport_options.auth_token = internal::auth::job_token(options.auth_token);
   transport_options.self_id = rank;

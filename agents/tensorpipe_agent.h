@@ -16,7 +16,8 @@
 // it), uv (TCP). Channels, highest first: xth (same process), cma (same host, one
 // copy), mpt (several TCP lanes; only when listed), basic (through the transport).
 // `transports` / `channels` restrict these lists. The uv transport listens on the
-// address base/net.h picks (FERRY_SOCKET_IFNAME, else the host name's address).
+// address base/net.h picks (FERRY_SOCKET_IFNAME, else the host name's address, else
+// the interface that routes to the store's host).
 // TensorPipe's shm transport runs one reactor thread per worker that polls while the
 // worker lives: the defaults leave shm out when a host has more workers than cores
 // (see shm_crowds_host(); docs/scale.md has the measurements).
@@ -92,6 +93,10 @@ struct TensorPipeAgentOptions : TensorPipeAgentSettings {
   std::string store_prefix = "ferry/rpc/";
   // Requests to serve on the transport thread (see InlineFilter); unset: none.
   InlineFilter serves_inline;
+  // The store's host as the workers reach it (empty: unknown), for the listen-address
+  // resolver: a host whose name resolves to loopback listens on the interface that
+  // routes there (base/net.h).
+  std::string store_host;
 };
 
 // Whether workers leave TensorPipe's shm transport out of their defaults: when the

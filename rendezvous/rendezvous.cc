@@ -144,10 +144,9 @@ absl::StatusOr<RendezvousResult> tcp_store_result(const UrlError& error, std::st
   options.host = std::move(host);
   options.port = static_cast<uint16_t>(port);
   options.is_server = rank == 0;
-  // Rank 0 listens on every interface, as torch.distributed does: the host in the URL
-  // is how the others reach it, which need not be an address rank 0 can bind (NAT,
-  // a service name).
-  options.listen_host = options.host.find(':') != std::string::npos ? "::" : "0.0.0.0";
+  // Rank 0 listens on the URL's address when it is one of its own, else on the
+  // interface that reaches it (NAT, a service name); never on every interface unless
+  // the URL says 0.0.0.0 (TCPStoreOptions::listen_host, docs/networking.md).
   if (world_size > 0) options.world_size = world_size;
   options.timeout = timeout;
   // Rank 0 waits in create() until every rank has connected.

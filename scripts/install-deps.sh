@@ -10,6 +10,7 @@ packages=(
   libcli11-dev nlohmann-json3-dev libssl-dev
   clang-14 libfuzzer-14-dev
   python3 python3-matplotlib
+  iproute2
 )
 
 missing=()

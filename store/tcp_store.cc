@@ -19,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "base/auth.h"
 #include "base/logging.h"
+#include "base/net.h"
 #include "base/status.h"
 #include "store/internal/store_util.h"
 #include "store/internal/tcp_protocol.h"
@@ -424,15 +425,29 @@ absl::StatusOr<std::unique_ptr<TCPStore>> TCPStore::create(const TCPStoreOptions
   uint16_t port = options.port;
   if (options.is_server) {
     TCPStoreServerOptions server_options;
-    server_options.host = options.listen_host.value_or(options.host);
+    if (options.listen_host.has_value()) {
+      server_options.host = *options.listen_host;
+    } else {
+      // Where the others reach it, when that is an address of this host; else the
+      // interface the shared resolver picks (base/net.h).
+      absl::StatusOr<internal::ListenAddress> where = internal::resolve_store_bind_address(options.host);
+      if (!where.ok()) {
+        return absl::Status(where.status().code(), absl::StrCat("TCPStore: no address for the server at '",
+                                                                options.host, "' to listen on: ",
+                                                                where.status().message()));
+      }
+      server_options.host = where->host;
+    }
     server_options.port = options.port;
     server_options.max_message_bytes = options.max_message_bytes;
     if (options.world_size) server_options.world_size = *options.world_size;
     server_options.auth_token = options.auth_token;
     FERRY_ASSIGN_OR_RETURN(server, TCPStoreServer::create(server_options));
     port = server->port();
-    // The server may listen on every interface; its own client uses loopback.
-    if (connect_host.empty() || connect_host == "0.0.0.0") connect_host = "127.0.0.1";
+    // No address given: its own client uses the one the server listens on; on every
+    // interface, loopback.
+    if (connect_host.empty()) connect_host = server->host();
+    if (connect_host == "0.0.0.0") connect_host = "127.0.0.1";
     if (connect_host == "::") connect_host = "::1";
   }
   auto client = std::make_unique<Client>(connect_host, port, options.timeout, options.max_message_bytes,

@@ -30,9 +30,11 @@ namespace ferry {
 inline constexpr uint32_t kDefaultMaxStoreMessageBytes = 64u << 20;
 
 struct TCPStoreServerOptions {
-  // The address to listen on: a host name or IP; "" or "0.0.0.0" for every IPv4
-  // interface, "::" for every interface.
-  std::string host = "0.0.0.0";
+  // The address to listen on: a host name or IP. Empty (the default): the interface
+  // the shared resolver picks (base/net.h: FERRY_SOCKET_IFNAME, else the host name's
+  // address, else loopback; docs/networking.md). "0.0.0.0" (every IPv4 interface) or
+  // "::" (every interface) only when asked, and logged at info.
+  std::string host;
   // 0 picks a free port; TCPStoreServer::port() reports it.
   uint16_t port = 0;
   // Requests larger than this close their connection; answers larger than this (a
@@ -75,7 +77,8 @@ class TCPStoreServer {
   TCPStoreServer(const TCPStoreServer&) = delete;
   TCPStoreServer& operator=(const TCPStoreServer&) = delete;
 
-  // The host it was asked to listen on and the port it is bound to.
+  // The address it listens on (the resolver's numeric choice when options.host was
+  // empty, else options.host as given) and the port it is bound to.
   const std::string& host() const;
   uint16_t port() const;
 
@@ -98,12 +101,13 @@ class TCPStoreServer {
 };
 
 struct TCPStoreOptions {
-  // The server's address. With is_server, also the address the server listens on,
-  // unless listen_host says otherwise.
+  // The server's address, as the other ranks reach it.
   std::string host = "127.0.0.1";
-  // With is_server: where the server listens ("0.0.0.0" or "::" for every interface),
-  // when that differs from `host`, the address the other ranks are given (a name that
-  // may resolve to an address this host does not own, behind NAT or a service IP).
+  // With is_server: where the server listens. Unset: `host` itself when it is an
+  // address of this host (or loopback); "0.0.0.0" / "::" as `host` means every
+  // interface, as asked; otherwise (a name or address this host does not own, behind
+  // NAT or a service IP) the interface the shared resolver picks for reaching `host`
+  // (base/net.h). Set it to override ("0.0.0.0" or "::" for every interface).
   std::optional<std::string> listen_host;
   // With is_server, 0 picks a free port (see TCPStore::port()).
   uint16_t port = 0;

@@ -19,6 +19,7 @@
 #include "absl/time/time.h"
 #include "base/auth.h"
 #include "base/logging.h"
+#include "base/net.h"
 #include "base/status.h"
 #include "store/internal/store_util.h"
 #include "store/internal/tcp_protocol.h"
@@ -58,13 +59,13 @@ void ignore_sigpipe_once() {
 class TCPStoreServer::Impl final : public ServerTransport {
  public:
   explicit Impl(const TCPStoreServerOptions& options)
-      : options_(options), core_(*this, limits_from(options)) {}
+      : options_(options), host_(options.host), core_(*this, limits_from(options)) {}
   ~Impl() override { shutdown(); }
 
   absl::Status start();
   void shutdown();
 
-  const std::string& host() const { return options_.host; }
+  const std::string& host() const { return host_; }
   uint16_t port() const { return port_; }
   int64_t num_workers() const {
     absl::MutexLock lock(&mu_);
@@ -135,6 +136,8 @@ class TCPStoreServer::Impl final : public ServerTransport {
   void publish();
 
   const TCPStoreServerOptions options_;
+  // Where it listens: options_.host, or the resolver's choice; set before the loop starts.
+  std::string host_;
   ServerCore core_;
   uint16_t port_ = 0;
   std::thread thread_;
@@ -167,17 +170,27 @@ absl::Status TCPStoreServer::Impl::start() {
   stop_.data = this;
   started_ = true;  // from here on shutdown() must run the loop to close the handles
 
+  // Never every interface unless asked: no address means the interface the shared
+  // resolver picks (base/net.h); a wildcard asked for is logged as such.
+  if (host_.empty() || internal::is_wildcard_address(host_)) {
+    absl::StatusOr<internal::ListenAddress> where = internal::resolve_store_bind_address(host_);
+    if (!where.ok()) {
+      return absl::Status(where.status().code(),
+                          absl::StrCat("store server: no address to listen on: ", where.status().message()));
+    }
+    host_ = where->host;
+  }
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
   addrinfo* res = nullptr;
   std::string port_text = std::to_string(options_.port);
-  const char* node = options_.host.empty() ? nullptr : options_.host.c_str();
+  const char* node = host_.empty() ? nullptr : host_.c_str();
   int gai = ::getaddrinfo(node, port_text.c_str(), &hints, &res);
   if (gai != 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("store server: cannot resolve host '", options_.host, "': ", ::gai_strerror(gai)));
+        absl::StrCat("store server: cannot resolve host '", host_, "': ", ::gai_strerror(gai)));
   }
   std::string last_error = "no address";
   bool bound = false;
@@ -196,7 +209,7 @@ absl::Status TCPStoreServer::Impl::start() {
   }
   ::freeaddrinfo(res);
   if (!bound) {
-    return absl::UnavailableError(absl::StrCat("store server: cannot listen on ", options_.host, ":",
+    return absl::UnavailableError(absl::StrCat("store server: cannot listen on ", host_, ":",
                                                options_.port, ": ", last_error));
   }
   sockaddr_storage addr{};

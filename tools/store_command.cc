@@ -1,6 +1,7 @@
 // `ferry store`: run a standalone TCPStore server, or poke at one.
 //
-//   ferry store serve --host 0.0.0.0 --port 29500     # prints "listening on 0.0.0.0:29500"
+//   ferry store serve --port 29500                # the resolver's interface: "listening on 10.0.0.5:29500"
+//   ferry store serve --host 0.0.0.0 --port 29500 # every interface, as asked
 //   ferry store set  --addr 10.0.0.1:29500 KEY VALUE
 //   ferry store get  --addr 10.0.0.1:29500 KEY [--timeout-ms 5000]
 //   ferry store add  --addr 10.0.0.1:29500 KEY DELTA
@@ -19,6 +20,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/numbers.h"
+#include "base/net.h"
 #include "store/tcp_store.h"
 #include "tools/commands.h"
 
@@ -101,8 +103,12 @@ int serve(const std::string& host, int port) {
     fail("serve", server.status());
     return kExitFailed;
   }
-  bool v6 = host.find(':') != std::string::npos;
-  std::printf("listening on %s%s%s:%u\n", v6 ? "[" : "", host.c_str(), v6 ? "]" : "", (*server)->port());
+  const std::string& bound = (*server)->host();
+  bool v6 = bound.find(':') != std::string::npos;
+  std::printf("listening on %s%s%s:%u\n", v6 ? "[" : "", bound.c_str(), v6 ? "]" : "", (*server)->port());
+  if (internal::is_wildcard_address(bound)) {
+    std::fprintf(stderr, "ferry store serve: listening on every interface, as --host %s asks\n", bound.c_str());
+  }
   std::fflush(stdout);
   int sig = 0;
   sigwait(&stop_signals, &sig);
@@ -118,12 +124,14 @@ void add_store_command(CLI::App& app, ExitCode& exit_code) {
   // serve
   {
     struct ServeOptions {
-      std::string host = "0.0.0.0";
+      std::string host;  // empty: the interface base/net.h's resolver picks
       int port = 0;
     };
     auto options = std::make_shared<ServeOptions>();
     CLI::App* cmd = store->add_subcommand("serve", "Run a store server until SIGINT or SIGTERM");
-    cmd->add_option("--host", options->host, "Address to listen on")->capture_default_str();
+    cmd->add_option("--host,--bind", options->host,
+                    "Address to listen on (default: the interface FERRY_SOCKET_IFNAME names, else the host "
+                    "name's address; 0.0.0.0 or :: for every interface)");
     cmd->add_option("--port", options->port, "Port to listen on (0 picks a free one)")->capture_default_str();
     cmd->callback([options, &exit_code] { exit_code.set(serve(options->host, options->port)); });
   }

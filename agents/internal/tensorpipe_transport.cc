@@ -84,8 +84,8 @@ absl::StatusOr<std::vector<const Choice*>> pick(const std::optional<std::vector<
   return out;
 }
 
-absl::StatusOr<std::string> listen_host() {
-  FERRY_ASSIGN_OR_RETURN(ListenAddress where, resolve_listen_address());
+absl::StatusOr<std::string> listen_host(const std::string& store_host) {
+  FERRY_ASSIGN_OR_RETURN(ListenAddress where, resolve_listen_address(std::nullopt, store_host));
   FERRY_LOG(DEBUG) << "TensorPipe listens on " << where.host << " (" << where.source << ")";
   return where.host;
 }
@@ -644,7 +644,7 @@ absl::StatusOr<std::unique_ptr<TensorPipeTransport>> TensorPipeTransport::create
     std::string kind = c->name;
     if (kind == "uv") {
       if (!host.has_value()) {
-        FERRY_ASSIGN_OR_RETURN(host, listen_host());
+        FERRY_ASSIGN_OR_RETURN(host, listen_host(options.store_host));
       }
       t = tp::transport::uv::create();
       url = absl::StrCat("uv://", *host);
@@ -653,7 +653,7 @@ absl::StatusOr<std::unique_ptr<TensorPipeTransport>> TensorPipeTransport::create
       url = absl::StrCat("shm://", unique_shm_address());
     } else {
       if (!host.has_value()) {
-        FERRY_ASSIGN_OR_RETURN(host, listen_host());
+        FERRY_ASSIGN_OR_RETURN(host, listen_host(options.store_host));
       }
       t = tp::transport::ibv::create();
       url = absl::StrCat("ibv://", *host);
@@ -680,7 +680,7 @@ absl::StatusOr<std::unique_ptr<TensorPipeTransport>> TensorPipeTransport::create
       ch = tp::channel::xth::create();
     } else {
       if (!host.has_value()) {
-        FERRY_ASSIGN_OR_RETURN(host, listen_host());
+        FERRY_ASSIGN_OR_RETURN(host, listen_host(options.store_host));
       }
       std::vector<std::shared_ptr<tp::transport::Context>> lanes;
       std::vector<std::shared_ptr<tp::transport::Listener>> lane_listeners;

@@ -30,6 +30,8 @@ struct TensorPipeTransportOptions {
   std::string auth_token;
   // This worker's id, which the hello of the pipes it opens carries.
   int self_id = -1;
+  // The store's host, for the listen-address resolver (base/net.h); empty: unknown.
+  std::string store_host;
 };
 
 // Decides whether a pipe whose opener proved the token and claims to be worker `id`

@@ -5,6 +5,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "agents/process_group_agent.h"
+#include "backends/init_failures.h"
+#include "base/net.h"
 #include "base/status.h"
 #include "cereal/types/string.hpp"
 #include "device_maps/validate.h"
@@ -16,6 +18,7 @@
 namespace ferry {
 namespace {
 
+constexpr char kInitPrefix[] = "ferry/rpc/init/";
 constexpr const char* kKnownKwargs[] = {"num_send_recv_threads", "device_maps", "devices"};
 
 template <typename T>
@@ -63,9 +66,89 @@ void set_error(InitRecord& record, const absl::Status& status) {
   record.code = static_cast<int32_t>(status.code());
 }
 
-absl::Status failed_on(const std::string& worker, int32_t code, const std::string& error) {
-  return absl::Status(static_cast<absl::StatusCode>(code),
-                      absl::StrCat("init_rpc failed on worker \"", worker, "\": ", error));
+// Steps 0-5 of the init.
+absl::StatusOr<std::shared_ptr<ProcessGroupAgent>> init_group(const BackendInitArgs& args,
+                                                              const ProcessGroupRpcBackendOptions& options,
+                                                              internal::InitFailures& failures) {
+  // The group's timeout bounds every later wait for a peer to take a message, so it is
+  // at least Gloo's default even when calls time out sooner.
+  const std::chrono::milliseconds timeout =
+      options.rpc_timeout.count() > 0 ? std::max(options.rpc_timeout, ProcessGroup::kDefaultTimeout)
+                                      : std::chrono::milliseconds(std::chrono::minutes(5));
+
+  // Step 0: what can fail here before the group exists fails now, and is published:
+  // the others are waiting for this rank inside ProcessGroup::create.
+  FERRY_RETURN_IF_ERROR(options.validate());
+  if (args.name.empty()) return absl::InvalidArgumentError("worker name is empty");
+  ProcessGroupOptions group_options;
+  FERRY_ASSIGN_OR_RETURN(internal::ListenAddress where,
+                         internal::resolve_listen_address(std::nullopt, internal::store_host_of(*args.store)));
+  group_options.address = where.host;
+
+  // Step 1: the process group, its store waits watching for a published failure.
+  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<ProcessGroup> created,
+                         ProcessGroup::create(failures.watching_store(), args.rank, args.world_size, timeout,
+                                              group_options));
+  std::shared_ptr<ProcessGroup> group(std::move(created));
+
+  // Step 2: every worker's device info.
+  InitRecord mine;
+  mine.info.name = args.name;
+  mine.info.device_count = cuda_runtime()->device_count();
+  mine.info.device_maps = options.device_maps();
+  mine.info.devices = options.devices();
+  FERRY_ASSIGN_OR_RETURN(std::vector<InitRecord> all, all_gather(*group, mine));
+  std::vector<WorkerDeviceInfo> infos;
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (!all[r].error.empty()) {
+      return internal::init_failure(static_cast<int>(r), all[r].info.name, static_cast<absl::StatusCode>(all[r].code),
+                                    all[r].error);
+    }
+    for (size_t q = 0; q < r; ++q) {
+      if (all[q].info.name == all[r].info.name) {
+        return internal::group_verdict(absl::InvalidArgumentError(absl::StrCat(
+            "worker name \"", all[r].info.name, "\" is used by both rank ", q, " and rank ", r,
+            "; names must be unique")));
+      }
+    }
+    infos.push_back(all[r].info);
+  }
+
+  // Step 3: deterministic, so every worker reaches the same verdict.
+  absl::StatusOr<DeviceSetup> setup = setup_devices(args.name, infos, /*is_static_group=*/true);
+  if (!setup.ok()) return internal::group_verdict(setup.status());
+
+  // Step 4: the agent; every rank of the group is a member.
+  ProcessGroupAgentOptions agent_options;
+  agent_options.num_send_recv_threads = options.num_send_recv_threads;
+  agent_options.rpc_timeout = options.rpc_timeout;
+  agent_options.device_maps = options.device_maps();
+  agent_options.reverse_device_maps = setup->reverse_device_maps;
+  agent_options.serves_inline = args.serves_inline;
+  ProcessGroup& pg = *group;
+  absl::StatusOr<std::shared_ptr<ProcessGroupAgent>> agent =
+      ProcessGroupAgent::create(group, args.store, args.name, std::move(agent_options), args.handler);
+
+  // Step 5: the barrier, which also tells every worker whether all agents started.
+  InitRecord started;
+  started.info.name = args.name;
+  if (!agent.ok()) set_error(started, agent.status());
+  absl::StatusOr<std::vector<InitRecord>> verdicts = all_gather(agent.ok() ? (*agent)->process_group() : pg, started);
+  absl::Status failed = verdicts.status();
+  if (verdicts.ok()) {
+    for (size_t r = 0; r < verdicts->size(); ++r) {
+      const InitRecord& v = (*verdicts)[r];
+      if (!v.error.empty()) {
+        failed = internal::init_failure(static_cast<int>(r), v.info.name, static_cast<absl::StatusCode>(v.code), v.error);
+        break;
+      }
+    }
+  }
+  if (!failed.ok()) {
+    if (agent.ok()) (*agent)->shutdown();
+    return failed;
+  }
+  return agent;
 }
 
 }  // namespace
@@ -115,70 +198,19 @@ absl::StatusOr<std::shared_ptr<RpcAgent>> init_process_group_backend(const Backe
         "PROCESS_GROUP: dynamic groups (no world size) are not supported: a process group cannot gain members; "
         "use TENSORPIPE");
   }
-  // The group's timeout bounds every later wait for a peer to take a message, so it is
-  // at least Gloo's default even when calls time out sooner.
-  const std::chrono::milliseconds timeout =
-      options->rpc_timeout.count() > 0 ? std::max(options->rpc_timeout, ProcessGroup::kDefaultTimeout)
-                                       : std::chrono::milliseconds(std::chrono::minutes(5));
-
-  // Step 1: the process group.
-  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<ProcessGroup> created,
-                         ProcessGroup::create(args.store, args.rank, args.world_size, timeout));
-  std::shared_ptr<ProcessGroup> group(std::move(created));
-
-  // Step 2: every worker's device info, or what already failed.
-  InitRecord mine;
-  mine.info.name = args.name;
-  mine.info.device_count = cuda_runtime()->device_count();
-  mine.info.device_maps = options->device_maps();
-  mine.info.devices = options->devices();
-  if (absl::Status s = options->validate(); !s.ok()) set_error(mine, s);
-  if (args.name.empty()) set_error(mine, absl::InvalidArgumentError("worker name is empty"));
-  FERRY_ASSIGN_OR_RETURN(std::vector<InitRecord> all, all_gather(*group, mine));
-  std::vector<WorkerDeviceInfo> infos;
-  for (size_t r = 0; r < all.size(); ++r) {
-    if (!all[r].error.empty()) return failed_on(all[r].info.name, all[r].code, all[r].error);
-    for (size_t q = 0; q < r; ++q) {
-      if (all[q].info.name == all[r].info.name) {
-        return absl::InvalidArgumentError(absl::StrCat("worker name \"", all[r].info.name, "\" is used by both rank ",
-                                                       q, " and rank ", r, "; names must be unique"));
-      }
-    }
-    infos.push_back(all[r].info);
-  }
-
-  // Step 3: deterministic, so every worker reaches the same verdict.
-  FERRY_ASSIGN_OR_RETURN(DeviceSetup setup, setup_devices(args.name, infos, /*is_static_group=*/true));
-
-  // Step 4: the agent; every rank of the group is a member.
-  ProcessGroupAgentOptions agent_options;
-  agent_options.num_send_recv_threads = options->num_send_recv_threads;
-  agent_options.rpc_timeout = options->rpc_timeout;
-  agent_options.serves_inline = args.serves_inline;
-  agent_options.device_maps = options->device_maps();
-  agent_options.reverse_device_maps = setup.reverse_device_maps;
-  ProcessGroup& pg = *group;
-  absl::StatusOr<std::shared_ptr<ProcessGroupAgent>> agent =
-      ProcessGroupAgent::create(group, args.store, args.name, std::move(agent_options), args.handler);
-
-  // Step 5: the barrier, which also tells every worker whether all agents started.
-  InitRecord started;
-  started.info.name = args.name;
-  if (!agent.ok()) set_error(started, agent.status());
-  absl::StatusOr<std::vector<InitRecord>> verdicts = all_gather(agent.ok() ? (*agent)->process_group() : pg, started);
-  absl::Status failed = verdicts.status();
-  if (verdicts.ok()) {
-    for (const InitRecord& v : *verdicts) {
-      if (!v.error.empty()) {
-        failed = failed_on(v.info.name, v.code, v.error);
-        break;
-      }
-    }
-  }
-  if (!failed.ok()) {
+  // Each rank numbers its inits on this store; the n-th inits of all ranks meet. A
+  // failure anywhere is published under the init's prefix, and every other rank's
+  // waits end with it (see backends/init_failures.h).
+  FERRY_ASSIGN_OR_RETURN(int64_t generation,
+                         args.store->add(absl::StrCat(kInitPrefix, "count/rank_", args.rank), 1));
+  internal::InitFailures failures(args.store, absl::StrCat(kInitPrefix, generation, "/"));
+  absl::StatusOr<std::shared_ptr<ProcessGroupAgent>> agent = init_group(args, *options, failures);
+  absl::Status status = failures.conclude(args.rank, args.name, agent.status());
+  if (!status.ok()) {
     if (agent.ok()) (*agent)->shutdown();
-    return failed;
+    return status;
   }
+  failures.disarm();
   return std::shared_ptr<RpcAgent>(*std::move(agent));
 }
 

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "agents/tensorpipe_agent.h"
+#include "backends/init_failures.h"
 #include "backends/tensorpipe/dynamic_group.h"
 #include "backends/tensorpipe/records.h"
 #include "base/logging.h"
@@ -70,15 +71,101 @@ absl::StatusOr<std::vector<T>> all_gather(Store& store, const std::string& key, 
   return out;
 }
 
-absl::Status failed_on(const std::string& worker, int32_t code, const std::string& error) {
-  return absl::Status(static_cast<absl::StatusCode>(code),
-                      absl::StrCat("init_rpc failed on worker \"", worker, "\": ", error));
-}
-
 std::string host_name() {
   char name[256] = {};
   if (gethostname(name, sizeof(name) - 1) != 0) return "";
   return name;
+}
+
+// Steps 1-7 of a static group's init. Local failures travel in the records, so that
+// every worker fails together; the store waits go through `failures`' watched store.
+absl::StatusOr<std::shared_ptr<TensorPipeAgent>> init_static_group(const BackendInitArgs& args,
+                                                                   const TensorPipeRpcBackendOptions& options,
+                                                                   std::chrono::milliseconds init_timeout,
+                                                                   const std::string& prefix,
+                                                                   internal::InitFailures& failures) {
+  Store& store = *failures.watching_store();
+  // Steps 1-2: every worker's device info and host (and any local failure so far).
+  InitRecord mine;
+  mine.info.name = args.name;
+  mine.info.device_count = cuda_runtime()->device_count();
+  mine.info.device_maps = options.device_maps();
+  mine.info.devices = options.devices();
+  mine.host = host_name();
+  if (absl::Status s = options.validate(); !s.ok()) {
+    mine.error = std::string(s.message());
+    mine.code = static_cast<int32_t>(s.code());
+  }
+  FERRY_ASSIGN_OR_RETURN(std::vector<InitRecord> all,
+                         all_gather(store, prefix + "info", args.rank, args.world_size, mine, init_timeout));
+  std::vector<WorkerDeviceInfo> infos;
+  std::map<std::string, int> ranks_by_name;
+  int local_workers = 0;
+  for (size_t r = 0; r < all.size(); ++r) {
+    const InitRecord& record = all[r];
+    if (!record.error.empty()) {
+      return internal::init_failure(static_cast<int>(r), record.info.name, static_cast<absl::StatusCode>(record.code),
+                                    record.error);
+    }
+    auto [it, fresh] = ranks_by_name.emplace(record.info.name, static_cast<int>(r));
+    if (!fresh) {
+      return internal::group_verdict(absl::InvalidArgumentError(absl::StrCat(
+          "worker name \"", record.info.name, "\" is used by both rank ", it->second, " and rank ", r,
+          "; names must be unique")));
+    }
+    if (record.host == mine.host) ++local_workers;
+    infos.push_back(record.info);
+  }
+
+  // Steps 3-5: validate every worker's maps (deterministic, so every worker reaches the
+  // same verdict), then my reverse maps and device list.
+  absl::StatusOr<DeviceSetup> setup = setup_devices(args.name, infos, /*is_static_group=*/true);
+  if (!setup.ok()) return internal::group_verdict(setup.status());
+
+  // Step 6: the agent, listening where the peers that reach the store reach it; no
+  // pipe opens yet.
+  TensorPipeAgentOptions agent_options;
+  static_cast<TensorPipeAgentSettings&>(agent_options) = options;
+  agent_options.local_workers = local_workers;
+  agent_options.store_prefix = prefix;
+  agent_options.rpc_timeout = options.rpc_timeout;
+  agent_options.init_timeout = init_timeout;
+  agent_options.device_maps = options.device_maps();
+  agent_options.reverse_device_maps = setup->reverse_device_maps;
+  agent_options.devices = setup->devices;
+  agent_options.store_host = internal::store_host_of(*args.store);
+  agent_options.serves_inline = args.serves_inline;
+  absl::StatusOr<std::shared_ptr<TensorPipeAgent>> agent =
+      TensorPipeAgent::start(args.store, args.name, args.rank, agent_options, args.handler);
+
+  // Step 7: everyone's address, or why their agent did not start; since every worker
+  // waits for all the others here, it is also the barrier.
+  AddressRecord started;
+  if (agent.ok()) {
+    started.address = (*agent)->address();
+  } else {
+    started.error = std::string(agent.status().message());
+    started.code = static_cast<int32_t>(agent.status().code());
+  }
+  absl::StatusOr<std::vector<AddressRecord>> addresses =
+      all_gather(store, prefix + "address", args.rank, args.world_size, started, init_timeout);
+  absl::Status failed = addresses.status();
+  std::vector<PeerAddress> members;
+  for (size_t r = 0; failed.ok() && r < addresses->size(); ++r) {
+    const AddressRecord& record = (*addresses)[r];
+    if (!record.error.empty()) {
+      failed = internal::init_failure(static_cast<int>(r), all[r].info.name, static_cast<absl::StatusCode>(record.code),
+                                      record.error);
+    } else {
+      members.push_back(PeerAddress{WorkerInfo{all[r].info.name, static_cast<int>(r)}, record.address});
+    }
+  }
+  if (failed.ok()) failed = (*agent)->set_members(members);
+  if (!failed.ok()) {
+    if (agent.ok()) (*agent)->shutdown();
+    return failed;
+  }
+  return agent;
 }
 
 }  // namespace
@@ -137,6 +224,7 @@ absl::StatusOr<std::shared_ptr<RpcAgent>> init_tensorpipe_backend(const BackendI
     agent_options.init_timeout = init_timeout;
     agent_options.serves_inline = args.serves_inline;
     agent_options.device_maps = options->device_maps();
+    agent_options.store_host = internal::store_host_of(*args.store);
     FERRY_ASSIGN_OR_RETURN(std::shared_ptr<TensorPipeAgent> agent,
                            TensorPipeAgent::start(args.store, args.name, args.rank, agent_options, args.handler));
     absl::Status joined = internal::join_dynamic_group(agent, args, *options, init_timeout);
@@ -146,86 +234,21 @@ absl::StatusOr<std::shared_ptr<RpcAgent>> init_tensorpipe_backend(const BackendI
     }
     return std::shared_ptr<RpcAgent>(agent);
   }
-  Store& store = *args.store;
   // Each rank numbers its inits on this store; the n-th inits of all ranks meet.
-  FERRY_ASSIGN_OR_RETURN(int64_t generation, store.add(absl::StrCat(kInitPrefix, "count/rank_", args.rank), 1));
+  FERRY_ASSIGN_OR_RETURN(int64_t generation,
+                         args.store->add(absl::StrCat(kInitPrefix, "count/rank_", args.rank), 1));
   std::string prefix = absl::StrCat(kInitPrefix, generation, "/");
-
-  // Steps 1-2: every worker's device info and host (and any local failure so far).
-  InitRecord mine;
-  mine.info.name = args.name;
-  mine.info.device_count = cuda_runtime()->device_count();
-  mine.info.device_maps = options->device_maps();
-  mine.info.devices = options->devices();
-  mine.host = host_name();
-  if (absl::Status s = options->validate(); !s.ok()) {
-    mine.error = std::string(s.message());
-    mine.code = static_cast<int32_t>(s.code());
-  }
-  FERRY_ASSIGN_OR_RETURN(std::vector<InitRecord> all,
-                         all_gather(store, prefix + "info", args.rank, args.world_size, mine, init_timeout));
-  std::vector<WorkerDeviceInfo> infos;
-  std::map<std::string, int> ranks_by_name;
-  int local_workers = 0;
-  for (size_t r = 0; r < all.size(); ++r) {
-    const InitRecord& record = all[r];
-    if (!record.error.empty()) return failed_on(record.info.name, record.code, record.error);
-    auto [it, fresh] = ranks_by_name.emplace(record.info.name, static_cast<int>(r));
-    if (!fresh) {
-      return absl::InvalidArgumentError(absl::StrCat("worker name \"", record.info.name, "\" is used by both rank ",
-                                                     it->second, " and rank ", r, "; names must be unique"));
-    }
-    if (record.host == mine.host) ++local_workers;
-    infos.push_back(record.info);
-  }
-
-  // Steps 3-5: validate every worker's maps (deterministic, so every worker reaches the
-  // same verdict), then my reverse maps and device list.
-  FERRY_ASSIGN_OR_RETURN(DeviceSetup setup, setup_devices(args.name, infos, /*is_static_group=*/true));
-
-  // Step 6: the agent, listening; no pipe opens yet.
-  TensorPipeAgentOptions agent_options;
-  static_cast<TensorPipeAgentSettings&>(agent_options) = *options;
-  agent_options.local_workers = local_workers;
-  agent_options.store_prefix = prefix;
-  agent_options.rpc_timeout = options->rpc_timeout;
-  agent_options.init_timeout = init_timeout;
-  agent_options.serves_inline = args.serves_inline;
-  agent_options.device_maps = options->device_maps();
-  agent_options.reverse_device_maps = setup.reverse_device_maps;
-  agent_options.devices = setup.devices;
-  absl::StatusOr<std::shared_ptr<TensorPipeAgent>> agent =
-      TensorPipeAgent::start(args.store, args.name, args.rank, agent_options, args.handler);
-
-  // Step 7: everyone's address, or why their agent did not start; since every worker
-  // waits for all the others here, it is also the barrier.
-  AddressRecord started;
-  if (agent.ok()) {
-    started.address = (*agent)->address();
-  } else {
-    started.error = std::string(agent.status().message());
-    started.code = static_cast<int32_t>(agent.status().code());
-  }
-  absl::StatusOr<std::vector<AddressRecord>> addresses =
-      all_gather(store, prefix + "address", args.rank, args.world_size, started, init_timeout);
-  if (!addresses.ok()) {
+  // A failure anywhere is published under the prefix, and every other rank's waits end
+  // with it (see backends/init_failures.h).
+  internal::InitFailures failures(args.store, prefix);
+  absl::StatusOr<std::shared_ptr<TensorPipeAgent>> agent = init_static_group(args, *options, init_timeout, prefix,
+                                                                             failures);
+  absl::Status status = failures.conclude(args.rank, args.name, agent.status());
+  if (!status.ok()) {
     if (agent.ok()) (*agent)->shutdown();
-    return addresses.status();
+    return status;
   }
-  std::vector<PeerAddress> members;
-  for (size_t r = 0; r < addresses->size(); ++r) {
-    const AddressRecord& record = (*addresses)[r];
-    if (!record.error.empty()) {
-      if (agent.ok()) (*agent)->shutdown();
-      return failed_on(all[r].info.name, record.code, record.error);
-    }
-    members.push_back(PeerAddress{WorkerInfo{all[r].info.name, static_cast<int>(r)}, record.address});
-  }
-  absl::Status set = (*agent)->set_members(members);
-  if (!set.ok()) {
-    (*agent)->shutdown();
-    return set;
-  }
+  failures.disarm();
   return std::shared_ptr<RpcAgent>(*std::move(agent));
 }
 

@@ -120,7 +120,7 @@ TEST(ProcessGroupRpc, InitFailureOnOneWorkerIsReportedEverywhere) {
     if (rank == 1) options.num_send_recv_threads = 0;
     EXPECT_THAT(init_rpc(name_of(rank), BackendType::PROCESS_GROUP, rank, 3, options),
                 StatusIs(absl::StatusCode::kInvalidArgument,
-                         HasSubstr("init_rpc failed on worker \"worker1\": num_send_recv_threads must be in "
+                         HasSubstr("init_rpc failed on rank 1 (worker \"worker1\"): num_send_recv_threads must be in "
                                    "[1, 4096], got 0")));
   }));
 }

@@ -1,5 +1,6 @@
 // `ferry store`: runs the real binary (FERRY_BINARY) as a server and as clients.
 #include <fcntl.h>
+#include <stdlib.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -161,6 +162,40 @@ TEST(StoreCommandTest, BadUsageExitsTwo) {
     EXPECT_EQ(r.code, 2) << shown << "\n" << r.err;
     EXPECT_THAT(r.err + r.out, HasSubstr(c.message)) << shown;
   }
+}
+
+// Without --host the server listens on the interface the resolver picks (here the one
+// FERRY_SOCKET_IFNAME names), never on every interface; a wildcard is said out loud.
+TEST(StoreCommandTest, ServeListensOnTheResolvedInterfaceUnlessToldOtherwise) {
+  setenv("FERRY_SOCKET_IFNAME", "lo", 1);
+  Child child = spawn({"store", "serve", "--port", "0"});
+  unsetenv("FERRY_SOCKET_IFNAME");
+  std::string line = read_until(child.out, std::chrono::steady_clock::now() + 20s, "\n");
+  ASSERT_TRUE(line.starts_with("listening on 127.0.0.1:")) << line;
+  std::string addr = line.substr(std::strlen("listening on "));
+  addr.pop_back();
+  Result r = run({"store", "set", "--addr", addr, "k", "v"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  kill(child.pid, SIGTERM);
+  EXPECT_EQ(wait_exit(child.pid, 10s), 0);
+  close(child.out);
+  close(child.err);
+
+  Child wild = spawn({"store", "serve", "--bind", "0.0.0.0", "--port", "0"});
+  line = read_until(wild.out, std::chrono::steady_clock::now() + 20s, "\n");
+  EXPECT_TRUE(line.starts_with("listening on 0.0.0.0:")) << line;
+  kill(wild.pid, SIGTERM);
+  EXPECT_EQ(wait_exit(wild.pid, 10s), 0);
+  EXPECT_THAT(read_until(wild.err, std::chrono::steady_clock::now() + 2s),
+              HasSubstr("listening on every interface, as --host 0.0.0.0 asks"));
+  close(wild.out);
+  close(wild.err);
+
+  setenv("FERRY_SOCKET_IFNAME", "nosuchif", 1);
+  r = run({"store", "serve", "--port", "0"});
+  unsetenv("FERRY_SOCKET_IFNAME");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("store server: no address to listen on: network interface \"nosuchif\""));
 }
 
 }  // namespace

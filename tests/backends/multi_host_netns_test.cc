@@ -1,0 +1,171 @@
+// Three "hosts" in network namespaces on one bridge, each with a host name that
+// resolves to 127.0.0.1 (the cloud-VM and container case): workers started with the
+// default options (TENSORPIPE, then PROCESS_GROUP) and a tcp:// store on host 1's
+// bridge address reach one another.
+//
+// Needs root and iproute2 (`ip netns`); skipped, saying why, otherwise. Everything it
+// makes is named "ferrynt-*" on 10.213.7.0/24 and addresses nothing else; it removes
+// all of it at the end, and leftovers of a killed run at the start. The
+// multi_host_netns_cleanup ctest test (a fixture cleanup) removes them even when this
+// one was killed at its timeout. A file lock keeps two runs on one machine apart.
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/subprocess.h"
+
+namespace {
+
+using ::ferry::testing::run_program;
+using namespace std::chrono_literals;
+
+constexpr int kHosts = 3;
+constexpr char kBridge[] = "ferrynt-br";
+constexpr char kSubnet[] = "10.213.7.";
+constexpr char kLock[] = "/run/lock/ferry-netns-test.lock";
+
+std::string ns(int i) { return "ferrynt-h" + std::to_string(i); }
+std::string veth_host(int i) { return "ferrynt-v" + std::to_string(i); }  // bridge side
+std::string veth_ns(int i) { return "ferrynt-n" + std::to_string(i); }    // namespace side
+std::string address(int i) { return kSubnet + std::to_string(i); }
+
+std::string ip_binary() {
+  for (const char* p : {"/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"}) {
+    if (access(p, X_OK) == 0) return p;
+  }
+  return "";
+}
+
+// Runs `ip args...`; returns "" on success, else what it said.
+std::string ip(const std::vector<std::string>& args) {
+  ferry::testing::ProgramRun r = run_program(ip_binary(), args, 20s);
+  if (r.exit_code == 0) return "";
+  std::string cmd = "ip";
+  for (const std::string& a : args) cmd += " " + a;
+  return cmd + ": exit " + std::to_string(r.exit_code) + ": " + r.err;
+}
+
+// Removes everything a run makes; quiet about what is not there.
+void remove_all() {
+  for (int i = 1; i <= kHosts; ++i) {
+    (void)ip({"netns", "delete", ns(i)});  // takes its end of the veth pair with it
+    (void)ip({"link", "delete", veth_host(i)});
+    std::string dir = "/etc/netns/" + ns(i);
+    std::remove((dir + "/hosts").c_str());
+    rmdir(dir.c_str());
+  }
+  (void)ip({"link", "delete", kBridge});
+  rmdir("/etc/netns");  // only when empty, that is when nothing else uses it
+}
+
+class FileLock {
+ public:
+  FileLock() {
+    fd_ = open(kLock, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ >= 0) flock(fd_, LOCK_EX);
+  }
+  ~FileLock() {
+    if (fd_ >= 0) close(fd_);
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+// Builds the hosts; removes them in the destructor, whatever happened.
+class Hosts {
+ public:
+  Hosts() { remove_all(); }
+  ~Hosts() { remove_all(); }
+
+  // "" on success, else the failing step.
+  std::string build() {
+    std::string e;
+    auto step = [&](const std::vector<std::string>& args) {
+      if (e.empty()) e = ip(args);
+    };
+    step({"link", "add", kBridge, "type", "bridge"});
+    step({"link", "set", kBridge, "up"});
+    for (int i = 1; i <= kHosts && e.empty(); ++i) {
+      step({"netns", "add", ns(i)});
+      step({"link", "add", veth_host(i), "type", "veth", "peer", "name", veth_ns(i)});
+      step({"link", "set", veth_host(i), "master", kBridge});
+      step({"link", "set", veth_host(i), "up"});
+      step({"link", "set", veth_ns(i), "netns", ns(i)});
+      step({"-n", ns(i), "link", "set", "lo", "up"});
+      step({"-n", ns(i), "addr", "add", address(i) + "/24", "dev", veth_ns(i)});
+      step({"-n", ns(i), "link", "set", veth_ns(i), "up"});
+      // `ip netns exec` mounts this over /etc/hosts: the host name is loopback's.
+      std::string dir = "/etc/netns/" + ns(i);
+      std::string mkdir = "mkdir -p " + dir;
+      if (e.empty() && std::system(mkdir.c_str()) != 0) e = "cannot create " + dir;
+      std::ofstream(dir + "/hosts") << "127.0.0.1 localhost " << ns(i) << "\n";
+    }
+    return e;
+  }
+};
+
+TEST(MultiHostNetns, DefaultOptionsWorkWhenHostNamesResolveToLoopback) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to make network namespaces (CI runs it as root)";
+  if (ip_binary().empty()) GTEST_SKIP() << "needs iproute2's `ip` (scripts/install-deps.sh installs it)";
+  if (std::string probe = ip({"netns", "list"}); !probe.empty()) GTEST_SKIP() << "`ip netns` unusable: " << probe;
+  FileLock lock;
+  Hosts hosts;
+  std::string built = hosts.build();
+  if (!built.empty() && built.find("Operation not permitted") != std::string::npos) {
+    GTEST_SKIP() << "not allowed to make network namespaces here: " << built;
+  }
+  ASSERT_EQ(built, "");
+  setenv("FERRY_LOG_LEVEL", "info", 1);  // the workers say which address they chose
+  int port = 29500;
+  for (const char* backend : {"TENSORPIPE", "PROCESS_GROUP"}) {
+    SCOPED_TRACE(backend);
+    const std::string store = "tcp://" + address(1) + ":" + std::to_string(port++);
+    std::vector<ferry::testing::Child> workers;
+    for (int i = 1; i <= kHosts; ++i) {
+      workers.push_back(ferry::testing::spawn(ip_binary(), {"netns", "exec", ns(i), NETNS_WORKER, ns(i),
+                                                            std::to_string(i - 1), std::to_string(kHosts), store,
+                                                            backend}));
+    }
+    auto deadline = std::chrono::steady_clock::now() + 60s;
+    for (int i = 0; i < kHosts; ++i) {
+      std::string out = ferry::testing::read_until(workers[i].out, deadline);
+      std::string err = ferry::testing::read_until(workers[i].err, deadline);
+      int code = ferry::testing::wait_exit(workers[i].pid, 10s);
+      close(workers[i].out);
+      close(workers[i].err);
+      std::printf("%s", out.c_str());
+      if (size_t at = err.find("ferry listens on"); at != std::string::npos) {
+        std::printf("rank %d: %s\n", i, err.substr(at, err.find('\n', at) - at).c_str());
+      }
+      EXPECT_EQ(code, 0) << "rank " << i << " in " << ns(i + 1) << ":\n" << out << err;
+      for (int to = 0; to < kHosts; ++to) {
+        EXPECT_THAT(out, ::testing::HasSubstr("rank " + std::to_string(i) + " -> worker" + std::to_string(to) +
+                                              " on host " + ns(to + 1) + ": ok"));
+      }
+      // Each worker chose its bridge address, saying why.
+      EXPECT_THAT(err, ::testing::HasSubstr("ferry listens on " + address(i + 1))) << err;
+    }
+  }
+}
+
+// The fixture cleanup ctest runs after the test above, even when it was killed.
+TEST(MultiHostNetnsCleanup, RemovesWhatARunLeft) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root";
+  if (ip_binary().empty()) GTEST_SKIP() << "needs iproute2's `ip`";
+  FileLock lock;
+  remove_all();
+  EXPECT_NE(ip({"link", "show", kBridge}), "");
+  EXPECT_NE(ip({"netns", "exec", ns(1), "true"}), "");
+}
+
+}  // namespace
