@@ -306,10 +306,9 @@ class RunResources {
   ~RunResources() {
     kill_all();
     if (shared_ != nullptr) {
-      if (barriers_) {
-        pthread_barrier_destroy(&shared_->start);
-        pthread_barrier_destroy(&shared_->after_calls);
-      }
+      // No pthread_barrier_destroy: glibc's waits for every thread still inside the
+      // barrier to leave, and a worker killed while waiting never does (it hung the
+      // run). The barriers hold no resource beyond this mapping, which goes here.
       munmap(shared_, sizeof(Shared));
     }
     if (!dir_.empty()) {
@@ -352,7 +351,6 @@ class RunResources {
     }
     pthread_barrierattr_destroy(&attr);
     if (!ok) return absl::InternalError("pthread_barrier_init failed");
-    barriers_ = true;
     // SIGCHLD stays blocked while children run: the parent waits for it with a deadline.
     sigset_t chld = chld_set();
     sigprocmask(SIG_BLOCK, &chld, &old_mask_);
@@ -374,7 +372,6 @@ class RunResources {
  private:
   std::string dir_;
   Shared* shared_ = nullptr;
-  bool barriers_ = false;
   bool mask_saved_ = false;
   sigset_t old_mask_{};
   std::map<pid_t, int> alive_;  // pid -> rank
