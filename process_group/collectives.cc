@@ -322,3 +322,104 @@ absl::StatusOr<std::vector<Bytes>> ProcessGroup::all_gather_bytes_internal(const
 }
 
 }  // namespace ferry
+
+namespace ferry {
+
+absl::Status ProcessGroup::Impl::run_stand_in(const CollectiveHeader& h, uint32_t tag) {
+  // The same Gloo operation, element type and sizes as the bodies above run for `h`:
+  // only then do its messages match those of the ranks it stands in for.
+  const auto dtype = static_cast<DType>(h.dtype);
+  const size_t n = static_cast<size_t>(h.numel) * dtype_size(dtype);
+  const int root = h.root;
+  const bool is_root = rank() == root;
+  const int world = size();
+  FERRY_ASSIGN_OR_RETURN(Tensor scratch, Tensor::zeros({h.numel}, dtype));
+  uint8_t* bytes = static_cast<uint8_t*>(scratch.data());
+  switch (static_cast<CollectiveKind>(h.kind)) {
+    case CollectiveKind::kBroadcast: {
+      gloo::BroadcastOptions opts(context_);
+      opts.setRoot(root);
+      opts.setOutput<uint8_t>(bytes, n);
+      opts.setTag(tag);
+      opts.setTimeout(context_->getTimeout());
+      gloo::broadcast(opts);
+      return absl::OkStatus();
+    }
+    case CollectiveKind::kAllReduce:
+    case CollectiveKind::kReduce: {
+      const bool all = static_cast<CollectiveKind>(h.kind) == CollectiveKind::kAllReduce;
+      FERRY_ASSIGN_OR_RETURN(internal::ReduceFn fn,
+                             internal::reduce_function(dtype, static_cast<ReduceOp>(h.reduce_op), "stand-in"));
+      if (all) {
+        gloo::AllreduceOptions opts(context_);
+        visit_dtype(dtype, [&]<typename T>() { opts.setOutput<T>(reinterpret_cast<T*>(bytes), static_cast<size_t>(h.numel)); });
+        opts.setReduceFunction(fn);
+        opts.setTag(tag);
+        opts.setTimeout(context_->getTimeout());
+        gloo::allreduce(opts);
+        return absl::OkStatus();
+      }
+      FERRY_ASSIGN_OR_RETURN(Tensor out, Tensor::zeros({h.numel}, dtype));
+      gloo::ReduceOptions opts(context_);
+      visit_dtype(dtype, [&]<typename T>() {
+        if (is_root) {
+          opts.setOutput<T>(reinterpret_cast<T*>(bytes), static_cast<size_t>(h.numel));
+        } else {
+          opts.setInput<T>(reinterpret_cast<T*>(bytes), static_cast<size_t>(h.numel));
+          opts.setOutput<T>(static_cast<T*>(out.data()), static_cast<size_t>(h.numel));
+        }
+      });
+      opts.setRoot(root);
+      opts.setReduceFunction(fn);
+      opts.setTag(tag);
+      opts.setTimeout(context_->getTimeout());
+      gloo::reduce(opts);
+      return absl::OkStatus();
+    }
+    case CollectiveKind::kAllGather: {
+      std::vector<uint8_t> flat(n * static_cast<size_t>(world));
+      gloo::AllgatherOptions opts(context_);
+      opts.setInput<uint8_t>(bytes, n);
+      opts.setOutput<uint8_t>(flat.data(), flat.size());
+      opts.setTag(tag);
+      opts.setTimeout(context_->getTimeout());
+      gloo::allgather(opts);
+      return absl::OkStatus();
+    }
+    case CollectiveKind::kGather: {
+      std::vector<uint8_t> flat(is_root ? n * static_cast<size_t>(world) : 0);
+      gloo::GatherOptions opts(context_);
+      opts.setInput<uint8_t>(bytes, n);
+      if (is_root) opts.setOutput<uint8_t>(flat.data(), flat.size());
+      opts.setRoot(root);
+      opts.setTag(tag);
+      opts.setTimeout(context_->getTimeout());
+      gloo::gather(opts);
+      return absl::OkStatus();
+    }
+    case CollectiveKind::kScatter: {
+      std::vector<std::vector<uint8_t>> parts;
+      std::vector<uint8_t*> ptrs;
+      if (is_root) {
+        for (int r = 0; r < world; ++r) {
+          parts.emplace_back(n);
+          ptrs.push_back(parts.back().data());
+        }
+      }
+      gloo::ScatterOptions opts(context_);
+      if (is_root) opts.setInputs<uint8_t>(ptrs, n);
+      opts.setOutput<uint8_t>(bytes, n);
+      opts.setRoot(root);
+      opts.setTag(tag);
+      opts.setTimeout(context_->getTimeout());
+      gloo::scatter(opts);
+      return absl::OkStatus();
+    }
+    case CollectiveKind::kBarrier:
+    case CollectiveKind::kAllGatherBytes:
+      break;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ferry

@@ -15,6 +15,7 @@
 #include <deque>
 #include <functional>
 #include <list>
+#include <map>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -27,6 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "base/logging.h"
 #include "base/status.h"
 #include "gloo/allgather.h"
@@ -66,6 +68,11 @@ constexpr uint8_t kP2PKind = 0x20;
 // like the tensor messages' ones. A message up to kBytesInline bytes rides behind its
 // header in one Gloo message; a larger one follows on its data slot.
 constexpr uint64_t kBytesHeaderPrefix = 0x42;
+// Each collective's headers travel on a slot of their own: [0x44:8][sequence:32][0:24].
+constexpr uint64_t kCollectiveHeaderPrefix = 0x44;
+inline uint64_t collective_header_slot(uint32_t seq) {
+  return (kCollectiveHeaderPrefix << 56) | (static_cast<uint64_t>(seq) << 24);
+}
 constexpr uint64_t kBytesDataPrefix = 0x43;
 struct BytesHeader {
   uint32_t magic;
@@ -273,6 +280,7 @@ class ProcessGroup::Impl {
     FERRY_RETURN_IF_ERROR(s);
     context_ = std::move(context);
     worker_ = std::thread([this] { worker_loop(); });
+    if (size_ > 1) checker_ = std::thread([this] { checker_loop(); });
     return absl::OkStatus();
   }
 
@@ -291,10 +299,7 @@ class ProcessGroup::Impl {
       state->complete(std::move(s));
       return Work(state);
     }
-    Task task{std::move(name), state, header, std::move(local_error), std::move(body), next_tag_};
-    // Two tags per collective: the header exchange and the operation itself (an
-    // all_gather's data would otherwise share the header's Gloo slot).
-    next_tag_ += 2;
+    Task task{std::move(name), state, header, std::move(local_error), std::move(body), next_seq_++};
     queue_.push_back(std::move(task));
     return Work(state);
   }
@@ -579,6 +584,7 @@ class ProcessGroup::Impl {
           absl::StrCat(task.name, ": the process group (", description_, ") was shut down before it ran")));
     }
     if (worker_.joinable()) worker_.join();
+    if (checker_.joinable()) checker_.join();
     {
       absl::MutexLock lock(&mu_);
       auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return p2p_in_flight_ == 0; };
@@ -604,7 +610,20 @@ class ProcessGroup::Impl {
     CollectiveHeader header;
     absl::Status local_error;
     Body body;
-    uint32_t tag;
+    uint32_t seq;  // the collective's number in this group: the same on every rank
+  };
+
+  // One collective's header exchange: this rank's header goes to every other rank,
+  // theirs come in; the checker thread waits for them (see run()).
+  struct HeaderExchange {
+    std::string name;
+    uint32_t seq = 0;
+    CollectiveHeader own;
+    std::vector<CollectiveHeader> headers;  // by group rank; headers[rank_] is `own`
+    std::unique_ptr<gloo::transport::UnboundBuffer> send_buf;
+    std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> recv_bufs;  // by rank; none for this one
+    absl::Status transport;  // OK once every header arrived and ours went out
+    absl::Notification done;
   };
 
   // The receives recv_bytes_stream keeps posted for one (rank, tag).
@@ -758,21 +777,136 @@ class ProcessGroup::Impl {
     }
   }
 
+  // A collective. The header check costs no round trip of its own:
+  //  1. this rank's header is sent to every other rank, and theirs are received, on the
+  //     collective's own header slot, without waiting; the checker thread waits;
+  //  2. a rank that moves data (moves_data) runs its Gloo operation at once, on a tag
+  //     that carries its arguments' signature (data_tag), so ranks whose arguments
+  //     differ never exchange data with each other;
+  //  3. once every header is in, every rank runs check_headers on the same headers and
+  //     reaches the same verdict. The headers were sent before the data, on the same
+  //     connections, so on the steady path they are there when the data is.
+  // When the signatures differ, the operations on different tags would wait for each
+  // other forever: the checker of every rank therefore also takes part, with scratch
+  // buffers, in each other signature's operation (release_others), which lets every
+  // rank's own operation finish; then all of them report the mismatch. Barrier and
+  // all_gather_bytes (which needs every rank's size) wait for the headers first.
   absl::Status run(Task& task) {
-    return guarded(task.name, [&]() -> absl::Status {
-      // The header exchange: an all-gather of every rank's header. It is also a
-      // barrier: no rank passes it before every rank has entered the collective.
-      std::vector<CollectiveHeader> headers(size_);
-      gloo::AllgatherOptions opts(context_);
-      opts.setInput<uint8_t>(reinterpret_cast<uint8_t*>(&task.header), sizeof(CollectiveHeader));
-      opts.setOutput<uint8_t>(reinterpret_cast<uint8_t*>(headers.data()), sizeof(CollectiveHeader) * size_);
-      opts.setTag(task.tag);
-      opts.setTimeout(timeout_);
-      gloo::allgather(opts);
-      FERRY_RETURN_IF_ERROR(internal::check_headers(headers, task.local_error));
-      return task.body(*this, task.tag + 1, headers);
+    const bool early = moves_data(task.header);
+    const uint32_t tag = internal::data_tag(signature(task.header), task.seq);
+    if (size_ == 1) {
+      FERRY_RETURN_IF_ERROR(internal::check_headers({task.header}, task.local_error));
+      return guarded(task.name, [&] { return task.body(*this, tag, {task.header}); });
+    }
+    auto exchange = std::make_shared<HeaderExchange>();
+    exchange->name = task.name;
+    exchange->seq = task.seq;
+    exchange->own = task.header;
+    exchange->headers.resize(size_);
+    exchange->headers[rank_] = task.header;
+    exchange->recv_bufs.resize(size_);
+    absl::Status posted = guarded(task.name, [&]() -> absl::Status {
+      const uint64_t slot = collective_header_slot(task.seq);
+      for (int r = 0; r < size_; ++r) {
+        if (r == rank_) continue;
+        exchange->recv_bufs[r] = context_->createUnboundBuffer(&exchange->headers[r], sizeof(CollectiveHeader));
+        if (!register_buffer(exchange->recv_bufs[r].get())) return cancelled(task.name);
+        exchange->recv_bufs[r]->recv(r, slot);
+      }
+      exchange->send_buf = context_->createUnboundBuffer(&exchange->own, sizeof(CollectiveHeader));
+      if (!register_buffer(exchange->send_buf.get())) return cancelled(task.name);
+      for (int r = 0; r < size_; ++r) {
+        if (r != rank_) exchange->send_buf->send(r, slot);
+      }
+      return absl::OkStatus();
     });
+    if (!posted.ok()) {
+      release(*exchange);
+      return posted;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      if (closed_) {
+        // The checker may be gone already.
+        exchange->transport = cancelled(task.name);
+        exchange->done.Notify();
+      } else {
+        exchanges_.push_back(exchange);
+      }
+    }
+    absl::Status data;
+    if (early) data = guarded(task.name, [&] { return task.body(*this, tag, {}); });
+    exchange->done.WaitForNotification();
+    release(*exchange);
+    if (!exchange->transport.ok()) return early && !data.ok() ? data : exchange->transport;
+    // Every header is in: the verdict wins over what the data operation said.
+    FERRY_RETURN_IF_ERROR(internal::check_headers(exchange->headers, task.local_error));
+    if (early) return data;
+    return guarded(task.name, [&] { return task.body(*this, tag, exchange->headers); });
   }
+
+  void release(HeaderExchange& exchange) {
+    unregister_buffer(exchange.send_buf.get());
+    for (auto& buf : exchange.recv_bufs) unregister_buffer(buf.get());
+  }
+
+  // Waits for each collective's headers in turn (see run()).
+  void checker_loop() {
+    for (;;) {
+      std::shared_ptr<HeaderExchange> exchange;
+      {
+        absl::MutexLock lock(&mu_);
+        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !exchanges_.empty() || closed_; };
+        mu_.Await(absl::Condition(&ready));
+        if (exchanges_.empty()) return;
+        exchange = std::move(exchanges_.front());
+        exchanges_.pop_front();
+      }
+      exchange->transport = guarded(exchange->name, [&]() -> absl::Status {
+        for (int r = 0; r < size_; ++r) {
+          if (r != rank_ && !exchange->recv_bufs[r]->waitRecv(nullptr, timeout_)) return cancelled(exchange->name);
+        }
+        for (int r = 0; r < size_ - 1; ++r) {
+          if (!exchange->send_buf->waitSend(timeout_)) return cancelled(exchange->name);
+        }
+        return absl::OkStatus();
+      });
+      if (exchange->transport.ok()) release_others(*exchange);
+      exchange->done.Notify();
+    }
+  }
+
+  // Takes part, with scratch buffers, in the data operation of every signature that
+  // moves data other than this rank's own, in the order of their signatures: every
+  // rank computes the same list from the same headers, and each operation finds all
+  // ranks in it (its own ranks at once, the others once the earlier ones are done).
+  // Nothing to do when the signatures agree.
+  void release_others(const HeaderExchange& exchange) {
+    const bool mine_moves = moves_data(exchange.own);
+    const uint64_t mine = signature(exchange.own);
+    std::map<uint64_t, const CollectiveHeader*> others;
+    for (int r = 0; r < size_; ++r) {
+      const CollectiveHeader& h = exchange.headers[r];
+      if (r == rank_ || !internal::validate_header(h, static_cast<size_t>(r), static_cast<size_t>(size_)).ok() ||
+          !moves_data(h)) {
+        continue;
+      }
+      const uint64_t sig = signature(h);
+      if (mine_moves && sig == mine) continue;
+      others.emplace(sig, &h);
+    }
+    for (const auto& [sig, h] : others) {
+      absl::Status s = guarded(exchange.name, [&] { return run_stand_in(*h, internal::data_tag(sig, exchange.seq)); });
+      if (!s.ok()) {
+        FERRY_LOG(INFO) << exchange.name << " (" << description_ << "): standing in for a mismatched rank: " << s;
+        return;
+      }
+    }
+  }
+
+  // Runs the data operation a rank with header `h` runs, on tag `tag`, with scratch
+  // buffers (collectives.cc).
+  absl::Status run_stand_in(const CollectiveHeader& h, uint32_t tag);
 
   const int rank_;
   const int size_;
@@ -787,9 +921,11 @@ class ProcessGroup::Impl {
 
  private:
   std::thread worker_;
+  std::thread checker_;  // waits for collective headers (size_ > 1)
   mutable absl::Mutex mu_;
   std::deque<Task> queue_ ABSL_GUARDED_BY(mu_);
-  uint32_t next_tag_ ABSL_GUARDED_BY(mu_) = 0;
+  uint32_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<std::shared_ptr<HeaderExchange>> exchanges_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status broken_ ABSL_GUARDED_BY(mu_);
