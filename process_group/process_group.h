@@ -205,6 +205,15 @@ class ProcessGroup {
   };
   absl::Status send_bytes(const Bytes& data, int dst, uint32_t tag = 0,
                           std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+  // Like send_bytes, for a sender that must be able to give up on a peer that stopped
+  // reading: the group shares `data` (it is never copied), so that Gloo may go on
+  // sending it after this returns. cancel_sends(dst) ends the wait of every such send
+  // to `dst` at once with kUnavailable (saying `why`) and without breaking the group,
+  // as a Gloo timeout would; the message stays posted, and goes if `dst` takes it later.
+  // Sends of the other overload are not cancelled. Thread-safe.
+  absl::Status send_bytes(std::shared_ptr<const Bytes> data, int dst, uint32_t tag = 0,
+                          std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+  void cancel_sends(int dst, std::string_view why);
   // From rank `src`, or from any other rank when src is empty (source_rank says which).
   absl::StatusOr<ReceivedBytes> recv_bytes(std::optional<int> src = std::nullopt, uint32_t tag = 0,
                                            std::optional<std::chrono::milliseconds> timeout = std::nullopt);

@@ -382,35 +382,70 @@ class ProcessGroup::Impl {
   // when it is small) and the data, then waits until the receiver has both.
   absl::Status send_bytes(const std::string& name, const Bytes& data, int dst, uint32_t tag,
                           std::chrono::milliseconds timeout) {
+    return send_bytes(name, data.data(), data.size(), nullptr, dst, tag, timeout);
+  }
+
+  // `keep` (may be null) owns the data: with it, cancel_sends(dst) may end the wait,
+  // and the message, still posted, is kept (parked_) until the context goes.
+  absl::Status send_bytes(const std::string& name, const uint8_t* data, size_t size, std::shared_ptr<const Bytes> keep,
+                          int dst, uint32_t tag, std::chrono::milliseconds timeout) {
+    auto op = std::make_shared<PendingSend>();
+    const bool cancellable = keep != nullptr;
+    op->keep = std::move(keep);
     uint32_t seq = 0;
     {
       absl::MutexLock lock(&mu_);
       seq = bytes_send_seq_[{dst, tag}]++;
+      if (cancellable) cancellable_[dst].insert(op);
     }
-    const bool inline_data = data.size() <= kBytesInline;
-    const BytesHeader header{kBytesMagic, seq, static_cast<uint64_t>(data.size())};
-    std::vector<uint8_t> head(sizeof(BytesHeader) + (inline_data ? data.size() : 0));
-    std::memcpy(head.data(), &header, sizeof(header));
-    if (inline_data && !data.empty()) std::memcpy(head.data() + sizeof(header), data.data(), data.size());
-    std::unique_ptr<gloo::transport::UnboundBuffer> head_buf;
-    std::unique_ptr<gloo::transport::UnboundBuffer> data_buf;
+    const bool inline_data = size <= kBytesInline;
+    const BytesHeader header{kBytesMagic, seq, static_cast<uint64_t>(size)};
+    op->head.resize(sizeof(BytesHeader) + (inline_data ? size : 0));
+    std::memcpy(op->head.data(), &header, sizeof(header));
+    if (inline_data && size > 0) std::memcpy(op->head.data() + sizeof(header), data, size);
     absl::Status s = guarded_p2p(name, [&]() -> absl::Status {
-      head_buf = context_->createUnboundBuffer(head.data(), head.size());
-      if (!register_buffer(head_buf.get())) return cancelled(name);
-      head_buf->send(dst, bytes_header_slot(tag));
+      op->head_buf = context_->createUnboundBuffer(op->head.data(), op->head.size());
+      if (!register_buffer(op->head_buf.get())) return cancelled(name);
+      op->head_buf->send(dst, bytes_header_slot(tag));
       if (!inline_data) {
         // Gloo only reads from it.
-        data_buf = context_->createUnboundBuffer(const_cast<uint8_t*>(data.data()), data.size());
-        if (!register_buffer(data_buf.get())) return cancelled(name);
-        data_buf->send(dst, bytes_data_slot(tag, seq));
+        op->data_buf = context_->createUnboundBuffer(const_cast<uint8_t*>(data), size);
+        if (!register_buffer(op->data_buf.get())) return cancelled(name);
+        op->data_buf->send(dst, bytes_data_slot(tag, seq));
       }
-      if (!head_buf->waitSend(timeout)) return cancelled(name);
-      if (data_buf && !data_buf->waitSend(timeout)) return cancelled(name);
+      if (!op->head_buf->waitSend(timeout)) return cancelled(name);
+      if (op->data_buf && !op->data_buf->waitSend(timeout)) return cancelled(name);
       return absl::OkStatus();
     });
-    unregister_buffer(head_buf.get());
-    unregister_buffer(data_buf.get());
+    unregister_buffer(op->head_buf.get());
+    unregister_buffer(op->data_buf.get());
+    absl::MutexLock lock(&mu_);
+    if (cancellable) {
+      auto it = cancellable_.find(dst);
+      if (it != cancellable_.end()) {
+        it->second.erase(op);
+        if (it->second.empty()) cancellable_.erase(it);
+      }
+    }
+    if (!s.ok() && !op->why.ok()) {
+      // Cancelled: Gloo may still read the buffers, until the peer takes the message
+      // or the context goes.
+      parked_.push_back(op);
+      return op->why;
+    }
     return s;
+  }
+
+  // Ends the wait of every cancellable send to `dst` with `why` (see send_bytes).
+  void cancel_sends(int dst, const absl::Status& why) {
+    absl::MutexLock lock(&mu_);
+    auto it = cancellable_.find(dst);
+    if (it == cancellable_.end()) return;
+    for (const std::shared_ptr<PendingSend>& op : it->second) {
+      if (op->why.ok()) op->why = why;
+      if (op->head_buf) op->head_buf->abortWaitSend();
+      if (op->data_buf) op->data_buf->abortWaitSend();
+    }
   }
 
   // recv_bytes_stream: receives stay posted for (src, tag) in a ring, consumed in
@@ -597,8 +632,15 @@ class ProcessGroup::Impl {
       for (auto& buf : ring->bufs) unregister_buffer(buf.get());
     }
     rings.clear();
-    // Every user of the context is gone; closing it closes the connections.
+    // Every user of the context is gone; closing it closes the connections. Cancelled
+    // sends' buffers hold the transport context too: they go with it.
+    std::vector<std::shared_ptr<PendingSend>> parked;
+    {
+      absl::MutexLock lock(&mu_);
+      parked.swap(parked_);
+    }
     context_.reset();
+    parked.clear();
     absl::MutexLock lock(&mu_);
     shut_down_ = true;
   }
@@ -634,6 +676,15 @@ class ProcessGroup::Impl {
     std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> bufs;
     size_t next = 0;
     absl::Status failed;  // a re-post that failed: every later call returns it
+  };
+
+  // A byte message being sent. The buffers are declared last, so they go first.
+  struct PendingSend {
+    std::vector<uint8_t> head;          // the header, and the data when it is inline
+    std::shared_ptr<const Bytes> keep;  // owns larger data, for a cancellable send
+    absl::Status why;                   // set by cancel_sends (under mu_)
+    std::unique_ptr<gloo::transport::UnboundBuffer> head_buf;
+    std::unique_ptr<gloo::transport::UnboundBuffer> data_buf;
   };
 
   struct P2PThread {
@@ -935,6 +986,8 @@ class ProcessGroup::Impl {
   int p2p_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   std::list<P2PThread> threads_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::pair<int, uint32_t>, std::shared_ptr<PostedRing>> rings_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<int, std::set<std::shared_ptr<PendingSend>>> cancellable_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<PendingSend>> parked_ ABSL_GUARDED_BY(mu_);
 };
 
 // A non-member handle, a shut-down group or a broken one cannot run anything; the
