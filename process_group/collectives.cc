@@ -25,7 +25,10 @@ Work ProcessGroup::broadcast_async(Tensor tensor, int src) {
   });
 }
 
-absl::Status ProcessGroup::broadcast(Tensor tensor, int src) { return broadcast_async(std::move(tensor), src).wait(); }
+absl::Status ProcessGroup::broadcast(Tensor tensor, int src) {
+  RunHereIfIdle here;
+  return broadcast_async(std::move(tensor), src).wait();
+}
 
 Work ProcessGroup::all_reduce_async(Tensor tensor, ReduceOp op) {
   FERRY_PG_MEMBER_OR_RETURN_WORK("all_reduce");
@@ -53,6 +56,7 @@ Work ProcessGroup::all_reduce_async(Tensor tensor, ReduceOp op) {
 }
 
 absl::Status ProcessGroup::all_reduce(Tensor tensor, ReduceOp op) {
+  RunHereIfIdle here;
   return all_reduce_async(std::move(tensor), op).wait();
 }
 
@@ -97,6 +101,7 @@ Work ProcessGroup::reduce_async(Tensor tensor, int dst, ReduceOp op) {
 }
 
 absl::Status ProcessGroup::reduce(Tensor tensor, int dst, ReduceOp op) {
+  RunHereIfIdle here;
   return reduce_async(std::move(tensor), dst, op).wait();
 }
 
@@ -136,6 +141,7 @@ Work ProcessGroup::all_gather_async(std::vector<Tensor> outputs, Tensor input) {
 }
 
 absl::Status ProcessGroup::all_gather(std::vector<Tensor> outputs, Tensor input) {
+  RunHereIfIdle here;
   return all_gather_async(std::move(outputs), std::move(input)).wait();
 }
 
@@ -161,6 +167,7 @@ Work ProcessGroup::all_gather_into_tensor_async(Tensor output, Tensor input) {
 }
 
 absl::Status ProcessGroup::all_gather_into_tensor(Tensor output, Tensor input) {
+  RunHereIfIdle here;
   return all_gather_into_tensor_async(std::move(output), std::move(input)).wait();
 }
 
@@ -210,6 +217,7 @@ Work ProcessGroup::gather_async(Tensor input, std::vector<Tensor> gather_list, i
 }
 
 absl::Status ProcessGroup::gather(Tensor input, std::vector<Tensor> gather_list, int dst) {
+  RunHereIfIdle here;
   return gather_async(std::move(input), std::move(gather_list), dst).wait();
 }
 
@@ -263,6 +271,7 @@ Work ProcessGroup::scatter_async(Tensor output, std::vector<Tensor> scatter_list
 }
 
 absl::Status ProcessGroup::scatter(Tensor output, std::vector<Tensor> scatter_list, int src) {
+  RunHereIfIdle here;
   return scatter_async(std::move(output), std::move(scatter_list), src).wait();
 }
 
@@ -274,7 +283,10 @@ Work ProcessGroup::barrier_async() {
                         [](Impl&, uint32_t, const auto&) { return absl::OkStatus(); });
 }
 
-absl::Status ProcessGroup::barrier() { return barrier_async().wait(); }
+absl::Status ProcessGroup::barrier() {
+  RunHereIfIdle here;
+  return barrier_async().wait();
+}
 
 absl::StatusOr<std::vector<Bytes>> ProcessGroup::all_gather_bytes(const Bytes& data) {
   return all_gather_bytes_internal(data, absl::OkStatus(), "all_gather_bytes");
@@ -289,6 +301,7 @@ absl::StatusOr<std::vector<Bytes>> ProcessGroup::all_gather_bytes_internal(const
   CollectiveHeader h = internal::make_header(CollectiveKind::kAllGatherBytes, nullptr, 0, ReduceOp::kSum, local_error,
                                              static_cast<int64_t>(data.size()));
   auto result = std::make_shared<std::vector<Bytes>>();
+  RunHereIfIdle here;
   Work work = impl_->enqueue(
       name, h, local_error,
       [&data, result](Impl& impl, uint32_t tag, const std::vector<CollectiveHeader>& headers) -> absl::Status {

@@ -233,6 +233,26 @@ inline absl::Status check_peer(std::string_view name, std::string_view what, int
 
 namespace ferry {
 
+namespace internal::pg {
+// Set on a thread for the length of a blocking collective call (all_reduce, not
+// all_reduce_async): enqueue may then run the collective on that thread.
+class RunHereIfIdle {
+ public:
+  RunHereIfIdle() : previous_(flag()) { flag() = true; }
+  ~RunHereIfIdle() { flag() = previous_; }
+  RunHereIfIdle(const RunHereIfIdle&) = delete;
+  RunHereIfIdle& operator=(const RunHereIfIdle&) = delete;
+  static bool active() { return flag(); }
+
+ private:
+  static bool& flag() {
+    thread_local bool on = false;
+    return on;
+  }
+  bool previous_;
+};
+}  // namespace internal::pg
+
 using namespace internal::pg;  // NOLINT(google-build-using-namespace): this header's own helpers
 using internal::CollectiveHeader;
 using internal::CollectiveKind;
@@ -300,6 +320,18 @@ class ProcessGroup::Impl {
       return Work(state);
     }
     Task task{std::move(name), state, header, std::move(local_error), std::move(body), next_seq_++};
+    if (RunHereIfIdle::active() && queue_.empty() && !busy_) {
+      // A blocking call with nothing ahead of it: run it on the caller's thread, which
+      // saves two thread switches; the worker waits until it is done.
+      busy_ = true;
+      mu_.Unlock();
+      absl::Status s = usable(task.name);
+      if (s.ok()) s = run(task);
+      state->complete(std::move(s));
+      mu_.Lock();
+      busy_ = false;
+      return Work(state);
+    }
     queue_.push_back(std::move(task));
     return Work(state);
   }
@@ -619,6 +651,13 @@ class ProcessGroup::Impl {
           absl::StrCat(task.name, ": the process group (", description_, ") was shut down before it ran")));
     }
     if (worker_.joinable()) worker_.join();
+    {
+      // A collective running on a blocking caller's thread (enqueue) ends too: its
+      // waits were aborted above, or its Gloo operation is bounded by the timeout.
+      absl::MutexLock lock(&mu_);
+      auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !busy_; };
+      mu_.Await(absl::Condition(&idle));
+    }
     if (checker_.joinable()) checker_.join();
     {
       absl::MutexLock lock(&mu_);
@@ -816,15 +855,18 @@ class ProcessGroup::Impl {
       Task task;
       {
         absl::MutexLock lock(&mu_);
-        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !queue_.empty() || closed_; };
+        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return (!queue_.empty() && !busy_) || closed_; };
         mu_.Await(absl::Condition(&ready));
         if (queue_.empty()) return;
         task = std::move(queue_.front());
         queue_.pop_front();
+        busy_ = true;
       }
       absl::Status s = usable(task.name);
       if (s.ok()) s = run(task);
       task.state->complete(std::move(s));
+      absl::MutexLock lock(&mu_);
+      busy_ = false;
     }
   }
 
@@ -976,6 +1018,7 @@ class ProcessGroup::Impl {
   mutable absl::Mutex mu_;
   std::deque<Task> queue_ ABSL_GUARDED_BY(mu_);
   uint32_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;  // a collective is running (worker or caller)
   std::deque<std::shared_ptr<HeaderExchange>> exchanges_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
