@@ -696,14 +696,19 @@ class ProcessGroup::Impl {
 
   // One collective's header exchange: this rank's header goes to every other rank,
   // theirs come in; the checker thread waits for them (see run()).
+  // The checker posts the receives one collective ahead; the collective's thread
+  // fills in this rank's header, sends it and marks the exchange started. Only the
+  // checker releases the buffers.
   struct HeaderExchange {
-    std::string name;
     uint32_t seq = 0;
-    CollectiveHeader own;
+    std::string name;                       // set before `started`
+    CollectiveHeader own;                   // set before `started`
     std::vector<CollectiveHeader> headers;  // by group rank; headers[rank_] is `own`
-    std::unique_ptr<gloo::transport::UnboundBuffer> send_buf;
+    std::unique_ptr<gloo::transport::UnboundBuffer> send_buf;                 // set before `started`
     std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> recv_bufs;  // by rank; none for this one
-    absl::Status transport;  // OK once every header arrived and ours went out
+    absl::Status posted;     // why the receives or the send could not be posted
+    bool started = false;    // guarded by mu_
+    absl::Status transport;  // set before `done`: OK once every header arrived and ours went out
     absl::Notification done;
   };
 
@@ -891,51 +896,79 @@ class ProcessGroup::Impl {
       FERRY_RETURN_IF_ERROR(internal::check_headers({task.header}, task.local_error));
       return guarded(task.name, [&] { return task.body(*this, tag, {task.header}); });
     }
-    auto exchange = std::make_shared<HeaderExchange>();
+    std::shared_ptr<HeaderExchange> exchange;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this, &task]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return (posted_ != nullptr && posted_->seq == task.seq) || closed_;
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (posted_ == nullptr || posted_->seq != task.seq) return cancelled(task.name);
+      exchange = posted_;
+    }
     exchange->name = task.name;
-    exchange->seq = task.seq;
     exchange->own = task.header;
-    exchange->headers.resize(size_);
     exchange->headers[rank_] = task.header;
-    exchange->recv_bufs.resize(size_);
-    absl::Status posted = guarded(task.name, [&]() -> absl::Status {
-      const uint64_t slot = collective_header_slot(task.seq);
-      for (int r = 0; r < size_; ++r) {
-        if (r == rank_) continue;
-        exchange->recv_bufs[r] = context_->createUnboundBuffer(&exchange->headers[r], sizeof(CollectiveHeader));
-        if (!register_buffer(exchange->recv_bufs[r].get())) return cancelled(task.name);
-        exchange->recv_bufs[r]->recv(r, slot);
-      }
-      exchange->send_buf = context_->createUnboundBuffer(&exchange->own, sizeof(CollectiveHeader));
-      if (!register_buffer(exchange->send_buf.get())) return cancelled(task.name);
-      for (int r = 0; r < size_; ++r) {
-        if (r != rank_) exchange->send_buf->send(r, slot);
-      }
-      return absl::OkStatus();
-    });
-    if (!posted.ok()) {
-      release(*exchange);
-      return posted;
+    absl::Status sent = exchange->posted;
+    if (sent.ok()) {
+      sent = catch_gloo(task.name, description_, [&]() -> absl::Status {
+        exchange->send_buf = context_->createUnboundBuffer(&exchange->own, sizeof(CollectiveHeader));
+        if (!register_buffer(exchange->send_buf.get())) return cancelled(task.name);
+        const uint64_t slot = collective_header_slot(task.seq);
+        for (int r = 0; r < size_; ++r) {
+          if (r != rank_) exchange->send_buf->send(r, slot);
+        }
+        return absl::OkStatus();
+      });
     }
     {
       absl::MutexLock lock(&mu_);
-      if (closed_) {
-        // The checker may be gone already.
-        exchange->transport = cancelled(task.name);
-        exchange->done.Notify();
-      } else {
-        exchanges_.push_back(exchange);
-      }
+      exchange->posted = sent;
+      exchange->started = true;
     }
     absl::Status data;
-    if (early) data = guarded(task.name, [&] { return task.body(*this, tag, {}); });
-    exchange->done.WaitForNotification();
-    release(*exchange);
-    if (!exchange->transport.ok()) return early && !data.ok() ? data : exchange->transport;
+    if (early && sent.ok()) data = guarded(task.name, [&] { return task.body(*this, tag, {}); });
+    if (!exchange->done.WaitForNotificationWithTimeout(absl::FromChrono(timeout_))) {
+      absl::Status late = absl::DeadlineExceededError(absl::StrCat(
+          task.name, " (", description_, "): timed out after ", timeout_.count(),
+          " ms waiting for every rank's arguments (has every rank called it?)"));
+      absl::MutexLock lock(&mu_);
+      if (broken_.ok()) broken_ = late;
+      return late;
+    }
+    if (!exchange->transport.ok()) {
+      if (early && !data.ok()) return data;
+      if (!absl::IsCancelled(exchange->transport)) {
+        absl::MutexLock lock(&mu_);
+        if (broken_.ok()) broken_ = exchange->transport;
+      }
+      return exchange->transport;
+    }
     // Every header is in: the verdict wins over what the data operation said.
     FERRY_RETURN_IF_ERROR(internal::check_headers(exchange->headers, task.local_error));
     if (early) return data;
     return guarded(task.name, [&] { return task.body(*this, tag, exchange->headers); });
+  }
+
+  // Posts the receives of collective `seq`'s headers (see run()).
+  std::shared_ptr<HeaderExchange> post_exchange(uint32_t seq) {
+    auto exchange = std::make_shared<HeaderExchange>();
+    exchange->seq = seq;
+    exchange->headers.resize(size_);
+    exchange->recv_bufs.resize(size_);
+    exchange->posted = catch_gloo("collective header exchange", description_, [&]() -> absl::Status {
+      const uint64_t slot = collective_header_slot(seq);
+      for (int r = 0; r < size_; ++r) {
+        if (r == rank_) continue;
+        exchange->recv_bufs[r] = context_->createUnboundBuffer(&exchange->headers[r], sizeof(CollectiveHeader));
+        if (!register_buffer(exchange->recv_bufs[r].get())) return cancelled("collective header exchange");
+        exchange->recv_bufs[r]->recv(r, slot);
+      }
+      return absl::OkStatus();
+    });
+    absl::MutexLock lock(&mu_);
+    posted_ = exchange;
+    return exchange;
   }
 
   void release(HeaderExchange& exchange) {
@@ -943,29 +976,51 @@ class ProcessGroup::Impl {
     for (auto& buf : exchange.recv_bufs) unregister_buffer(buf.get());
   }
 
-  // Waits for each collective's headers in turn (see run()).
+  // Waits for each collective's headers in turn (see run()). The receives of the next
+  // collective are posted before this one is done, so a peer's header goes out at once
+  // and lands without a round trip. The checker waits for them without a timeout, since
+  // the group may sit idle; the collective's thread bounds its own wait.
   void checker_loop() {
+    std::shared_ptr<HeaderExchange> exchange = post_exchange(0);
     for (;;) {
-      std::shared_ptr<HeaderExchange> exchange;
+      absl::Status s = exchange->posted;
+      if (s.ok()) {
+        s = catch_gloo("collective header exchange", description_, [&]() -> absl::Status {
+          for (int r = 0; r < size_; ++r) {
+            if (r != rank_ && !exchange->recv_bufs[r]->waitRecv(nullptr, ProcessGroup::kWaitIndefinitely)) {
+              return cancelled("collective header exchange");
+            }
+          }
+          return absl::OkStatus();
+        });
+      }
+      bool started = false;
       {
         absl::MutexLock lock(&mu_);
-        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !exchanges_.empty() || closed_; };
+        auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return exchange->started || closed_; };
         mu_.Await(absl::Condition(&ready));
-        if (exchanges_.empty()) return;
-        exchange = std::move(exchanges_.front());
-        exchanges_.pop_front();
+        started = exchange->started;
       }
-      exchange->transport = guarded(exchange->name, [&]() -> absl::Status {
-        for (int r = 0; r < size_; ++r) {
-          if (r != rank_ && !exchange->recv_bufs[r]->waitRecv(nullptr, timeout_)) return cancelled(exchange->name);
-        }
-        for (int r = 0; r < size_ - 1; ++r) {
-          if (!exchange->send_buf->waitSend(timeout_)) return cancelled(exchange->name);
-        }
-        return absl::OkStatus();
-      });
-      if (exchange->transport.ok()) release_others(*exchange);
+      if (!started) {  // shut down before its collective began
+        release(*exchange);
+        return;
+      }
+      if (s.ok()) s = exchange->posted;
+      if (s.ok()) {
+        s = catch_gloo(exchange->name, description_, [&]() -> absl::Status {
+          for (int r = 0; r < size_ - 1; ++r) {
+            if (!exchange->send_buf->waitSend(timeout_)) return cancelled(exchange->name);
+          }
+          return absl::OkStatus();
+        });
+      }
+      if (s.ok()) release_others(*exchange);
+      // The next receives go up before this collective's thread may start the next one.
+      std::shared_ptr<HeaderExchange> next = post_exchange(exchange->seq + 1);
+      release(*exchange);
+      exchange->transport = std::move(s);
       exchange->done.Notify();
+      exchange = std::move(next);
     }
   }
 
@@ -1019,7 +1074,7 @@ class ProcessGroup::Impl {
   std::deque<Task> queue_ ABSL_GUARDED_BY(mu_);
   uint32_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
   bool busy_ ABSL_GUARDED_BY(mu_) = false;  // a collective is running (worker or caller)
-  std::deque<std::shared_ptr<HeaderExchange>> exchanges_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<HeaderExchange> posted_ ABSL_GUARDED_BY(mu_);  // the next collective's exchange
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status broken_ ABSL_GUARDED_BY(mu_);

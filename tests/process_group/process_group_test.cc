@@ -541,6 +541,28 @@ TEST(ProcessGroupErrorsTest, MismatchesOfEveryKindFailEveryRankAtOnce) {
       ferry::testing::run_processes(4, [&](int rank) { mixed_mismatch_body(dir.path(), rank, 4); }, kTestDeadline));
 }
 
+// A rank that never enters a collective: the others fail after the group's timeout,
+// saying what they waited for, and the group is broken from then on.
+TEST(ProcessGroupErrorsTest, ACollectiveSomeRankNeverCallsTimesOut) {
+  ferry::testing::TempDir dir;
+  ferry::testing::expect_all_succeed(ferry::testing::run_processes(2, [&](int rank) {
+    std::unique_ptr<ProcessGroup> group = connect(dir.path(), rank, 2, milliseconds(1500));
+    ASSERT_NE(group, nullptr);
+    std::shared_ptr<Store> store = *FileStore::create(dir.path() + "/flags");
+    if (rank == 1) {
+      ASSERT_OK(store->wait({"done"}, std::chrono::seconds(60)));
+      return;
+    }
+    EXPECT_THAT(group->barrier(),
+                StatusIs(absl::StatusCode::kDeadlineExceeded,
+                         HasSubstr("barrier (rank 0 of 2): timed out after 1500 ms waiting for every rank's arguments "
+                                   "(has every rank called it?)")));
+    EXPECT_THAT(group->all_reduce(make(DType::kFloat32, {1})),
+                StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("is broken by an earlier error")));
+    ASSERT_OK(store->set("done", Bytes{1}));
+  }, kTestDeadline));
+}
+
 TEST(ProcessGroupErrorsTest, MismatchesArgumentsAndShutdown) {
   ferry::testing::TempDir dir;
   ferry::testing::expect_all_succeed(
