@@ -876,8 +876,9 @@ class ProcessGroup::Impl {
   }
 
   // A collective. The header check costs no round trip of its own:
-  //  1. this rank's header is sent to every other rank, and theirs are received, on the
-  //     collective's own header slot, without waiting; the checker thread waits;
+  //  1. this rank's header is sent to every other rank on the collective's own header
+  //     slot, without waiting; the checker thread posted the receives for the others'
+  //     one collective ahead (post_exchange) and waits for them;
   //  2. a rank that moves data (moves_data) runs its Gloo operation at once, on a tag
   //     that carries its arguments' signature (data_tag), so ranks whose arguments
   //     differ never exchange data with each other;
@@ -889,6 +890,9 @@ class ProcessGroup::Impl {
   // buffers, in each other signature's operation (release_others), which lets every
   // rank's own operation finish; then all of them report the mismatch. Barrier and
   // all_gather_bytes (which needs every rank's size) wait for the headers first.
+  // This rank's wait for the headers is bounded by the group's timeout; past it the
+  // collective fails with kDeadlineExceeded and the group is broken, as after a Gloo
+  // timeout.
   absl::Status run(Task& task) {
     const bool early = moves_data(task.header);
     const uint32_t tag = internal::data_tag(signature(task.header), task.seq);
