@@ -207,6 +207,7 @@ struct ProcessGroupTransport::State : std::enable_shared_from_this<State> {
   std::mutex mu;
   std::condition_variable cv;
   std::vector<std::deque<Outgoing>> queues;  // by rank; guarded by mu
+  std::vector<std::unique_ptr<std::condition_variable>> queue_cvs;  // by rank: its senders wait on it
   int queued = 0;                    // frames in all queues; guarded by mu
   int sending = 0;                   // guarded by mu
   bool closing = false;              // guarded by mu: no new frames
@@ -232,7 +233,7 @@ struct ProcessGroupTransport::State : std::enable_shared_from_this<State> {
     if (closing) return;  // the core fails what is pending when it shuts down
     queues[static_cast<size_t>(to_rank)].push_back(Outgoing{peer, std::move(frame)});
     ++queued;
-    cv.notify_all();
+    queue_cvs[static_cast<size_t>(to_rank)]->notify_one();
   }
 
   bool drained() const { return queued == 0 && sending == 0; }  // with mu held
@@ -268,12 +269,13 @@ struct ProcessGroupTransport::State : std::enable_shared_from_this<State> {
     TransportThreadScope transport_thread;
     AgentThreadScope agent_thread;
     std::deque<Outgoing>& queue = queues[static_cast<size_t>(r)];
+    std::condition_variable& queue_cv = *queue_cvs[static_cast<size_t>(r)];
     std::atomic<uint64_t>& disconnected = *disconnects[static_cast<size_t>(r)];
     for (;;) {
       Outgoing out;
       {
         std::unique_lock<std::mutex> lock(mu);
-        cv.wait(lock, [&] { return !queue.empty() || stop_senders; });
+        queue_cv.wait(lock, [&] { return !queue.empty() || stop_senders; });
         if (queue.empty()) return;
         out = std::move(queue.front());
         queue.pop_front();
@@ -365,6 +367,7 @@ absl::StatusOr<std::unique_ptr<ProcessGroupTransport>> ProcessGroupTransport::cr
   state->num_threads = num_send_recv_threads;
   state->group = std::move(group);
   state->queues.resize(static_cast<size_t>(state->world));
+  for (int r = 0; r < state->world; ++r) state->queue_cvs.push_back(std::make_unique<std::condition_variable>());
   for (int r = 0; r < state->world; ++r) {
     state->said_goodbye.push_back(std::make_unique<std::atomic<bool>>(false));
     state->disconnects.push_back(std::make_unique<std::atomic<uint64_t>>(0));
@@ -460,7 +463,7 @@ void ProcessGroupTransport::close() {
       }
     }
     s.stop_senders = true;
-    s.cv.notify_all();
+    for (auto& queue_cv : s.queue_cvs) queue_cv->notify_all();
     s.cv.wait_until(lock, std::chrono::steady_clock::now() + std::min(s.group->timeout(), std::chrono::milliseconds(5000)),
                     [&] { return s.drained(); });
     for (auto& queue : s.queues) queue.clear();
