@@ -206,7 +206,7 @@ class ProcessGroup {
   absl::Status send_bytes(const Bytes& data, int dst, uint32_t tag = 0,
                           std::optional<std::chrono::milliseconds> timeout = std::nullopt);
   // Like send_bytes, for a sender that must be able to give up on a peer that stopped
-  // reading: the group shares `data` (it is never copied), so that Gloo may go on
+  // reading: the group shares `data` (data over 64 KiB is never copied), so Gloo may go on
   // sending it after this returns. cancel_sends(dst) ends the wait of every such send
   // to `dst` at once with kUnavailable (saying `why`) and without breaking the group,
   // as a Gloo timeout would; the message stays posted, and goes if `dst` takes it later.
