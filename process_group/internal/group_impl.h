@@ -942,11 +942,15 @@ class ProcessGroup::Impl {
     }
     if (!exchange->transport.ok()) {
       if (early && !data.ok()) return data;
-      if (!absl::IsCancelled(exchange->transport)) {
-        absl::MutexLock lock(&mu_);
-        if (broken_.ok()) broken_ = exchange->transport;
-      }
-      return exchange->transport;
+      if (absl::IsCancelled(exchange->transport)) return cancelled(task.name);
+      // The checker waited before it knew the collective's name: name it now.
+      const std::string prefix = absl::StrCat(internal::av(kExchangeName), " (", description_, "): ");
+      std::string text(exchange->transport.message());
+      if (absl::StartsWith(text, prefix)) text.erase(0, prefix.size());
+      absl::Status failed(exchange->transport.code(), absl::StrCat(task.name, " (", description_, "): ", text));
+      absl::MutexLock lock(&mu_);
+      if (broken_.ok()) broken_ = failed;
+      return failed;
     }
     // Every header is in: the verdict wins over what the data operation said.
     FERRY_RETURN_IF_ERROR(internal::check_headers(exchange->headers, task.local_error));
@@ -954,18 +958,20 @@ class ProcessGroup::Impl {
     return guarded(task.name, [&] { return task.body(*this, tag, exchange->headers); });
   }
 
+  static constexpr std::string_view kExchangeName = "collective header exchange";
+
   // Posts the receives of collective `seq`'s headers (see run()).
   std::shared_ptr<HeaderExchange> post_exchange(uint32_t seq) {
     auto exchange = std::make_shared<HeaderExchange>();
     exchange->seq = seq;
     exchange->headers.resize(size_);
     exchange->recv_bufs.resize(size_);
-    exchange->posted = catch_gloo("collective header exchange", description_, [&]() -> absl::Status {
+    exchange->posted = catch_gloo(kExchangeName, description_, [&]() -> absl::Status {
       const uint64_t slot = collective_header_slot(seq);
       for (int r = 0; r < size_; ++r) {
         if (r == rank_) continue;
         exchange->recv_bufs[r] = context_->createUnboundBuffer(&exchange->headers[r], sizeof(CollectiveHeader));
-        if (!register_buffer(exchange->recv_bufs[r].get())) return cancelled("collective header exchange");
+        if (!register_buffer(exchange->recv_bufs[r].get())) return cancelled(kExchangeName);
         exchange->recv_bufs[r]->recv(r, slot);
       }
       return absl::OkStatus();
@@ -989,10 +995,10 @@ class ProcessGroup::Impl {
     for (;;) {
       absl::Status s = exchange->posted;
       if (s.ok()) {
-        s = catch_gloo("collective header exchange", description_, [&]() -> absl::Status {
+        s = catch_gloo(kExchangeName, description_, [&]() -> absl::Status {
           for (int r = 0; r < size_; ++r) {
             if (r != rank_ && !exchange->recv_bufs[r]->waitRecv(nullptr, ProcessGroup::kWaitIndefinitely)) {
-              return cancelled("collective header exchange");
+              return cancelled(kExchangeName);
             }
           }
           return absl::OkStatus();
