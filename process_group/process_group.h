@@ -15,9 +15,11 @@
 //
 // Contract, as in torch.distributed: every rank of a group calls the same collectives
 // in the same order with matching arguments. Arguments that do not match across ranks
-// (shapes, dtypes, roots, reduce ops, the collective itself) are detected before any
-// data moves: every rank fails with the same message naming both ranks, e.g.
-// "all_reduce: tensor shape [4] on rank 1 differs from [3] on rank 0".
+// (shapes, dtypes, roots, reduce ops, the collective itself) are detected: every rank
+// fails with the same message naming both ranks, e.g. "all_reduce: tensor shape [4] on
+// rank 1 differs from [3] on rank 0". The check overlaps the data: ranks whose
+// arguments differ never exchange data with each other, but the output tensors of a
+// collective that failed this way hold unspecified values.
 //
 // Errors: a rank that dies or disconnects makes the others' pending and later
 // operations fail (kUnavailable, or kDeadlineExceeded when nothing arrives within the
