@@ -25,7 +25,10 @@ Work ProcessGroup::broadcast_async(Tensor tensor, int src) {
   });
 }
 
-absl::Status ProcessGroup::broadcast(Tensor tensor, int src) { return broadcast_async(std::move(tensor), src).wait(); }
+absl::Status ProcessGroup::broadcast(Tensor tensor, int src) {
+  RunHereIfIdle here;
+  return broadcast_async(std::move(tensor), src).wait();
+}
 
 Work ProcessGroup::all_reduce_async(Tensor tensor, ReduceOp op) {
   FERRY_PG_MEMBER_OR_RETURN_WORK("all_reduce");
@@ -53,6 +56,7 @@ Work ProcessGroup::all_reduce_async(Tensor tensor, ReduceOp op) {
 }
 
 absl::Status ProcessGroup::all_reduce(Tensor tensor, ReduceOp op) {
+  RunHereIfIdle here;
   return all_reduce_async(std::move(tensor), op).wait();
 }
 
@@ -97,6 +101,7 @@ Work ProcessGroup::reduce_async(Tensor tensor, int dst, ReduceOp op) {
 }
 
 absl::Status ProcessGroup::reduce(Tensor tensor, int dst, ReduceOp op) {
+  RunHereIfIdle here;
   return reduce_async(std::move(tensor), dst, op).wait();
 }
 
@@ -136,6 +141,7 @@ Work ProcessGroup::all_gather_async(std::vector<Tensor> outputs, Tensor input) {
 }
 
 absl::Status ProcessGroup::all_gather(std::vector<Tensor> outputs, Tensor input) {
+  RunHereIfIdle here;
   return all_gather_async(std::move(outputs), std::move(input)).wait();
 }
 
@@ -161,6 +167,7 @@ Work ProcessGroup::all_gather_into_tensor_async(Tensor output, Tensor input) {
 }
 
 absl::Status ProcessGroup::all_gather_into_tensor(Tensor output, Tensor input) {
+  RunHereIfIdle here;
   return all_gather_into_tensor_async(std::move(output), std::move(input)).wait();
 }
 
@@ -210,6 +217,7 @@ Work ProcessGroup::gather_async(Tensor input, std::vector<Tensor> gather_list, i
 }
 
 absl::Status ProcessGroup::gather(Tensor input, std::vector<Tensor> gather_list, int dst) {
+  RunHereIfIdle here;
   return gather_async(std::move(input), std::move(gather_list), dst).wait();
 }
 
@@ -263,6 +271,7 @@ Work ProcessGroup::scatter_async(Tensor output, std::vector<Tensor> scatter_list
 }
 
 absl::Status ProcessGroup::scatter(Tensor output, std::vector<Tensor> scatter_list, int src) {
+  RunHereIfIdle here;
   return scatter_async(std::move(output), std::move(scatter_list), src).wait();
 }
 
@@ -274,7 +283,10 @@ Work ProcessGroup::barrier_async() {
                         [](Impl&, uint32_t, const auto&) { return absl::OkStatus(); });
 }
 
-absl::Status ProcessGroup::barrier() { return barrier_async().wait(); }
+absl::Status ProcessGroup::barrier() {
+  RunHereIfIdle here;
+  return barrier_async().wait();
+}
 
 absl::StatusOr<std::vector<Bytes>> ProcessGroup::all_gather_bytes(const Bytes& data) {
   return all_gather_bytes_internal(data, absl::OkStatus(), "all_gather_bytes");
@@ -289,6 +301,7 @@ absl::StatusOr<std::vector<Bytes>> ProcessGroup::all_gather_bytes_internal(const
   CollectiveHeader h = internal::make_header(CollectiveKind::kAllGatherBytes, nullptr, 0, ReduceOp::kSum, local_error,
                                              static_cast<int64_t>(data.size()));
   auto result = std::make_shared<std::vector<Bytes>>();
+  RunHereIfIdle here;
   Work work = impl_->enqueue(
       name, h, local_error,
       [&data, result](Impl& impl, uint32_t tag, const std::vector<CollectiveHeader>& headers) -> absl::Status {
@@ -319,6 +332,107 @@ absl::StatusOr<std::vector<Bytes>> ProcessGroup::all_gather_bytes_internal(const
   // Blocking: `data` stays alive (it is captured by reference) until this returns.
   FERRY_RETURN_IF_ERROR(work.wait());
   return std::move(*result);
+}
+
+}  // namespace ferry
+
+namespace ferry {
+
+absl::Status ProcessGroup::Impl::run_stand_in(const CollectiveHeader& h, uint32_t tag) {
+  // The same Gloo operation, element type and sizes as the bodies above run for `h`:
+  // only then do its messages match those of the ranks it stands in for.
+  const auto dtype = static_cast<DType>(h.dtype);
+  const size_t n = static_cast<size_t>(h.numel) * dtype_size(dtype);
+  const int root = h.root;
+  const bool is_root = rank() == root;
+  const int world = size();
+  FERRY_ASSIGN_OR_RETURN(Tensor scratch, Tensor::zeros({h.numel}, dtype));
+  uint8_t* bytes = static_cast<uint8_t*>(scratch.data());
+  switch (static_cast<CollectiveKind>(h.kind)) {
+    case CollectiveKind::kBroadcast: {
+      gloo::BroadcastOptions opts(context_);
+      opts.setRoot(root);
+      opts.setOutput<uint8_t>(bytes, n);
+      opts.setTag(tag);
+      opts.setTimeout(context_->getTimeout());
+      gloo::broadcast(opts);
+      return absl::OkStatus();
+    }
+    case CollectiveKind::kAllReduce:
+    case CollectiveKind::kReduce: {
+      const bool all = static_cast<CollectiveKind>(h.kind) == CollectiveKind::kAllReduce;
+      FERRY_ASSIGN_OR_RETURN(internal::ReduceFn fn,
+                             internal::reduce_function(dtype, static_cast<ReduceOp>(h.reduce_op), "stand-in"));
+      if (all) {
+        gloo::AllreduceOptions opts(context_);
+        visit_dtype(dtype, [&]<typename T>() { opts.setOutput<T>(reinterpret_cast<T*>(bytes), static_cast<size_t>(h.numel)); });
+        opts.setReduceFunction(fn);
+        opts.setTag(tag);
+        opts.setTimeout(context_->getTimeout());
+        gloo::allreduce(opts);
+        return absl::OkStatus();
+      }
+      FERRY_ASSIGN_OR_RETURN(Tensor out, Tensor::zeros({h.numel}, dtype));
+      gloo::ReduceOptions opts(context_);
+      visit_dtype(dtype, [&]<typename T>() {
+        if (is_root) {
+          opts.setOutput<T>(reinterpret_cast<T*>(bytes), static_cast<size_t>(h.numel));
+        } else {
+          opts.setInput<T>(reinterpret_cast<T*>(bytes), static_cast<size_t>(h.numel));
+          opts.setOutput<T>(static_cast<T*>(out.data()), static_cast<size_t>(h.numel));
+        }
+      });
+      opts.setRoot(root);
+      opts.setReduceFunction(fn);
+      opts.setTag(tag);
+      opts.setTimeout(context_->getTimeout());
+      gloo::reduce(opts);
+      return absl::OkStatus();
+    }
+    case CollectiveKind::kAllGather: {
+      std::vector<uint8_t> flat(n * static_cast<size_t>(world));
+      gloo::AllgatherOptions opts(context_);
+      opts.setInput<uint8_t>(bytes, n);
+      opts.setOutput<uint8_t>(flat.data(), flat.size());
+      opts.setTag(tag);
+      opts.setTimeout(context_->getTimeout());
+      gloo::allgather(opts);
+      return absl::OkStatus();
+    }
+    case CollectiveKind::kGather: {
+      std::vector<uint8_t> flat(is_root ? n * static_cast<size_t>(world) : 0);
+      gloo::GatherOptions opts(context_);
+      opts.setInput<uint8_t>(bytes, n);
+      if (is_root) opts.setOutput<uint8_t>(flat.data(), flat.size());
+      opts.setRoot(root);
+      opts.setTag(tag);
+      opts.setTimeout(context_->getTimeout());
+      gloo::gather(opts);
+      return absl::OkStatus();
+    }
+    case CollectiveKind::kScatter: {
+      std::vector<std::vector<uint8_t>> parts;
+      std::vector<uint8_t*> ptrs;
+      if (is_root) {
+        for (int r = 0; r < world; ++r) {
+          parts.emplace_back(n);
+          ptrs.push_back(parts.back().data());
+        }
+      }
+      gloo::ScatterOptions opts(context_);
+      if (is_root) opts.setInputs<uint8_t>(ptrs, n);
+      opts.setOutput<uint8_t>(bytes, n);
+      opts.setRoot(root);
+      opts.setTag(tag);
+      opts.setTimeout(context_->getTimeout());
+      gloo::scatter(opts);
+      return absl::OkStatus();
+    }
+    case CollectiveKind::kBarrier:
+    case CollectiveKind::kAllGatherBytes:
+      break;
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace ferry

@@ -96,6 +96,28 @@ absl::Status ProcessGroup::send_bytes(const Bytes& data, int dst, uint32_t tag,
   return s;
 }
 
+absl::Status ProcessGroup::send_bytes(std::shared_ptr<const Bytes> data, int dst, uint32_t tag,
+                                      std::optional<std::chrono::milliseconds> timeout) {
+  if (!is_member()) return not_member_error("send_bytes", ranks_);
+  if (data == nullptr) return absl::InvalidArgumentError("send_bytes: the data is null");
+  FERRY_RETURN_IF_ERROR(check_peer("send_bytes", "dst", dst, rank_, world_size_));
+  if (timeout.has_value() && *timeout <= std::chrono::milliseconds::zero()) {
+    return absl::InvalidArgumentError(absl::StrCat("send_bytes: timeout ", timeout->count(), " ms must be positive"));
+  }
+  FERRY_RETURN_IF_ERROR(impl_->begin_p2p("send_bytes"));
+  const uint8_t* bytes = data->data();
+  const size_t size = data->size();
+  absl::Status s = impl_->send_bytes("send_bytes", bytes, size, std::move(data), dst, tag, timeout.value_or(timeout_));
+  impl_->end_p2p();
+  return s;
+}
+
+void ProcessGroup::cancel_sends(int dst, std::string_view why) {
+  if (!is_member() || dst < 0 || dst >= world_size_) return;
+  impl_->cancel_sends(dst, absl::UnavailableError(absl::StrCat("send_bytes to rank ", dst, " (", impl_->description(),
+                                                               ") given up: ", internal::av(why))));
+}
+
 absl::StatusOr<ProcessGroup::ReceivedBytes> ProcessGroup::recv_bytes(std::optional<int> src, uint32_t tag,
                                                                      std::optional<std::chrono::milliseconds> timeout) {
   if (!is_member()) return not_member_error("recv_bytes", ranks_);

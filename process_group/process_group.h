@@ -15,9 +15,11 @@
 //
 // Contract, as in torch.distributed: every rank of a group calls the same collectives
 // in the same order with matching arguments. Arguments that do not match across ranks
-// (shapes, dtypes, roots, reduce ops, the collective itself) are detected before any
-// data moves: every rank fails with the same message naming both ranks, e.g.
-// "all_reduce: tensor shape [4] on rank 1 differs from [3] on rank 0".
+// (shapes, dtypes, roots, reduce ops, the collective itself) are detected: every rank
+// fails with the same message naming both ranks, e.g. "all_reduce: tensor shape [4] on
+// rank 1 differs from [3] on rank 0". The check overlaps the data: ranks whose
+// arguments differ never exchange data with each other, but the output tensors of a
+// collective that failed this way hold unspecified values.
 //
 // Errors: a rank that dies or disconnects makes the others' pending and later
 // operations fail (kUnavailable, or kDeadlineExceeded when nothing arrives within the
@@ -205,6 +207,15 @@ class ProcessGroup {
   };
   absl::Status send_bytes(const Bytes& data, int dst, uint32_t tag = 0,
                           std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+  // Like send_bytes, for a sender that must be able to give up on a peer that stopped
+  // reading: the group shares `data` (data over 64 KiB is never copied), so Gloo may go on
+  // sending it after this returns. cancel_sends(dst) ends the wait of every such send
+  // to `dst` at once with kUnavailable (saying `why`) and without breaking the group,
+  // as a Gloo timeout would; the message stays posted, and goes if `dst` takes it later.
+  // Sends of the other overload are not cancelled. Thread-safe.
+  absl::Status send_bytes(std::shared_ptr<const Bytes> data, int dst, uint32_t tag = 0,
+                          std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+  void cancel_sends(int dst, std::string_view why);
   // From rank `src`, or from any other rank when src is empty (source_rank says which).
   absl::StatusOr<ReceivedBytes> recv_bytes(std::optional<int> src = std::nullopt, uint32_t tag = 0,
                                            std::optional<std::chrono::milliseconds> timeout = std::nullopt);

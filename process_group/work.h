@@ -57,7 +57,8 @@ class Work {
   // The operation as a Future: OK with the sender's rank for a receive (-1 for every
   // other operation), or the operation's error. Its callbacks (and add_callback's) run
   // on the thread that completes the operation — the group's worker thread for a
-  // collective, the operation's own thread for isend/irecv — or at once on the calling
+  // collective (a blocking collective may run on its caller's thread; its Work is not
+  // handed out), the operation's own thread for isend/irecv — or at once on the calling
   // thread when it is complete already. Keep them short: a callback that waits for
   // another collective of the same group blocks the worker thread that would run it.
   Future<int> future() const;

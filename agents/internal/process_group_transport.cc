@@ -192,9 +192,8 @@ struct ProcessGroupTransport::State : std::enable_shared_from_this<State> {
     void close() override {}
   };
   struct Outgoing {
-    int rank;
-    int peer;  // the member id of a request's target; -1 for replies and goodbyes
-    Bytes frame;
+    int peer;  // the member id of a request's target; -1 for replies, -2 for goodbyes
+    std::shared_ptr<const Bytes> frame;
   };
 
   std::string name;
@@ -207,7 +206,9 @@ struct ProcessGroupTransport::State : std::enable_shared_from_this<State> {
 
   std::mutex mu;
   std::condition_variable cv;
-  std::deque<Outgoing> queue;        // guarded by mu
+  std::vector<std::deque<Outgoing>> queues;  // by rank; guarded by mu
+  std::vector<std::unique_ptr<std::condition_variable>> queue_cvs;  // by rank: its senders wait on it
+  int queued = 0;                    // frames in all queues; guarded by mu
   int sending = 0;                   // guarded by mu
   bool closing = false;              // guarded by mu: no new frames
   bool stop_senders = false;         // guarded by mu
@@ -217,6 +218,9 @@ struct ProcessGroupTransport::State : std::enable_shared_from_this<State> {
   std::vector<std::thread> senders;
   std::vector<std::thread> receivers;
   std::vector<std::unique_ptr<std::atomic<bool>>> said_goodbye;  // by rank
+  // By rank: bumped by disconnect(), which gives up on the sends in flight. A sender
+  // whose send failed across a bump leaves the verdict to whoever disconnected.
+  std::vector<std::unique_ptr<std::atomic<uint64_t>>> disconnects;
 
   std::atomic<uint64_t> frames_sent{0};
   std::atomic<uint64_t> frames_received{0};
@@ -224,12 +228,15 @@ struct ProcessGroupTransport::State : std::enable_shared_from_this<State> {
   std::atomic<uint64_t> bytes_received{0};
 
   void enqueue(int to_rank, int peer, FrameKind kind, const Wire& wire) {
-    Bytes frame = encode_frame(kind, name, wire);
+    auto frame = std::make_shared<const Bytes>(encode_frame(kind, name, wire));
     std::lock_guard<std::mutex> lock(mu);
     if (closing) return;  // the core fails what is pending when it shuts down
-    queue.push_back(Outgoing{to_rank, peer, std::move(frame)});
-    cv.notify_one();
+    queues[static_cast<size_t>(to_rank)].push_back(Outgoing{peer, std::move(frame)});
+    ++queued;
+    queue_cvs[static_cast<size_t>(to_rank)]->notify_one();
   }
+
+  bool drained() const { return queued == 0 && sending == 0; }  // with mu held
 
   int id_of(int r) {
     std::lock_guard<std::mutex> lock(mu);
@@ -254,30 +261,39 @@ struct ProcessGroupTransport::State : std::enable_shared_from_this<State> {
                                                                   " is unreachable: ", why.message())));
   }
 
-  void send_loop() {
+  // One of rank `r`'s senders: frames to other ranks never wait behind a rank that
+  // stopped reading. Sends carry no Gloo timeout (one would break the group for every
+  // rank); a send to a rank that does not drain waits until disconnect() or close()
+  // gives up on it, and the core's call timeouts and heartbeat decide when.
+  void send_loop(int r) {
     TransportThreadScope transport_thread;
     AgentThreadScope agent_thread;
+    std::deque<Outgoing>& queue = queues[static_cast<size_t>(r)];
+    std::condition_variable& queue_cv = *queue_cvs[static_cast<size_t>(r)];
+    std::atomic<uint64_t>& disconnected = *disconnects[static_cast<size_t>(r)];
     for (;;) {
       Outgoing out;
       {
         std::unique_lock<std::mutex> lock(mu);
-        cv.wait(lock, [&] { return !queue.empty() || stop_senders; });
+        queue_cv.wait(lock, [&] { return !queue.empty() || stop_senders; });
         if (queue.empty()) return;
         out = std::move(queue.front());
         queue.pop_front();
+        --queued;
         ++sending;
       }
-      const bool goodbye = out.peer == -2;
-      absl::Status s = group->send_bytes(out.frame, out.rank, kProcessGroupAgentTag,
-                                         goodbye ? std::min(group->timeout(), std::chrono::milliseconds(5000))
-                                                 : group->timeout());
+      const uint64_t generation = disconnected.load();
+      const size_t size = out.frame->size();
+      absl::Status s = group->send_bytes(std::move(out.frame), r, kProcessGroupAgentTag, ProcessGroup::kWaitIndefinitely);
       if (s.ok()) {
         frames_sent.fetch_add(1, std::memory_order_relaxed);
-        bytes_sent.fetch_add(out.frame.size(), std::memory_order_relaxed);
+        bytes_sent.fetch_add(size, std::memory_order_relaxed);
+      } else if (disconnected.load() != generation) {
+        FERRY_LOG(INFO) << name << ": gave up a frame to " << name_of(r) << ": " << s;
       } else if (out.peer >= 0) {
-        lost(out.rank, s);
-      } else if (!goodbye) {
-        FERRY_LOG(INFO) << name << ": reply to " << name_of(out.rank) << " not delivered: " << s;
+        lost(r, s);
+      } else if (out.peer == -1) {
+        FERRY_LOG(INFO) << name << ": reply to " << name_of(r) << " not delivered: " << s;
       }
       {
         std::lock_guard<std::mutex> lock(mu);
@@ -350,16 +366,22 @@ absl::StatusOr<std::unique_ptr<ProcessGroupTransport>> ProcessGroupTransport::cr
   state->world = group->world_size();
   state->num_threads = num_send_recv_threads;
   state->group = std::move(group);
-  for (int r = 0; r < state->world; ++r) state->said_goodbye.push_back(std::make_unique<std::atomic<bool>>(false));
+  state->queues.resize(static_cast<size_t>(state->world));
+  for (int r = 0; r < state->world; ++r) state->queue_cvs.push_back(std::make_unique<std::condition_variable>());
+  for (int r = 0; r < state->world; ++r) {
+    state->said_goodbye.push_back(std::make_unique<std::atomic<bool>>(false));
+    state->disconnects.push_back(std::make_unique<std::atomic<uint64_t>>(0));
+  }
   return std::unique_ptr<ProcessGroupTransport>(new ProcessGroupTransport(std::move(state)));
 }
 
 absl::StatusOr<std::string> ProcessGroupTransport::listen(std::weak_ptr<TransportEvents> events) {
   State& s = *state_;
   s.events = std::move(events);
-  for (int i = 0; i < s.num_threads; ++i) s.senders.emplace_back([state = state_] { state->send_loop(); });
   for (int r = 0; r < s.world; ++r) {
-    if (r != s.rank) s.receivers.emplace_back([state = state_, r] { state->receive_loop(r); });
+    if (r == s.rank) continue;
+    for (int i = 0; i < s.num_threads; ++i) s.senders.emplace_back([state = state_, r] { state->send_loop(r); });
+    s.receivers.emplace_back([state = state_, r] { state->receive_loop(r); });
   }
   return process_group_address(s.rank);
 }
@@ -398,7 +420,25 @@ void ProcessGroupTransport::send(int peer, const std::string& peer_name, const s
   s.enqueue(*rank, peer, FrameKind::kRequest, wire);
 }
 
-void ProcessGroupTransport::disconnect(int peer) { (void)peer; }
+void ProcessGroupTransport::disconnect(int peer) {
+  State& s = *state_;
+  int rank = -1;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    for (const auto& [r, id] : s.ids_by_rank) {
+      if (id == peer) rank = r;
+    }
+    if (rank < 0) return;
+    // What is queued for it is for calls the core fails now.
+    std::deque<State::Outgoing>& queue = s.queues[static_cast<size_t>(rank)];
+    s.queued -= static_cast<int>(queue.size());
+    queue.clear();
+    s.disconnects[static_cast<size_t>(rank)]->fetch_add(1);
+  }
+  s.cv.notify_all();
+  // Senders stuck on a rank that stopped reading return; the group stays whole.
+  s.group->cancel_sends(rank, absl::StrCat("worker ", s.name_of(rank), " was disconnected"));
+}
 
 void ProcessGroupTransport::close() {
   State& s = *state_;
@@ -409,19 +449,36 @@ void ProcessGroupTransport::close() {
       return;
     }
     // What is queued still goes (replies to requests served before the end), then a
-    // goodbye to every rank that has not said goodbye to us, in parallel.
-    s.cv.wait(lock, [&] { return s.queue.empty() && s.sending == 0; });
+    // goodbye to every rank that has not said goodbye to us, in parallel. A rank that
+    // does not drain (stopped) is given up on after the group's timeout.
+    s.cv.wait_until(lock, std::chrono::steady_clock::now() + s.group->timeout(), [&] { return s.drained(); });
     s.closing = true;
     if (!s.senders.empty()) {
       Wire bye;
+      auto frame = std::make_shared<const Bytes>(encode_frame(FrameKind::kGoodbye, s.name, bye));
       for (int r = 0; r < s.world; ++r) {
         if (r == s.rank || s.said_goodbye[static_cast<size_t>(r)]->load()) continue;
-        s.queue.push_back(State::Outgoing{r, -2, encode_frame(FrameKind::kGoodbye, s.name, bye)});
+        s.queues[static_cast<size_t>(r)].push_back(State::Outgoing{-2, frame});
+        ++s.queued;
       }
     }
     s.stop_senders = true;
+    for (auto& queue_cv : s.queue_cvs) queue_cv->notify_all();
+    s.cv.wait_until(lock, std::chrono::steady_clock::now() + std::min(s.group->timeout(), std::chrono::milliseconds(5000)),
+                    [&] { return s.drained(); });
+    for (auto& queue : s.queues) queue.clear();
+    s.queued = 0;
   }
   s.cv.notify_all();
+  // Give up on what is still in flight. A sender may be between taking its frame and
+  // posting it when the cancel comes, so cancel again until every sender is done.
+  for (;;) {
+    for (int r = 0; r < s.world; ++r) {
+      if (r != s.rank) s.group->cancel_sends(r, "the agent is shutting down");
+    }
+    std::unique_lock<std::mutex> lock(s.mu);
+    if (s.cv.wait_for(lock, std::chrono::milliseconds(50), [&] { return s.sending == 0; })) break;
+  }
   for (std::thread& t : s.senders) t.join();
   // The only way to end a Gloo receive: shut the group down.
   s.group->shutdown();

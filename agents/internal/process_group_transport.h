@@ -14,8 +14,11 @@
 // Threads (all transport threads): one receiver per other rank, which receives from
 // that rank only — Gloo fails a receive posted on one peer's connection when that
 // connection breaks, but never tells a receive from any source, so per-peer receivers
-// are what lets a lost peer fail its calls at once — and num_send_recv_threads senders
-// that take frames from one queue and wait until the receiver has them.
+// are what lets a lost peer fail its calls at once — and, per other rank, a queue and
+// num_send_recv_threads senders that take frames from it and wait until the receiver
+// has them. Sends carry no Gloo timeout (one would break the group for every rank): a
+// rank that stops reading holds up only its own senders, until disconnect() (the core's
+// heartbeat declared it lost) or close() gives up on them (ProcessGroup::cancel_sends).
 #pragma once
 
 #include <memory>
@@ -46,10 +49,14 @@ class ProcessGroupTransport final : public Transport {
 
   absl::StatusOr<std::string> listen(std::weak_ptr<TransportEvents> events) override;
   void send(int peer, const std::string& peer_name, const std::string& address, Wire wire) override;
-  // The group's connection to a peer outlives its membership; nothing to close.
+  // The group's connection to a peer outlives its membership, so nothing closes: the
+  // frames queued for `peer` are dropped and the sends to it in flight return (their
+  // messages stay posted in Gloo). Later frames to the same rank go out as usual.
   void disconnect(int peer) override;
   // Sends what is queued, says goodbye to every rank (so a worker that leaves on
   // purpose is not taken for lost), then shuts the group down and joins its threads.
+  // A rank that does not drain is given up on after the group's timeout (its goodbye
+  // after at most 5 s).
   void close() override;
   std::map<std::string, std::string> debug_info() const override;
 

@@ -15,6 +15,7 @@
 #include <deque>
 #include <functional>
 #include <list>
+#include <map>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -27,6 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "base/logging.h"
 #include "base/status.h"
 #include "gloo/allgather.h"
@@ -66,6 +68,11 @@ constexpr uint8_t kP2PKind = 0x20;
 // like the tensor messages' ones. A message up to kBytesInline bytes rides behind its
 // header in one Gloo message; a larger one follows on its data slot.
 constexpr uint64_t kBytesHeaderPrefix = 0x42;
+// Each collective's headers travel on a slot of their own: [0x44:8][sequence:32][0:24].
+constexpr uint64_t kCollectiveHeaderPrefix = 0x44;
+inline uint64_t collective_header_slot(uint32_t seq) {
+  return (kCollectiveHeaderPrefix << 56) | (static_cast<uint64_t>(seq) << 24);
+}
 constexpr uint64_t kBytesDataPrefix = 0x43;
 struct BytesHeader {
   uint32_t magic;
@@ -226,6 +233,26 @@ inline absl::Status check_peer(std::string_view name, std::string_view what, int
 
 namespace ferry {
 
+namespace internal::pg {
+// Set on a thread for the length of a blocking collective call (all_reduce, not
+// all_reduce_async): enqueue may then run the collective on that thread.
+class RunHereIfIdle {
+ public:
+  RunHereIfIdle() : previous_(flag()) { flag() = true; }
+  ~RunHereIfIdle() { flag() = previous_; }
+  RunHereIfIdle(const RunHereIfIdle&) = delete;
+  RunHereIfIdle& operator=(const RunHereIfIdle&) = delete;
+  static bool active() { return flag(); }
+
+ private:
+  static bool& flag() {
+    thread_local bool on = false;
+    return on;
+  }
+  bool previous_;
+};
+}  // namespace internal::pg
+
 using namespace internal::pg;  // NOLINT(google-build-using-namespace): this header's own helpers
 using internal::CollectiveHeader;
 using internal::CollectiveKind;
@@ -273,6 +300,7 @@ class ProcessGroup::Impl {
     FERRY_RETURN_IF_ERROR(s);
     context_ = std::move(context);
     worker_ = std::thread([this] { worker_loop(); });
+    if (size_ > 1) checker_ = std::thread([this] { checker_loop(); });
     return absl::OkStatus();
   }
 
@@ -291,10 +319,19 @@ class ProcessGroup::Impl {
       state->complete(std::move(s));
       return Work(state);
     }
-    Task task{std::move(name), state, header, std::move(local_error), std::move(body), next_tag_};
-    // Two tags per collective: the header exchange and the operation itself (an
-    // all_gather's data would otherwise share the header's Gloo slot).
-    next_tag_ += 2;
+    Task task{std::move(name), state, header, std::move(local_error), std::move(body), next_seq_++};
+    if (RunHereIfIdle::active() && queue_.empty() && !busy_) {
+      // A blocking call with nothing ahead of it: run it on the caller's thread, which
+      // saves two thread switches; the worker waits until it is done.
+      busy_ = true;
+      mu_.Unlock();
+      absl::Status s = usable(task.name);
+      if (s.ok()) s = run(task);
+      state->complete(std::move(s));
+      mu_.Lock();
+      busy_ = false;
+      return Work(state);
+    }
     queue_.push_back(std::move(task));
     return Work(state);
   }
@@ -377,35 +414,70 @@ class ProcessGroup::Impl {
   // when it is small) and the data, then waits until the receiver has both.
   absl::Status send_bytes(const std::string& name, const Bytes& data, int dst, uint32_t tag,
                           std::chrono::milliseconds timeout) {
+    return send_bytes(name, data.data(), data.size(), nullptr, dst, tag, timeout);
+  }
+
+  // `keep` (may be null) owns the data: with it, cancel_sends(dst) may end the wait,
+  // and the message, still posted, is kept (parked_) until the context goes.
+  absl::Status send_bytes(const std::string& name, const uint8_t* data, size_t size, std::shared_ptr<const Bytes> keep,
+                          int dst, uint32_t tag, std::chrono::milliseconds timeout) {
+    auto op = std::make_shared<PendingSend>();
+    const bool cancellable = keep != nullptr;
+    op->keep = std::move(keep);
     uint32_t seq = 0;
     {
       absl::MutexLock lock(&mu_);
       seq = bytes_send_seq_[{dst, tag}]++;
+      if (cancellable) cancellable_[dst].insert(op);
     }
-    const bool inline_data = data.size() <= kBytesInline;
-    const BytesHeader header{kBytesMagic, seq, static_cast<uint64_t>(data.size())};
-    std::vector<uint8_t> head(sizeof(BytesHeader) + (inline_data ? data.size() : 0));
-    std::memcpy(head.data(), &header, sizeof(header));
-    if (inline_data && !data.empty()) std::memcpy(head.data() + sizeof(header), data.data(), data.size());
-    std::unique_ptr<gloo::transport::UnboundBuffer> head_buf;
-    std::unique_ptr<gloo::transport::UnboundBuffer> data_buf;
+    const bool inline_data = size <= kBytesInline;
+    const BytesHeader header{kBytesMagic, seq, static_cast<uint64_t>(size)};
+    op->head.resize(sizeof(BytesHeader) + (inline_data ? size : 0));
+    std::memcpy(op->head.data(), &header, sizeof(header));
+    if (inline_data && size > 0) std::memcpy(op->head.data() + sizeof(header), data, size);
     absl::Status s = guarded_p2p(name, [&]() -> absl::Status {
-      head_buf = context_->createUnboundBuffer(head.data(), head.size());
-      if (!register_buffer(head_buf.get())) return cancelled(name);
-      head_buf->send(dst, bytes_header_slot(tag));
+      op->head_buf = context_->createUnboundBuffer(op->head.data(), op->head.size());
+      if (!register_buffer(op->head_buf.get())) return cancelled(name);
+      op->head_buf->send(dst, bytes_header_slot(tag));
       if (!inline_data) {
         // Gloo only reads from it.
-        data_buf = context_->createUnboundBuffer(const_cast<uint8_t*>(data.data()), data.size());
-        if (!register_buffer(data_buf.get())) return cancelled(name);
-        data_buf->send(dst, bytes_data_slot(tag, seq));
+        op->data_buf = context_->createUnboundBuffer(const_cast<uint8_t*>(data), size);
+        if (!register_buffer(op->data_buf.get())) return cancelled(name);
+        op->data_buf->send(dst, bytes_data_slot(tag, seq));
       }
-      if (!head_buf->waitSend(timeout)) return cancelled(name);
-      if (data_buf && !data_buf->waitSend(timeout)) return cancelled(name);
+      if (!op->head_buf->waitSend(timeout)) return cancelled(name);
+      if (op->data_buf && !op->data_buf->waitSend(timeout)) return cancelled(name);
       return absl::OkStatus();
     });
-    unregister_buffer(head_buf.get());
-    unregister_buffer(data_buf.get());
+    unregister_buffer(op->head_buf.get());
+    unregister_buffer(op->data_buf.get());
+    absl::MutexLock lock(&mu_);
+    if (cancellable) {
+      auto it = cancellable_.find(dst);
+      if (it != cancellable_.end()) {
+        it->second.erase(op);
+        if (it->second.empty()) cancellable_.erase(it);
+      }
+    }
+    if (!s.ok() && !op->why.ok()) {
+      // Cancelled: Gloo may still read the buffers, until the peer takes the message
+      // or the context goes.
+      parked_.push_back(op);
+      return op->why;
+    }
     return s;
+  }
+
+  // Ends the wait of every cancellable send to `dst` with `why` (see send_bytes).
+  void cancel_sends(int dst, const absl::Status& why) {
+    absl::MutexLock lock(&mu_);
+    auto it = cancellable_.find(dst);
+    if (it == cancellable_.end()) return;
+    for (const std::shared_ptr<PendingSend>& op : it->second) {
+      if (op->why.ok()) op->why = why;
+      if (op->head_buf) op->head_buf->abortWaitSend();
+      if (op->data_buf) op->data_buf->abortWaitSend();
+    }
   }
 
   // recv_bytes_stream: receives stay posted for (src, tag) in a ring, consumed in
@@ -580,6 +652,14 @@ class ProcessGroup::Impl {
     }
     if (worker_.joinable()) worker_.join();
     {
+      // A collective running on a blocking caller's thread (enqueue) ends too: its
+      // waits were aborted above, or its Gloo operation is bounded by the timeout.
+      absl::MutexLock lock(&mu_);
+      auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !busy_; };
+      mu_.Await(absl::Condition(&idle));
+    }
+    if (checker_.joinable()) checker_.join();
+    {
       absl::MutexLock lock(&mu_);
       auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return p2p_in_flight_ == 0; };
       mu_.Await(absl::Condition(&idle));
@@ -591,8 +671,15 @@ class ProcessGroup::Impl {
       for (auto& buf : ring->bufs) unregister_buffer(buf.get());
     }
     rings.clear();
-    // Every user of the context is gone; closing it closes the connections.
+    // Every user of the context is gone; closing it closes the connections. Cancelled
+    // sends' buffers hold the transport context too: they go with it.
+    std::vector<std::shared_ptr<PendingSend>> parked;
+    {
+      absl::MutexLock lock(&mu_);
+      parked.swap(parked_);
+    }
     context_.reset();
+    parked.clear();
     absl::MutexLock lock(&mu_);
     shut_down_ = true;
   }
@@ -604,7 +691,25 @@ class ProcessGroup::Impl {
     CollectiveHeader header;
     absl::Status local_error;
     Body body;
-    uint32_t tag;
+    uint32_t seq;  // the collective's number in this group: the same on every rank
+  };
+
+  // One collective's header exchange: this rank's header goes to every other rank,
+  // theirs come in; the checker thread waits for them (see run()).
+  // The checker posts the receives one collective ahead; the collective's thread
+  // fills in this rank's header, sends it and marks the exchange started. Only the
+  // checker releases the buffers.
+  struct HeaderExchange {
+    uint32_t seq = 0;
+    std::string name;                       // set before `started`
+    CollectiveHeader own;                   // set before `started`
+    std::vector<CollectiveHeader> headers;  // by group rank; headers[rank_] is `own`
+    std::unique_ptr<gloo::transport::UnboundBuffer> send_buf;                 // set before `started`
+    std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> recv_bufs;  // by rank; none for this one
+    absl::Status posted;     // why the receives or the send could not be posted
+    bool started = false;    // guarded by mu_
+    absl::Status transport;  // set before `done`: OK once every header arrived and ours went out
+    absl::Notification done;
   };
 
   // The receives recv_bytes_stream keeps posted for one (rank, tag).
@@ -615,6 +720,15 @@ class ProcessGroup::Impl {
     std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> bufs;
     size_t next = 0;
     absl::Status failed;  // a re-post that failed: every later call returns it
+  };
+
+  // A byte message being sent. The buffers are declared last, so they go first.
+  struct PendingSend {
+    std::vector<uint8_t> head;          // the header, and the data when it is inline
+    std::shared_ptr<const Bytes> keep;  // owns larger data, for a cancellable send
+    absl::Status why;                   // set by cancel_sends (under mu_)
+    std::unique_ptr<gloo::transport::UnboundBuffer> head_buf;
+    std::unique_ptr<gloo::transport::UnboundBuffer> data_buf;
   };
 
   struct P2PThread {
@@ -746,33 +860,211 @@ class ProcessGroup::Impl {
       Task task;
       {
         absl::MutexLock lock(&mu_);
-        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !queue_.empty() || closed_; };
+        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return (!queue_.empty() && !busy_) || closed_; };
         mu_.Await(absl::Condition(&ready));
         if (queue_.empty()) return;
         task = std::move(queue_.front());
         queue_.pop_front();
+        busy_ = true;
       }
       absl::Status s = usable(task.name);
       if (s.ok()) s = run(task);
       task.state->complete(std::move(s));
+      absl::MutexLock lock(&mu_);
+      busy_ = false;
     }
   }
 
+  // A collective. The header check costs no round trip of its own:
+  //  1. this rank's header is sent to every other rank on the collective's own header
+  //     slot, without waiting; the checker thread posted the receives for the others'
+  //     one collective ahead (post_exchange) and waits for them;
+  //  2. a rank that moves data (moves_data) runs its Gloo operation at once, on a tag
+  //     that carries its arguments' signature (data_tag), so ranks whose arguments
+  //     differ never exchange data with each other;
+  //  3. once every header is in, every rank runs check_headers on the same headers and
+  //     reaches the same verdict. The headers were sent before the data, on the same
+  //     connections, so on the steady path they are there when the data is.
+  // When the signatures differ, the operations on different tags would wait for each
+  // other forever: the checker of every rank therefore also takes part, with scratch
+  // buffers, in each other signature's operation (release_others), which lets every
+  // rank's own operation finish; then all of them report the mismatch. Barrier and
+  // all_gather_bytes (which needs every rank's size) wait for the headers first.
+  // This rank's wait for the headers is bounded by the group's timeout; past it the
+  // collective fails with kDeadlineExceeded and the group is broken, as after a Gloo
+  // timeout.
   absl::Status run(Task& task) {
-    return guarded(task.name, [&]() -> absl::Status {
-      // The header exchange: an all-gather of every rank's header. It is also a
-      // barrier: no rank passes it before every rank has entered the collective.
-      std::vector<CollectiveHeader> headers(size_);
-      gloo::AllgatherOptions opts(context_);
-      opts.setInput<uint8_t>(reinterpret_cast<uint8_t*>(&task.header), sizeof(CollectiveHeader));
-      opts.setOutput<uint8_t>(reinterpret_cast<uint8_t*>(headers.data()), sizeof(CollectiveHeader) * size_);
-      opts.setTag(task.tag);
-      opts.setTimeout(timeout_);
-      gloo::allgather(opts);
-      FERRY_RETURN_IF_ERROR(internal::check_headers(headers, task.local_error));
-      return task.body(*this, task.tag + 1, headers);
-    });
+    const bool early = moves_data(task.header);
+    const uint32_t tag = internal::data_tag(signature(task.header), task.seq);
+    if (size_ == 1) {
+      FERRY_RETURN_IF_ERROR(internal::check_headers({task.header}, task.local_error));
+      return guarded(task.name, [&] { return task.body(*this, tag, {task.header}); });
+    }
+    std::shared_ptr<HeaderExchange> exchange;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this, &task]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return (posted_ != nullptr && posted_->seq == task.seq) || closed_;
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (posted_ == nullptr || posted_->seq != task.seq) return cancelled(task.name);
+      exchange = posted_;
+    }
+    exchange->name = task.name;
+    exchange->own = task.header;
+    exchange->headers[rank_] = task.header;
+    absl::Status sent = exchange->posted;
+    if (sent.ok()) {
+      sent = catch_gloo(task.name, description_, [&]() -> absl::Status {
+        exchange->send_buf = context_->createUnboundBuffer(&exchange->own, sizeof(CollectiveHeader));
+        if (!register_buffer(exchange->send_buf.get())) return cancelled(task.name);
+        const uint64_t slot = collective_header_slot(task.seq);
+        for (int r = 0; r < size_; ++r) {
+          if (r != rank_) exchange->send_buf->send(r, slot);
+        }
+        return absl::OkStatus();
+      });
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      exchange->posted = sent;
+      exchange->started = true;
+    }
+    absl::Status data;
+    if (early && sent.ok()) data = guarded(task.name, [&] { return task.body(*this, tag, {}); });
+    if (!exchange->done.WaitForNotificationWithTimeout(absl::FromChrono(timeout_))) {
+      absl::Status late = absl::DeadlineExceededError(absl::StrCat(
+          task.name, " (", description_, "): timed out after ", timeout_.count(),
+          " ms waiting for every rank's arguments (has every rank called it?)"));
+      absl::MutexLock lock(&mu_);
+      if (broken_.ok()) broken_ = late;
+      return late;
+    }
+    if (!exchange->transport.ok()) {
+      if (early && !data.ok()) return data;
+      if (absl::IsCancelled(exchange->transport)) return cancelled(task.name);
+      // The checker waited before it knew the collective's name: name it now.
+      const std::string prefix = absl::StrCat(internal::av(kExchangeName), " (", description_, "): ");
+      std::string text(exchange->transport.message());
+      if (absl::StartsWith(text, prefix)) text.erase(0, prefix.size());
+      absl::Status failed(exchange->transport.code(), absl::StrCat(task.name, " (", description_, "): ", text));
+      absl::MutexLock lock(&mu_);
+      if (broken_.ok()) broken_ = failed;
+      return failed;
+    }
+    // Every header is in: the verdict wins over what the data operation said.
+    FERRY_RETURN_IF_ERROR(internal::check_headers(exchange->headers, task.local_error));
+    if (early) return data;
+    return guarded(task.name, [&] { return task.body(*this, tag, exchange->headers); });
   }
+
+  static constexpr std::string_view kExchangeName = "collective header exchange";
+
+  // Posts the receives of collective `seq`'s headers (see run()).
+  std::shared_ptr<HeaderExchange> post_exchange(uint32_t seq) {
+    auto exchange = std::make_shared<HeaderExchange>();
+    exchange->seq = seq;
+    exchange->headers.resize(size_);
+    exchange->recv_bufs.resize(size_);
+    exchange->posted = catch_gloo(kExchangeName, description_, [&]() -> absl::Status {
+      const uint64_t slot = collective_header_slot(seq);
+      for (int r = 0; r < size_; ++r) {
+        if (r == rank_) continue;
+        exchange->recv_bufs[r] = context_->createUnboundBuffer(&exchange->headers[r], sizeof(CollectiveHeader));
+        if (!register_buffer(exchange->recv_bufs[r].get())) return cancelled(kExchangeName);
+        exchange->recv_bufs[r]->recv(r, slot);
+      }
+      return absl::OkStatus();
+    });
+    absl::MutexLock lock(&mu_);
+    posted_ = exchange;
+    return exchange;
+  }
+
+  void release(HeaderExchange& exchange) {
+    unregister_buffer(exchange.send_buf.get());
+    for (auto& buf : exchange.recv_bufs) unregister_buffer(buf.get());
+  }
+
+  // Waits for each collective's headers in turn (see run()). The receives of the next
+  // collective are posted before this one is done, so a peer's header goes out at once
+  // and lands without a round trip. The checker waits for them without a timeout, since
+  // the group may sit idle; the collective's thread bounds its own wait.
+  void checker_loop() {
+    std::shared_ptr<HeaderExchange> exchange = post_exchange(0);
+    for (;;) {
+      absl::Status s = exchange->posted;
+      if (s.ok()) {
+        s = catch_gloo(kExchangeName, description_, [&]() -> absl::Status {
+          for (int r = 0; r < size_; ++r) {
+            if (r != rank_ && !exchange->recv_bufs[r]->waitRecv(nullptr, ProcessGroup::kWaitIndefinitely)) {
+              return cancelled(kExchangeName);
+            }
+          }
+          return absl::OkStatus();
+        });
+      }
+      bool started = false;
+      {
+        absl::MutexLock lock(&mu_);
+        auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return exchange->started || closed_; };
+        mu_.Await(absl::Condition(&ready));
+        started = exchange->started;
+      }
+      if (!started) {  // shut down before its collective began
+        release(*exchange);
+        return;
+      }
+      if (s.ok()) s = exchange->posted;
+      if (s.ok()) {
+        s = catch_gloo(exchange->name, description_, [&]() -> absl::Status {
+          for (int r = 0; r < size_ - 1; ++r) {
+            if (!exchange->send_buf->waitSend(timeout_)) return cancelled(exchange->name);
+          }
+          return absl::OkStatus();
+        });
+      }
+      if (s.ok()) release_others(*exchange);
+      // The next receives go up before this collective's thread may start the next one.
+      std::shared_ptr<HeaderExchange> next = post_exchange(exchange->seq + 1);
+      release(*exchange);
+      exchange->transport = std::move(s);
+      exchange->done.Notify();
+      exchange = std::move(next);
+    }
+  }
+
+  // Takes part, with scratch buffers, in the data operation of every signature that
+  // moves data other than this rank's own, in the order of their signatures: every
+  // rank computes the same list from the same headers, and each operation finds all
+  // ranks in it (its own ranks at once, the others once the earlier ones are done).
+  // Nothing to do when the signatures agree.
+  void release_others(const HeaderExchange& exchange) {
+    const bool mine_moves = moves_data(exchange.own);
+    const uint64_t mine = signature(exchange.own);
+    std::map<uint64_t, const CollectiveHeader*> others;
+    for (int r = 0; r < size_; ++r) {
+      const CollectiveHeader& h = exchange.headers[r];
+      if (r == rank_ || !internal::validate_header(h, static_cast<size_t>(r), static_cast<size_t>(size_)).ok() ||
+          !moves_data(h)) {
+        continue;
+      }
+      const uint64_t sig = signature(h);
+      if (mine_moves && sig == mine) continue;
+      others.emplace(sig, &h);
+    }
+    for (const auto& [sig, h] : others) {
+      absl::Status s = guarded(exchange.name, [&] { return run_stand_in(*h, internal::data_tag(sig, exchange.seq)); });
+      if (!s.ok()) {
+        FERRY_LOG(INFO) << exchange.name << " (" << description_ << "): standing in for a mismatched rank: " << s;
+        return;
+      }
+    }
+  }
+
+  // Runs the data operation a rank with header `h` runs, on tag `tag`, with scratch
+  // buffers (collectives.cc).
+  absl::Status run_stand_in(const CollectiveHeader& h, uint32_t tag);
 
   const int rank_;
   const int size_;
@@ -787,9 +1079,12 @@ class ProcessGroup::Impl {
 
  private:
   std::thread worker_;
+  std::thread checker_;  // waits for collective headers (size_ > 1)
   mutable absl::Mutex mu_;
   std::deque<Task> queue_ ABSL_GUARDED_BY(mu_);
-  uint32_t next_tag_ ABSL_GUARDED_BY(mu_) = 0;
+  uint32_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;  // a collective is running (worker or caller)
+  std::shared_ptr<HeaderExchange> posted_ ABSL_GUARDED_BY(mu_);  // the next collective's exchange
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status broken_ ABSL_GUARDED_BY(mu_);
@@ -799,6 +1094,8 @@ class ProcessGroup::Impl {
   int p2p_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   std::list<P2PThread> threads_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::pair<int, uint32_t>, std::shared_ptr<PostedRing>> rings_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<int, std::set<std::shared_ptr<PendingSend>>> cancellable_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<PendingSend>> parked_ ABSL_GUARDED_BY(mu_);
 };
 
 // A non-member handle, a shut-down group or a broken one cannot run anything; the

@@ -164,6 +164,40 @@ CollectiveHeader make_header(CollectiveKind kind, const Tensor* tensor, int root
   return h;
 }
 
+uint64_t signature(const CollectiveHeader& h) {
+  uint64_t x = 1469598103934665603ull;
+  auto mix = [&x](uint64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      x ^= (v >> (8 * i)) & 0xff;
+      x *= 1099511628211ull;
+    }
+  };
+  mix(h.kind);
+  mix(h.has_error);
+  if (h.kind < 1 || h.kind > 8 || h.has_error) return x;
+  const auto kind = static_cast<CollectiveKind>(h.kind);
+  if (uses_root(kind)) mix(static_cast<uint64_t>(static_cast<uint32_t>(h.root)));
+  if (uses_reduce_op(kind)) mix(h.reduce_op);
+  if (uses_tensor(kind)) {
+    mix(h.dtype);
+    mix(static_cast<uint64_t>(static_cast<uint32_t>(h.ndim)));
+    mix(static_cast<uint64_t>(h.numel));
+    mix(h.shape_hash);
+  }
+  return x;
+}
+
+bool moves_data(const CollectiveHeader& h) {
+  if (h.has_error || h.kind < 1 || h.kind > 8) return false;
+  return uses_tensor(static_cast<CollectiveKind>(h.kind)) && h.numel > 0;
+}
+
+uint32_t data_tag(uint64_t signature, uint32_t seq) {
+  // Fold the whole hash into 24 bits, so no part of it is lost.
+  const uint64_t folded = signature ^ (signature >> 24) ^ (signature >> 48);
+  return static_cast<uint32_t>((folded & 0xffffffu) << 8) | (seq & 0xffu);
+}
+
 std::string header_shape_string(const CollectiveHeader& h) {
   const int shown = std::clamp<int>(h.ndim, 0, CollectiveHeader::kMaxDims);
   std::vector<int64_t> dims(h.dims, h.dims + shown);

@@ -86,6 +86,22 @@ absl::Status validate_p2p_header(const CollectiveHeader& h, uint8_t p2p_kind, in
 // the first such rank. Otherwise fields that must agree are compared with rank 0's.
 absl::Status check_headers(const std::vector<CollectiveHeader>& headers, const absl::Status& local_error);
 
+// A hash of the fields check_headers compares (the collective, and as the kind uses
+// them: root, reduce op, dtype, shape). Headers that check_headers accepts have equal
+// signatures; headers it rejects for a mismatch differ, but for a hash collision.
+uint64_t signature(const CollectiveHeader& h);
+
+// Whether a rank with header `h` moves data in its collective: no local error, a
+// collective with data (not barrier or all_gather_bytes) and at least one element.
+// Ranks run such a collective before the headers are checked (see group_impl.h).
+bool moves_data(const CollectiveHeader& h);
+
+// The Gloo tag of collective number `seq`'s data: the signature's low 24 bits and the
+// sequence number's low 8. Ranks whose arguments differ use different slots, so Gloo
+// never matches messages of different sizes; 256 collectives of one group never run
+// at once (a rank completes one only after every rank has entered it).
+uint32_t data_tag(uint64_t signature, uint32_t seq);
+
 // "[4, 3]"; for more than kMaxDims dimensions, the first ones and a count.
 std::string header_shape_string(const CollectiveHeader& h);
 

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <fstream>
 #include <functional>
 #include <thread>
 
@@ -270,6 +271,70 @@ TEST_P(AgentConformance, ASilentPeerIsDeclaredLostByTheHeartbeat) {
   ASSERT_EQ(results.size(), 2u);
   EXPECT_TRUE(results[0].exited && results[0].exit_code == 0) << results[0].describe();
   EXPECT_EQ(results[1].term_signal, SIGKILL) << results[1].describe();
+}
+
+// Whether process `pid` is stopped (state T in /proc/<pid>/stat).
+bool is_stopped(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(stat, line);
+  size_t paren = line.rfind(')');
+  return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'T';
+}
+
+// A peer that stops reading (SIGSTOP, sockets open) holds up nothing but calls to
+// itself: calls to the third worker keep completing while large messages to the
+// stopped one are stuck, and those fail with kUnavailable once the heartbeat gives up.
+TEST_P(AgentConformance, AStoppedPeerDoesNotHoldUpCallsToOthers) {
+  ferry::testing::TempDir dir;
+  std::vector<ferry::testing::ProcessResult> results = ferry::testing::run_processes(3, [&](int rank) {
+    auto agent = make(GetParam(), dir.path(), rank, 3);
+    std::shared_ptr<Store> store = file_store(dir.path());
+    if (rank == 1) {
+      ASSERT_OK(store->set("pid", to_bytes(std::to_string(getpid()))));
+      ASSERT_OK(store->wait({"go"}, seconds(20)));
+      raise(SIGSTOP);
+      return;
+    }
+    if (rank == 2) {
+      ASSERT_OK(store->wait({"done"}, seconds(50)));
+      agent->shutdown();
+      return;
+    }
+    EXPECT_OK(agent->send(1, request("hi")).status());
+    EXPECT_OK(agent->send(2, request("hi")).status());
+    pid_t peer = static_cast<pid_t>(std::stol(to_string(*store->get("pid", seconds(20)))));
+    ASSERT_OK(store->set("go", to_bytes("1")));
+    for (int i = 0; i < 2000 && !is_stopped(peer); ++i) std::this_thread::sleep_for(milliseconds(5));
+    ASSERT_TRUE(is_stopped(peer));
+    auto start = std::chrono::steady_clock::now();
+    // More large messages than there are senders: each waits for a receive that the
+    // stopped process never posts. No call timeout: only the heartbeat ends them.
+    std::vector<Future<Message>> stuck;
+    for (int i = 0; i < 16; ++i) {
+      Message m = request("big");
+      m.tensors().push_back(*Tensor::zeros({int64_t{1} << 18}, DType::kUInt8));
+      stuck.push_back(agent->send(1, std::move(m), milliseconds(0)));
+    }
+    for (int i = 0; i < 20; ++i) {
+      absl::StatusOr<Message> reply = agent->send(2, request("still there?")).result();
+      ASSERT_OK(reply.status()) << "call " << i << " to the running worker";
+      EXPECT_EQ(reply->payload(), "still there? from w0 via w2");
+    }
+    for (Future<Message>& f : stuck) {
+      EXPECT_THAT(f.status(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("w1")));
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, seconds(15));
+    // The worker that still runs is still reachable.
+    EXPECT_OK(agent->send(2, request("after")).status());
+    kill(peer, SIGKILL);
+    ASSERT_OK(store->set("done", to_bytes("1")));
+    agent->shutdown();
+  }, seconds(60));
+  ASSERT_EQ(results.size(), 3u);
+  EXPECT_TRUE(results[0].exited && results[0].exit_code == 0) << results[0].describe();
+  EXPECT_EQ(results[1].term_signal, SIGKILL) << results[1].describe();
+  EXPECT_TRUE(results[2].exited && results[2].exit_code == 0) << results[2].describe();
 }
 
 TEST_P(AgentConformance, GracefulShutdownFinishesCallsInFlight) {

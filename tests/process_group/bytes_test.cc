@@ -4,7 +4,9 @@
 #include <signal.h>
 #include <stdlib.h>
 
+#include <atomic>
 #include <chrono>
+#include <thread>
 #include <map>
 #include <string>
 #include <vector>
@@ -154,6 +156,49 @@ TEST(ProcessGroupBytesTest, ALostPeerFailsItsReceiveButNotTheGroup) {
   EXPECT_TRUE(results[0].exited && results[0].exit_code == 0) << results[0].describe();
   EXPECT_TRUE(results[1].exited && results[1].exit_code == 0) << results[1].describe();
   EXPECT_EQ(results[2].term_signal, SIGKILL) << results[2].describe();
+}
+
+// A send to a rank that does not take it can be given up on (cancel_sends) without
+// breaking the group, as a Gloo timeout would: it fails with kUnavailable, the message
+// stays posted (the group keeps its bytes alive), and the rank that takes it later
+// gets it whole.
+TEST(ProcessGroupBytesTest, ASendCanBeGivenUpOnWithoutBreakingTheGroup) {
+  ferry::testing::TempDir dir;
+  ferry::testing::expect_all_succeed(ferry::testing::run_processes(2, [&](int rank) {
+    std::unique_ptr<ProcessGroup> group = connect(dir.path(), rank, 2);
+    ASSERT_NE(group, nullptr);
+    const Bytes expected = pattern((1u << 20) + 5, 0, 9);
+    if (rank == 0) {
+      EXPECT_THAT(group->send_bytes(std::shared_ptr<const Bytes>(), 1, 5),
+                  StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("null")));
+      absl::Status sent;
+      std::atomic<bool> done{false};
+      std::thread sender([&] {
+        // Rank 1 takes nothing on tag 5 yet: without a cancel this waits forever.
+        sent = group->send_bytes(std::make_shared<const Bytes>(expected), 1, 5, ProcessGroup::kWaitIndefinitely);
+        done.store(true);
+      });
+      // The cancel may come before the send is posted: repeat it until it lands.
+      for (int i = 0; i < 2000 && !done.load(); ++i) {
+        group->cancel_sends(1, "the test gives up");
+        std::this_thread::sleep_for(milliseconds(5));
+      }
+      sender.join();
+      EXPECT_THAT(sent, StatusIs(absl::StatusCode::kUnavailable,
+                                 HasSubstr("send_bytes to rank 1 (rank 0 of 2) given up: the test gives up")));
+      group->cancel_sends(1, "nothing in flight");  // no-op
+      group->cancel_sends(7, "no such rank");       // ignored
+      // The group still works; tell rank 1 to take the message now.
+      EXPECT_OK(group->send_bytes(Bytes{1}, 1, 6));
+      EXPECT_OK(group->barrier());
+    } else {
+      ASSERT_OK(group->recv_bytes(0, 6).status());
+      absl::StatusOr<ProcessGroup::ReceivedBytes> got = group->recv_bytes(0, 5);
+      ASSERT_OK(got.status());
+      EXPECT_TRUE(got->data == expected) << got->data.size() << " bytes";
+      EXPECT_OK(group->barrier());
+    }
+  }));
 }
 
 }  // namespace

@@ -117,5 +117,53 @@ TEST(HeaderValidationTest, PointToPointHeaders) {
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("overflow a byte count")));
 }
 
+// The signature decides which ranks run a collective's data together (data_tag): every
+// field check_headers compares must change it, and fields it ignores must not.
+TEST(HeaderSignatureTest, EveryComparedFieldChangesItAndOnlyThose) {
+  const CollectiveHeader base = header_for(CollectiveKind::kAllReduce, {2, 3});
+  EXPECT_EQ(signature(base), signature(header_for(CollectiveKind::kAllReduce, {2, 3})));
+  EXPECT_NE(signature(base), signature(header_for(CollectiveKind::kAllReduce, {3, 2})));
+  EXPECT_NE(signature(base), signature(header_for(CollectiveKind::kAllReduce, {6})));
+  EXPECT_NE(signature(base), signature(header_for(CollectiveKind::kAllReduce, {2, 4})));
+  EXPECT_NE(signature(base), signature(header_for(CollectiveKind::kAllReduce, {2, 3}, DType::kInt32)));
+  EXPECT_NE(signature(base), signature(header_for(CollectiveKind::kAllGather, {2, 3})));
+  CollectiveHeader max = base;
+  max.reduce_op = static_cast<uint8_t>(ReduceOp::kMax);
+  EXPECT_NE(signature(base), signature(max));
+  // A root counts for the kinds that have one, not for all_reduce.
+  EXPECT_EQ(signature(base), signature(header_for(CollectiveKind::kAllReduce, {2, 3}, DType::kFloat32, 1)));
+  EXPECT_NE(signature(header_for(CollectiveKind::kBroadcast, {2}, DType::kFloat32, 0)),
+            signature(header_for(CollectiveKind::kBroadcast, {2}, DType::kFloat32, 1)));
+  // A reduce op counts only for reductions.
+  CollectiveHeader gather = header_for(CollectiveKind::kGather, {2});
+  CollectiveHeader gather_max = gather;
+  gather_max.reduce_op = static_cast<uint8_t>(ReduceOp::kMax);
+  EXPECT_EQ(signature(gather), signature(gather_max));
+  // Headers check_headers accepts have one signature.
+  EXPECT_OK(check_headers({base, header_for(CollectiveKind::kAllReduce, {2, 3})}, absl::OkStatus()));
+  // A header with an error differs from every header without one.
+  CollectiveHeader failed = make_header(CollectiveKind::kAllReduce, nullptr, 0, ReduceOp::kSum,
+                                        absl::InvalidArgumentError("bad"));
+  EXPECT_NE(signature(base), signature(failed));
+}
+
+TEST(HeaderSignatureTest, WhoMovesDataAndTheDataTag) {
+  EXPECT_TRUE(moves_data(header_for(CollectiveKind::kAllReduce, {2, 3})));
+  EXPECT_TRUE(moves_data(header_for(CollectiveKind::kScatter, {})));  // 0-dim: one element
+  EXPECT_FALSE(moves_data(header_for(CollectiveKind::kAllReduce, {0, 3})));
+  EXPECT_FALSE(moves_data(make_header(CollectiveKind::kBarrier, nullptr, 0, ReduceOp::kSum, absl::OkStatus())));
+  EXPECT_FALSE(moves_data(
+      make_header(CollectiveKind::kAllGatherBytes, nullptr, 0, ReduceOp::kSum, absl::OkStatus(), 1000)));
+  EXPECT_FALSE(moves_data(make_header(CollectiveKind::kAllReduce, nullptr, 0, ReduceOp::kSum,
+                                      absl::InvalidArgumentError("bad"))));
+  // The tag: the sequence number's low 8 bits, and the signature above them.
+  const uint64_t sig = signature(header_for(CollectiveKind::kAllReduce, {2, 3}));
+  EXPECT_EQ(data_tag(sig, 5) & 0xffu, 5u);
+  EXPECT_EQ(data_tag(sig, 261) & 0xffu, 5u);
+  EXPECT_EQ(data_tag(sig, 5), data_tag(sig, 261));
+  EXPECT_NE(data_tag(sig, 5), data_tag(sig, 6));
+  EXPECT_NE(data_tag(sig, 5), data_tag(signature(header_for(CollectiveKind::kAllReduce, {3, 2})), 5));
+}
+
 }  // namespace
 }  // namespace ferry::internal

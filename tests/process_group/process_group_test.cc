@@ -493,6 +493,76 @@ void errors_body(const std::string& dir, int rank, int n) {
   EXPECT_THAT(group->new_group({0}), kShutDown);
 }
 
+// Ranks whose collectives differ run their data on different Gloo tags; each rank
+// then also stands in for every other signature (run_stand_in), so all of them finish
+// and report the mismatch at once, for every kind of collective, and the group works on.
+void mixed_mismatch_body(const std::string& dir, int rank, int n) {
+  std::unique_ptr<ProcessGroup> group = connect(dir, rank, n);
+  ASSERT_NE(group, nullptr);
+  const auto kInvalid = absl::StatusCode::kInvalidArgument;
+  // Four sizes at once: rank r reduces r + 1 elements.
+  EXPECT_THAT(group->all_reduce(*Tensor::zeros({rank + 1}, DType::kFloat32)),
+              StatusIs(kInvalid, "all_reduce: tensor shape [2] on rank 1 differs from [1] on rank 0"));
+  // Four kinds at once, each moving data.
+  Tensor x = *Tensor::zeros({3}, DType::kInt64);
+  absl::Status s;
+  switch (rank) {
+    case 0: s = group->broadcast(x, 1); break;
+    case 1: s = group->reduce(x, 2, ReduceOp::kMax); break;
+    case 2: s = group->all_gather({x, x, x, x}, x); break;
+    default: {
+      std::vector<Tensor> parts = {x, x, x, x};
+      s = group->scatter(x, parts, 3);
+      break;
+    }
+  }
+  EXPECT_THAT(s, StatusIs(kInvalid, "collective mismatch: rank 1 called reduce while rank 0 called broadcast "
+                                    "(every rank must call the same collectives in the same order)"));
+  // Gather on rank 3 and a barrier elsewhere: only one signature moves data.
+  if (rank == 3) {
+    s = group->gather(x, {}, 0);
+  } else {
+    s = group->barrier();
+  }
+  EXPECT_THAT(s, StatusIs(kInvalid, HasSubstr("collective mismatch: rank 3 called gather while rank 0 called "
+                                              "barrier")));
+  // None of that broke the group, nor left anything behind on its tags.
+  for (int i = 0; i < 3; ++i) {
+    Tensor ones = make(DType::kInt32, {1, 2});
+    EXPECT_OK(group->all_reduce(ones));
+    EXPECT_EQ(values(ones), (std::vector<double>{4, 8}));
+  }
+  EXPECT_OK(group->barrier());
+}
+
+TEST(ProcessGroupErrorsTest, MismatchesOfEveryKindFailEveryRankAtOnce) {
+  ferry::testing::TempDir dir;
+  ferry::testing::expect_all_succeed(
+      ferry::testing::run_processes(4, [&](int rank) { mixed_mismatch_body(dir.path(), rank, 4); }, kTestDeadline));
+}
+
+// A rank that never enters a collective: the others fail after the group's timeout,
+// saying what they waited for, and the group is broken from then on.
+TEST(ProcessGroupErrorsTest, ACollectiveSomeRankNeverCallsTimesOut) {
+  ferry::testing::TempDir dir;
+  ferry::testing::expect_all_succeed(ferry::testing::run_processes(2, [&](int rank) {
+    std::unique_ptr<ProcessGroup> group = connect(dir.path(), rank, 2, milliseconds(1500));
+    ASSERT_NE(group, nullptr);
+    std::shared_ptr<Store> store = *FileStore::create(dir.path() + "/flags");
+    if (rank == 1) {
+      ASSERT_OK(store->wait({"done"}, std::chrono::seconds(60)));
+      return;
+    }
+    EXPECT_THAT(group->barrier(),
+                StatusIs(absl::StatusCode::kDeadlineExceeded,
+                         HasSubstr("barrier (rank 0 of 2): timed out after 1500 ms waiting for every rank's arguments "
+                                   "(has every rank called it?)")));
+    EXPECT_THAT(group->all_reduce(make(DType::kFloat32, {1})),
+                StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("is broken by an earlier error")));
+    ASSERT_OK(store->set("done", Bytes{1}));
+  }, kTestDeadline));
+}
+
 TEST(ProcessGroupErrorsTest, MismatchesArgumentsAndShutdown) {
   ferry::testing::TempDir dir;
   ferry::testing::expect_all_succeed(
