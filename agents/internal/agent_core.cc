@@ -441,15 +441,18 @@ void AgentCore::suspect(int peer) {
   std::string name = member != nullptr ? member->info.name : absl::StrCat("id ", peer);
   std::weak_ptr<AgentCore> weak = weak_from_this();
   std::chrono::milliseconds interval = options_.heartbeat;
+  const Clock::time_point pinged = Clock::now();
   send(peer, Message(MessageType::kPing, 0), interval)
-      .add_callback([weak, peer, name, interval](const absl::StatusOr<Message>& pong) {
+      .add_callback([weak, peer, name, interval, pinged](const absl::StatusOr<Message>& pong) {
         std::shared_ptr<AgentCore> core = weak.lock();
         if (!core) return;
         {
           std::lock_guard<std::mutex> lock(core->pinging_mu_);
           core->pinging_.erase(peer);
         }
-        if (pong.status().code() == absl::StatusCode::kDeadlineExceeded) {
+        // A reply to any other call since the ping proves the peer alive: the ping may
+        // only be queued behind a burst of requests.
+        if (pong.status().code() == absl::StatusCode::kDeadlineExceeded && core->calls_->last_heard(peer) < pinged) {
           core->transport_->disconnect(peer);
           core->on_peer_lost(peer, absl::UnavailableError(absl::StrCat(
                                        "worker \"", name, "\" (id ", peer, ") sent nothing for ", 2 * interval.count(),

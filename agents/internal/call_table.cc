@@ -119,6 +119,12 @@ size_t CallTable::fail_all(const absl::Status& status) {
   return failed.size();
 }
 
+CallTable::Clock::time_point CallTable::last_heard(int peer) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = heard_.find(peer);
+  return it == heard_.end() ? Clock::time_point() : it->second;
+}
+
 size_t CallTable::pending() const {
   std::lock_guard<std::mutex> lock(mu_);
   return calls_.size();

@@ -57,6 +57,9 @@ class CallTable {
   // Fails every pending call.
   size_t fail_all(const absl::Status& status);
   size_t pending() const;
+  // When the last reply from `peer` arrived (heartbeat on); the epoch if none since
+  // its pipe came up.
+  Clock::time_point last_heard(int peer) const;
   // Waits until no call to `peer` is pending; false when `timeout` passed first.
   bool wait_peer_idle(int peer, std::chrono::milliseconds timeout);
   // Stops the timer thread (pending calls stay). Idempotent; not from the timer thread.
