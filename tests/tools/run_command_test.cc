@@ -1,5 +1,8 @@
 // `ferry run`: the real binary (FERRY_BINARY) as one or more nodes on loopback, each
 // starting real workers (RUN_TEST_WORKER, see run_test_worker.cc).
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -134,6 +137,34 @@ std::vector<std::string> node_args(const std::string& ep, const std::string& id,
                                 "--monitor-interval", "0.05"};
   args.insert(args.end(), extra.begin(), extra.end());
   return args;
+}
+
+// This host's first IPv4 address that is not loopback; empty when it has none.
+std::string non_loopback_ipv4() {
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return "";
+  std::string found;
+  for (ifaddrs* a = list; a != nullptr && found.empty(); a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
+    in_addr addr = reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr;
+    if ((ntohl(addr.s_addr) >> 24) == 127) continue;
+    char text[INET_ADDRSTRLEN] = {};
+    if (inet_ntop(AF_INET, &addr, text, sizeof(text)) != nullptr) found = text;
+  }
+  freeifaddrs(list);
+  return found;
+}
+
+TEST(RunCommandTest, MasterAddrIsTheAddressThatReachesTheRendezvousNotTheHostName) {
+  std::string ip = non_loopback_ipv4();
+  if (ip.empty()) GTEST_SKIP() << "this host has no non-loopback IPv4 address";
+  std::string ep = ip + ":" + std::to_string(::ferry::testing::free_port());
+  Node a(run_args({"--nnodes", "1", "--nproc-per-node", "1", "--rdzv-endpoint", ep, "--rdzv-id", "jobaddr",
+                   "--monitor-interval", "0.05"}));
+  ASSERT_EQ(a.finish(), 0) << a.err();
+  // The resolver picks the interface that holds (or routes to) the rendezvous host,
+  // whatever the host name resolves to.
+  EXPECT_THAT(a.out(), HasSubstr("master=" + ip + ":")) << a.out();
 }
 
 TEST(RunCommandTest, TwoNodesOfTwoWorkersCompleteAJob) {

@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "base/net.h"
 #include "base/status.h"
 #include "rendezvous/store_handler.h"
 #include "tools/launcher/worker_group.h"
@@ -477,9 +478,17 @@ int run_launcher(const LaunchOptions& in) {
   } else if (is_loopback(endpoint_host(options.rdzv_endpoint))) {
     master_addr = "127.0.0.1";
   } else {
-    char name[256] = {};
-    ::gethostname(name, sizeof(name) - 1);
-    master_addr = name;
+    // Not the host name: on hosts whose name resolves to loopback, workers elsewhere
+    // could not reach it. The shared resolver picks the interface that reaches the
+    // rendezvous host (FERRY_SOCKET_IFNAME first), as the agents do.
+    absl::StatusOr<internal::ListenAddress> where =
+        internal::resolve_listen_address(std::nullopt, endpoint_host(options.rdzv_endpoint));
+    if (!where.ok()) {
+      say(absl::StrCat("cannot choose MASTER_ADDR: ", where.status().message()));
+      ::close(signal_fd);
+      return kExitFailed;
+    }
+    master_addr = where->host;
   }
   int code = Agent(options, *std::move(handler), signal_fd, *join_timeout, master_addr).run();
   ::close(signal_fd);
