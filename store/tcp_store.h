@@ -85,7 +85,9 @@ class TCPStoreServer {
   // How many clients are connected as workers (see TCPStoreOptions::world_size): a
   // worker connection counts once it passed the handshake, until it closes.
   int64_t num_workers() const;
-  // Waits until at least `n` workers have connected; kDeadlineExceeded otherwise.
+  // Waits until at least `n` workers have joined (passed the handshake), those that
+  // have closed since included: a worker that joined and already left (its init
+  // failed fast, say) still joined. kDeadlineExceeded otherwise.
   absl::Status wait_for_workers(int64_t n, std::chrono::milliseconds timeout) const;
   // Clients connected right now.
   int64_t num_connections() const;

@@ -156,6 +156,7 @@ class TCPStoreServer::Impl final : public ServerTransport {
 
   mutable absl::Mutex mu_;
   int64_t workers_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t workers_admitted_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t connections_count_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
@@ -254,16 +255,19 @@ void TCPStoreServer::Impl::on_stop(uv_async_t* async) {
 absl::Status TCPStoreServer::Impl::wait_for_workers(int64_t n, std::chrono::milliseconds timeout) const {
   auto start = std::chrono::steady_clock::now();
   absl::MutexLock lock(&mu_);
-  auto enough = [this, n]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return workers_ >= n; };
+  // Joined, not connected now: with a live count, a store host whose peers failed
+  // init and left before it looked would wait out its whole timeout.
+  auto enough = [this, n]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return workers_admitted_ >= n; };
   if (mu_.AwaitWithTimeout(absl::Condition(&enough), absl::FromChrono(timeout))) return absl::OkStatus();
   return absl::DeadlineExceededError(absl::StrCat("store server on port ", port_, ": timed out after ",
                                                   internal::elapsed_since(start).count(), " ms waiting for ", n,
-                                                  " workers to connect; ", workers_, " did"));
+                                                  " workers to connect; ", workers_admitted_, " did"));
 }
 
 void TCPStoreServer::Impl::publish() {
   absl::MutexLock lock(&mu_);
   workers_ = core_.num_workers();
+  workers_admitted_ = core_.workers_admitted();
   connections_count_ = static_cast<int64_t>(core_.num_connections());
 }
 

@@ -96,6 +96,8 @@ class ServerCore {
 
   // Workers whose connection passed the handshake and is still open.
   int64_t num_workers() const { return workers_; }
+  // Workers ever admitted, those gone included.
+  int64_t workers_admitted() const { return workers_admitted_; }
   size_t num_connections() const { return conns_.size(); }
   // For tests: how many connections wait on `key`, and the capacity of `id`'s input
   // buffer (0 when it is unknown).

@@ -86,6 +86,10 @@ TEST(TCPStoreAuthTest, SameTokenServedOthersRefusedWithReasonsOnBothSides) {
         std::this_thread::sleep_for(5ms);
       }
       EXPECT_EQ((*server)->num_workers(), 0);
+      // It still joined: a store host waiting for its peers must not wait for one that
+      // joined and already left (its init failed fast, say).
+      EXPECT_OK((*server)->wait_for_workers(1, 1s));
+      EXPECT_THAT((*server)->wait_for_workers(2, 50ms), StatusIs(absl::StatusCode::kDeadlineExceeded));
       (*server)->shutdown();
       std::fflush(stderr);
       std::string log = read_file(log_path);
