@@ -5,7 +5,11 @@
 // driver asks every stage for its weight norm at once with rpc_async.
 //
 // Runs as 4 real processes on this host (forked here), meeting through file:// in a
-// temporary directory. Usage: 02_model_parallel [steps]
+// temporary directory. Usage: 02_model_parallel [steps] [--backend process_group]
+// [--device cuda]. With --device cuda, activations and gradients live on cuda:0 of each
+// worker and travel device to device: the driver's device maps send cuda:0 to each
+// stage's cuda:0, and replies come back through the reverse maps. ferry has no CUDA
+// kernels, so each stage computes on a host copy and returns its result on its device.
 // Under a launcher that sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, each process
 // is one worker meeting the others through env:// instead:
 //   ferry run --standalone --nproc-per-node 4 build/examples/02_model_parallel 50
@@ -22,7 +26,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "rpc/ferry.h"
+#include "tensor/cuda.h"
 
 namespace {
 
@@ -51,14 +57,25 @@ Stage& stage() {
   return s;
 }
 
+// `--device cuda`: tensors that cross workers live on this device (main() sets it).
+ferry::Device wire_device = ferry::Device::cpu();
+
+ferry::Tensor on_host(const ferry::Tensor& t) { return *t.to(ferry::Device::cpu()); }
+ferry::Tensor on_wire(const ferry::Tensor& t) { return *t.to(wire_device); }
+
 void register_stage_functions(int rank) {
   stage().weight = random_tensor({kWidth, kWidth}, 100 + static_cast<uint32_t>(rank), 0.5);
   (void)ferry::register_function("forward", [](ferry::Tensor x) -> absl::StatusOr<ferry::Tensor> {
+    if (x.device() != wire_device) {
+      return absl::FailedPreconditionError(absl::StrCat("the activation arrived on ", x.device().to_string()));
+    }
     std::lock_guard<std::mutex> lock(stage().mu);
-    stage().input = x;
-    return x.matmul(stage().weight);
+    stage().input = on_host(x);
+    FERRY_ASSIGN_OR_RETURN(ferry::Tensor y, stage().input.matmul(stage().weight));
+    return y.to(wire_device);
   });
-  (void)ferry::register_function("backward", [](ferry::Tensor grad_y) -> absl::StatusOr<ferry::Tensor> {
+  (void)ferry::register_function("backward", [](ferry::Tensor grad_y_in) -> absl::StatusOr<ferry::Tensor> {
+    ferry::Tensor grad_y = on_host(grad_y_in);
     std::lock_guard<std::mutex> lock(stage().mu);
     FERRY_ASSIGN_OR_RETURN(ferry::Tensor w_t, stage().weight.transpose());
     FERRY_ASSIGN_OR_RETURN(ferry::Tensor grad_x, grad_y.matmul(w_t));
@@ -66,7 +83,7 @@ void register_stage_functions(int rank) {
     FERRY_ASSIGN_OR_RETURN(ferry::Tensor grad_w, x_t.matmul(grad_y));
     FERRY_ASSIGN_OR_RETURN(ferry::Tensor step, grad_w.mul(-kLearningRate));
     FERRY_ASSIGN_OR_RETURN(stage().weight, stage().weight.add(step));
-    return grad_x;
+    return grad_x.to(wire_device);
   });
   (void)ferry::register_function("weight_norm", [] {
     std::lock_guard<std::mutex> lock(stage().mu);
@@ -82,20 +99,26 @@ int drive(int steps) {
   ferry::Tensor target = *x.matmul(target_map);
   double first_loss = 0, loss = 0;
   for (int step = 0; step < steps; ++step) {
-    ferry::Tensor h = x;
+    ferry::Tensor h = on_wire(x);
     for (int s = 1; s < kWorld; ++s) {
       h = ferry::rpc_sync<ferry::Tensor>("worker" + std::to_string(s), "forward", h);
-      if (step == 0) std::printf("  forward:  rpc_sync worker%d.forward -> %s\n", s, h.to_string().c_str());
+      if (step == 0) {
+        std::printf("  forward:  rpc_sync worker%d.forward -> %s on %s\n", s, on_host(h).to_string().c_str(),
+                    h.device().to_string().c_str());
+      }
     }
-    ferry::Tensor diff = *h.add(*target.mul(-1));
+    ferry::Tensor diff = *on_host(h).add(*target.mul(-1));
     loss = 0;
     for (float v : diff.span<float>()) loss += static_cast<double>(v) * v;
     loss /= static_cast<double>(diff.numel());
     if (step == 0) first_loss = loss;
-    ferry::Tensor grad = *diff.mul(2.0 / static_cast<double>(diff.numel()));
+    ferry::Tensor grad = on_wire(*diff.mul(2.0 / static_cast<double>(diff.numel())));
     for (int s = kWorld - 1; s >= 1; --s) {
       grad = ferry::rpc_sync<ferry::Tensor>("worker" + std::to_string(s), "backward", grad);
-      if (step == 0) std::printf("  backward: rpc_sync worker%d.backward (updates its weights) -> %s\n", s, grad.to_string().c_str());
+      if (step == 0) {
+        std::printf("  backward: rpc_sync worker%d.backward (updates its weights) -> %s\n", s,
+                    on_host(grad).to_string().c_str());
+      }
     }
     if (step == 0) std::printf("  then: rpc_async weight_norm on workers 1-3 at once\n");
     std::vector<ferry::Future<double>> norms;
@@ -116,17 +139,56 @@ int drive(int steps) {
 // backend (Gloo over TCP) instead of TENSORPIPE; main() sets this before forking.
 bool use_process_group = false;
 
+// With --device cuda, the driver maps its cuda:0 to each stage's cuda:0; the stages'
+// replies come back through the reverse maps the init computes.
+template <typename Options>
+absl::Status set_maps(int rank, Options& options) {
+  if (!wire_device.is_cuda() || rank != 0) return absl::OkStatus();
+  for (int s = 1; s < kWorld; ++s) {
+    FERRY_RETURN_IF_ERROR(options.set_device_map("worker" + std::to_string(s), {{wire_device, wire_device}}));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status start_worker(const std::string& name, int rank, const std::string& init_method) {
   if (use_process_group) {
     ferry::ProcessGroupRpcBackendOptions options;
     options.init_method = init_method;
     options.num_send_recv_threads = 2;
+    FERRY_RETURN_IF_ERROR(set_maps(rank, options));
     return ferry::init_rpc(name, ferry::BackendType::PROCESS_GROUP, rank, kWorld, options);
   }
   ferry::TensorPipeRpcBackendOptions options;
   options.init_method = init_method;
   options.num_worker_threads = 2;
+  FERRY_RETURN_IF_ERROR(set_maps(rank, options));
   return ferry::init_rpc(name, rank, kWorld, options);
+}
+
+// Whether this host has a CUDA device, asked in a child process: CUDA does not survive
+// fork(), so the parent, which forks the workers, must never initialize it. Empty when
+// there is one; else why not.
+std::string cuda_missing() {
+  int fds[2];
+  if (pipe(fds) != 0) return "pipe() failed";
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    std::shared_ptr<ferry::CudaRuntime> cuda = ferry::cuda_runtime();
+    std::string why = cuda->device_count() > 0 ? "" : cuda->unavailable_reason();
+    if (cuda->device_count() == 0 && why.empty()) why = "the CUDA runtime reports no device";
+    (void)!write(fds[1], why.data(), why.size());
+    _exit(0);
+  }
+  close(fds[1]);
+  std::string why;
+  char buf[512];
+  for (ssize_t n; (n = read(fds[0], buf, sizeof(buf))) > 0;) why.append(buf, static_cast<size_t>(n));
+  close(fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return "the CUDA probe process failed";
+  return why;
 }
 
 int run(int rank, const std::string& init_method, int steps) {
@@ -174,7 +236,22 @@ int main(int argc, char** argv) {
   std::filesystem::create_directories(dir);
   std::string init_method = "file://" + dir + "/store";
   for (int i = 2; i + 1 < argc; ++i) {
-    if (std::string(argv[i]) == "--backend") use_process_group = std::string(argv[i + 1]) == "process_group";
+    std::string flag = argv[i], value = argv[i + 1];
+    if (flag == "--backend") use_process_group = value == "process_group";
+    if (flag == "--device") {
+      if (value != "cuda" && value != "cpu") {
+        std::fprintf(stderr, "02_model_parallel: --device %s: expected cpu or cuda\n", value.c_str());
+        return 2;
+      }
+      if (value == "cuda") {
+        if (std::string why = cuda_missing(); !why.empty()) {
+          std::fprintf(stderr, "02_model_parallel: --device cuda needs a CUDA device: %s\n", why.c_str());
+          std::filesystem::remove_all(dir);
+          return 2;
+        }
+        wire_device = ferry::Device::cuda(0);
+      }
+    }
   }
   std::fflush(stdout);
   std::vector<pid_t> children;
