@@ -1,5 +1,10 @@
 #include "tensor/cuda.h"
 
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
@@ -49,6 +54,42 @@ absl::Status check_device_available(Device device) {
                                                    " CUDA device(s), cuda:0 to cuda:", count - 1));
   }
   return absl::OkStatus();
+}
+
+std::string cuda_missing_in_child() {
+  int fds[2];
+  if (pipe(fds) != 0) return absl::StrCat("cannot ask a child process about CUDA: pipe(): ", std::strerror(errno));
+  pid_t pid = fork();
+  if (pid < 0) {
+    close(fds[0]);
+    close(fds[1]);
+    return absl::StrCat("cannot ask a child process about CUDA: fork(): ", std::strerror(errno));
+  }
+  if (pid == 0) {
+    close(fds[0]);
+    std::shared_ptr<CudaRuntime> cuda = cuda_runtime();
+    std::string why;
+    if (cuda->device_count() == 0) {
+      why = cuda->unavailable_reason();
+      if (why.empty()) why = "the CUDA runtime reports no device";
+    }
+    for (size_t done = 0; done < why.size();) {
+      ssize_t n = write(fds[1], why.data() + done, why.size() - done);
+      if (n <= 0) break;
+      done += static_cast<size_t>(n);
+    }
+    _exit(0);
+  }
+  close(fds[1]);
+  std::string why;
+  char buf[512];
+  for (ssize_t n; (n = read(fds[0], buf, sizeof(buf))) > 0;) why.append(buf, static_cast<size_t>(n));
+  close(fds[0]);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return "the process asking CUDA for its devices failed";
+  return why;
 }
 
 }  // namespace ferry

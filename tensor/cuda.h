@@ -91,4 +91,10 @@ std::shared_ptr<CudaRuntime> make_default_cuda_runtime();
 // error saying which device was asked for and how many there are (and why none).
 absl::Status check_device_available(Device device);
 
+// Why this host has no usable CUDA device, or "" when it has one, asked in a forked
+// child process: CUDA does not survive fork(), so a program that forks its workers
+// (the examples, `ferry bench`) must not initialize CUDA before it forks. Call it from
+// a process with no other threads running.
+std::string cuda_missing_in_child();
+
 }  // namespace ferry

@@ -26,6 +26,7 @@ struct BenchRpcFlags {
   bool require_targets = false;
   std::vector<std::string> transports = {"shm", "uv"};
   std::string backend = "tensorpipe";
+  std::string device = "cpu";
   int iterations = 0;  // 0: the mode's default
   int repeat = 1;
 };
@@ -44,6 +45,7 @@ void run_bench_rpc(const BenchRpcFlags& flags, ExitCode& exit_code) {
   options.transports = flags.transports;
   options.process_group = flags.backend == "process_group";
   options.quick = flags.quick;
+  options.device = flags.device;
   if (flags.iterations > 0) options.iterations = flags.iterations;
   options.repeat = flags.repeat;
   absl::StatusOr<bench::RpcBenchReport> report =
@@ -51,6 +53,7 @@ void run_bench_rpc(const BenchRpcFlags& flags, ExitCode& exit_code) {
   if (!report.ok()) {
     std::fprintf(stderr, "ferry bench rpc: %s\n", std::string(report.status().message()).c_str());
     exit_code.set(report.status().code() == absl::StatusCode::kInvalidArgument ? kExitUsage : kExitFailed);
+    // (kFailedPrecondition, e.g. --device cuda without a GPU, is a failure, not bad usage.)
     return;
   }
   if (flags.json) {
@@ -142,6 +145,10 @@ void add_bench_command(CLI::App& app, ExitCode& exit_code) {
                   "tensorpipe (default), or process_group: also measure the PROCESS_GROUP backend (Gloo over TCP) "
                   "in the same run, beside raw TensorPipe over uv")
       ->check(CLI::IsMember({"tensorpipe", "process_group"}));
+  rpc->add_option("--device", flags->device,
+                  "cpu (default), or cuda: also echo CUDA tensors cuda:0 to cuda:0 through device maps, beside a "
+                  "pinned cudaMemcpy of the same bytes (host to device and back) in the same process")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   rpc->add_option("--iterations", flags->iterations,
                   "Latency samples per figure (default 10000; --quick: 300); the other counts scale with it")
       ->check(CLI::Range(1, 100000000));

@@ -165,32 +165,6 @@ absl::Status start_worker(const std::string& name, int rank, const std::string& 
   return ferry::init_rpc(name, rank, kWorld, options);
 }
 
-// Whether this host has a CUDA device, asked in a child process: CUDA does not survive
-// fork(), so the parent, which forks the workers, must never initialize it. Empty when
-// there is one; else why not.
-std::string cuda_missing() {
-  int fds[2];
-  if (pipe(fds) != 0) return "pipe() failed";
-  pid_t pid = fork();
-  if (pid == 0) {
-    close(fds[0]);
-    std::shared_ptr<ferry::CudaRuntime> cuda = ferry::cuda_runtime();
-    std::string why = cuda->device_count() > 0 ? "" : cuda->unavailable_reason();
-    if (cuda->device_count() == 0 && why.empty()) why = "the CUDA runtime reports no device";
-    (void)!write(fds[1], why.data(), why.size());
-    _exit(0);
-  }
-  close(fds[1]);
-  std::string why;
-  char buf[512];
-  for (ssize_t n; (n = read(fds[0], buf, sizeof(buf))) > 0;) why.append(buf, static_cast<size_t>(n));
-  close(fds[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return "the CUDA probe process failed";
-  return why;
-}
-
 int run(int rank, const std::string& init_method, int steps) {
   if (rank > 0) register_stage_functions(rank);
   std::string name = "worker" + std::to_string(rank);
@@ -244,7 +218,7 @@ int main(int argc, char** argv) {
         return 2;
       }
       if (value == "cuda") {
-        if (std::string why = cuda_missing(); !why.empty()) {
+        if (std::string why = ferry::cuda_missing_in_child(); !why.empty()) {
           std::fprintf(stderr, "02_model_parallel: --device cuda needs a CUDA device: %s\n", why.c_str());
           std::filesystem::remove_all(dir);
           return 2;

@@ -24,6 +24,7 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 
 constexpr int kOk = 0;
+constexpr int kFailed = 1;
 constexpr int kUsage = 2;
 
 using ToolRun = ::ferry::testing::ProgramRun;
@@ -125,6 +126,24 @@ TEST(BenchRpc, QuickJsonHasEveryFigureAndTarget) {
     }
   }
   EXPECT_TRUE(j["all_targets_met"].is_boolean());
+}
+
+// Without a GPU the CUDA run refuses, naming CUDA; with one it echoes CUDA tensors
+// beside a pinned cudaMemcpy at every size.
+TEST(BenchRpc, DeviceCudaEchoesCudaTensorsOrRefusesNamingCuda) {
+  ToolRun run = ferry_tool({"bench", "rpc", "--quick", "--json", "--transports", "shm", "--device", "cuda"});
+  if (run.err.find("--device cuda needs a CUDA device") != std::string::npos) {
+    EXPECT_EQ(run.exit_code, kFailed) << run.err;
+    return;
+  }
+  ASSERT_EQ(run.exit_code, kOk) << "stderr: " << run.err;
+  json j = json::parse(run.out);
+  for (const char* size : {"4KiB", "64KiB", "1MiB"}) {
+    std::string key = std::string("cuda_echo_") + size + "_bandwidth";
+    ASSERT_TRUE(j["transports"]["shm"]["metrics"].contains(key)) << key;
+    expect_positive(j["transports"]["shm"]["metrics"][key], "ferry", key);
+    expect_positive(j["transports"]["shm"]["metrics"][key], "raw", key);
+  }
 }
 
 TEST(BenchRpc, HelpNamesNoTrackerIssue) {

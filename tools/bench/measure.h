@@ -123,9 +123,14 @@ struct SideResult {
   // Ferry only: the same to the inline function.
   std::vector<ThroughputResult> throughput_inline;
   std::vector<EchoResult> echo;
+  // Ferry with --device cuda only: the echo of a CUDA tensor (cuda:0 to cuda:0), and a
+  // pinned cudaMemcpy of the same bytes host to device and back, at each echo size.
+  std::vector<EchoResult> cuda_echo;
+  std::vector<EchoResult> pinned_copy;
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(SideResult, side, transport, channels, small_call, small_call_inline,
-                                   small_call_chained, tiny_tensor, throughput, throughput_inline, echo)
+                                   small_call_chained, tiny_tensor, throughput, throughput_inline, echo, cuda_echo,
+                                   pinned_copy)
 
 // How much each measurement does; the same plan drives both sides.
 struct MeasurePlan {

@@ -24,6 +24,7 @@
 #include "absl/strings/str_join.h"
 #include "backends/process_group/process_group_backend.h"
 #include "rpc/ferry.h"
+#include "tensor/cuda.h"
 #include "tools/bench/raw_tensorpipe.h"
 
 namespace ferry::tools::bench {
@@ -72,6 +73,14 @@ absl::Status register_bench_functions() {
   return register_function(kEcho, [](Tensor t) { return t; });
 }
 
+// With --device cuda, the client's cuda:0 maps to the server's cuda:0 (the server's
+// reverse map brings replies back).
+template <typename Options>
+absl::Status set_bench_device_map(int rank, bool cuda, Options& options) {
+  if (!cuda || rank != 0) return absl::OkStatus();
+  return options.set_device_map(kServerName, {{Device::cuda(0), Device::cuda(0)}});
+}
+
 TensorPipeRpcBackendOptions ferry_options(const std::string& transport, const std::string& store_path) {
   TensorPipeRpcBackendOptions options;
   options.init_method = "file://" + store_path;
@@ -81,14 +90,19 @@ TensorPipeRpcBackendOptions ferry_options(const std::string& transport, const st
 }
 
 // init_rpc for `transport`: TENSORPIPE on it, or PROCESS_GROUP for "process_group".
-absl::Status init_bench_rpc(const char* name, int rank, const std::string& transport, const std::string& store_path) {
+absl::Status init_bench_rpc(const char* name, int rank, const std::string& transport, const std::string& store_path,
+                            bool cuda) {
   if (transport == kProcessGroup) {
     ProcessGroupRpcBackendOptions options;
     options.init_method = "file://" + store_path;
+    FERRY_RETURN_IF_ERROR(set_bench_device_map(rank, cuda, options));
     return init_rpc(name, BackendType::PROCESS_GROUP, rank, 2, options);
   }
-  return init_rpc(name, rank, 2, ferry_options(transport, store_path));
+  TensorPipeRpcBackendOptions options = ferry_options(transport, store_path);
+  FERRY_RETURN_IF_ERROR(set_bench_device_map(rank, cuda, options));
+  return init_rpc(name, rank, 2, options);
 }
+
 
 // The raw TensorPipe endpoint `transport` is compared with.
 RawEndpoint raw_endpoint_for(const std::string& transport) {
@@ -116,6 +130,32 @@ absl::StatusOr<LatencyStats> time_calls(int warmup, int iterations, Call call) {
     samples.push_back(micros_between(t0, Clock::now()));
   }
   return latency_stats(samples);
+}
+
+// Round trips of a pinned host buffer of `bytes` to cuda:0 and back on one stream:
+// the floor a CUDA echo's staging is measured against.
+absl::StatusOr<LatencyStats> time_pinned_copy(size_t bytes, int warmup, int iterations) {
+  std::shared_ptr<CudaRuntime> cuda = cuda_runtime();
+  FERRY_ASSIGN_OR_RETURN(void* host, cuda->allocate_pinned(bytes));
+  absl::StatusOr<void*> device = cuda->allocate(0, bytes);
+  absl::StatusOr<CudaStream> stream = device.ok() ? cuda->create_stream(0) : absl::StatusOr<CudaStream>(device.status());
+  auto release = [&] {
+    if (stream.ok()) cuda->destroy_stream(*stream);
+    if (device.ok()) cuda->deallocate(0, *device);
+    cuda->deallocate_pinned(host);
+  };
+  if (!stream.ok()) {
+    release();
+    return stream.status();
+  }
+  std::memset(host, 7, bytes);
+  absl::StatusOr<LatencyStats> stats = time_calls(warmup, iterations, [&](int) -> absl::Status {
+    FERRY_RETURN_IF_ERROR(cuda->copy_async(*device, Device::cuda(0), host, Device::cpu(), bytes, *stream));
+    FERRY_RETURN_IF_ERROR(cuda->copy_async(host, Device::cpu(), *device, Device::cuda(0), bytes, *stream));
+    return cuda->synchronize(*stream);
+  });
+  release();
+  return stats;
 }
 
 // `count` no-op calls, each issued by the previous one's then-callback (on the
@@ -195,7 +235,7 @@ absl::StatusOr<ThroughputResult> ferry_pipelined(const char* fn, int outstanding
   return r;
 }
 
-absl::Status ferry_measure(const MeasurePlan& plan, std::chrono::milliseconds timeout, SideResult& out) {
+absl::Status ferry_measure(const MeasurePlan& plan, bool cuda, std::chrono::milliseconds timeout, SideResult& out) {
   for (auto [fn, stats] : {std::pair{kNoop, &out.small_call}, std::pair{kNoopInline, &out.small_call_inline}}) {
     FERRY_ASSIGN_OR_RETURN(*stats, time_calls(plan.warmup, plan.iterations, [fn = fn](int i) {
                              int64_t v = rpc_sync<int64_t>(kServerName, fn, int64_t{i});
@@ -233,21 +273,35 @@ absl::Status ferry_measure(const MeasurePlan& plan, std::chrono::milliseconds ti
     auto echo = [&t](int) { return check_echo(t, rpc_sync<Tensor>(kServerName, kEcho, t)); };
     FERRY_ASSIGN_OR_RETURN(LatencyStats rtt, time_calls(plan.echo_warmup, plan.echo_iterations[k], echo));
     out.echo.push_back(EchoResult{bytes, rtt, 2.0 * static_cast<double>(bytes) / (rtt.median_us * 1e3)});
+    if (!cuda) continue;
+    FERRY_ASSIGN_OR_RETURN(Tensor on_device, t.to(Device::cuda(0)));
+    auto cuda_echo = [&on_device](int) -> absl::Status {
+      Tensor back = rpc_sync<Tensor>(kServerName, kEcho, on_device);
+      if (back.device() != Device::cuda(0)) {
+        return absl::InternalError(absl::StrCat("a CUDA echo came back on ", back.device().to_string()));
+      }
+      return check_echo(on_device, back);
+    };
+    FERRY_ASSIGN_OR_RETURN(LatencyStats device_rtt, time_calls(plan.echo_warmup, plan.echo_iterations[k], cuda_echo));
+    out.cuda_echo.push_back(
+        EchoResult{bytes, device_rtt, 2.0 * static_cast<double>(bytes) / (device_rtt.median_us * 1e3)});
+    FERRY_ASSIGN_OR_RETURN(LatencyStats copy_rtt, time_pinned_copy(bytes, plan.echo_warmup, plan.echo_iterations[k]));
+    out.pinned_copy.push_back(EchoResult{bytes, copy_rtt, 2.0 * static_cast<double>(bytes) / (copy_rtt.median_us * 1e3)});
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<SideResult> run_ferry_client(const std::string& transport, const std::string& store_path,
-                                            const MeasurePlan& plan, std::chrono::milliseconds timeout) {
+                                            const MeasurePlan& plan, bool cuda, std::chrono::milliseconds timeout) {
   FERRY_RETURN_IF_ERROR(register_bench_functions());
-  FERRY_RETURN_IF_ERROR(init_bench_rpc(kClientName, 0, transport, store_path));
+  FERRY_RETURN_IF_ERROR(init_bench_rpc(kClientName, 0, transport, store_path, cuda));
   SideResult out;
   out.side = "ferry";
   out.transport = transport;
   out.channels = channels_for(transport);
   absl::Status measured;
   try {
-    measured = ferry_measure(plan, timeout, out);
+    measured = ferry_measure(plan, cuda, timeout, out);
   } catch (const RpcError& e) {
     measured = e.status();
   } catch (const std::exception& e) {
@@ -260,10 +314,10 @@ absl::StatusOr<SideResult> run_ferry_client(const std::string& transport, const 
   return out;
 }
 
-absl::Status run_ferry_server(const std::string& transport, const std::string& store_path,
+absl::Status run_ferry_server(const std::string& transport, const std::string& store_path, bool cuda,
                               std::chrono::milliseconds timeout) {
   FERRY_RETURN_IF_ERROR(register_bench_functions());
-  FERRY_RETURN_IF_ERROR(init_bench_rpc(kServerName, 1, transport, store_path));
+  FERRY_RETURN_IF_ERROR(init_bench_rpc(kServerName, 1, transport, store_path, cuda));
   // Graceful: returns once the client has finished measuring and called shutdown too,
   // so `timeout` must cover the whole phase.
   return shutdown(/*graceful=*/true, timeout);
@@ -305,15 +359,16 @@ const char* role_of(int rank) { return rank == 0 ? "client" : "server"; }
   _exit(status.ok() ? 0 : 1);
 }
 
-absl::StatusOr<SideResult> run_phase(const Phase& phase, const std::string& dir, const MeasurePlan& plan,
+absl::StatusOr<SideResult> run_phase(const Phase& phase, const std::string& dir, const MeasurePlan& plan, bool cuda,
                                      const Deadlines& deadlines) {
   std::string base = dir + "/" + phase.label;
   std::string result_path = base + ".result.json";
   RawEndpoint endpoint = raw_endpoint_for(phase.transport);
   auto body = [&](int rank) -> absl::Status {
     if (phase.side == "ferry") {
-      if (rank == 1) return run_ferry_server(phase.transport, base + ".store", deadlines.phase);
-      FERRY_ASSIGN_OR_RETURN(SideResult r, run_ferry_client(phase.transport, base + ".store", plan, deadlines.wait));
+      if (rank == 1) return run_ferry_server(phase.transport, base + ".store", cuda, deadlines.phase);
+      FERRY_ASSIGN_OR_RETURN(SideResult r,
+                             run_ferry_client(phase.transport, base + ".store", plan, cuda, deadlines.wait));
       std::ofstream(result_path) << json(r).dump();
       return absl::OkStatus();
     }
@@ -488,6 +543,15 @@ std::vector<MetricRow> metric_rows(const TransportResult& t) {
     rows.push_back({absl::StrCat("echo_", size, "_bandwidth"), absl::StrCat("echo ", size, " bandwidth (both ways)"),
                     "GB/s", "bandwidth", f.gb_per_s, r.gb_per_s, f.round_trip.samples, f.bytes, std::nullopt});
   }
+  // With --device cuda, the "raw" figure is a pinned cudaMemcpy there and back.
+  for (size_t k = 0; k < t.ferry.cuda_echo.size() && k < t.ferry.pinned_copy.size(); ++k) {
+    const EchoResult& f = t.ferry.cuda_echo[k];
+    const EchoResult& c = t.ferry.pinned_copy[k];
+    std::string size = size_label(f.bytes);
+    rows.push_back({absl::StrCat("cuda_echo_", size, "_bandwidth"),
+                    absl::StrCat("CUDA echo ", size, " (raw: pinned cudaMemcpy)"), "GB/s", "bandwidth", f.gb_per_s,
+                    c.gb_per_s, f.round_trip.samples, f.bytes, std::nullopt});
+  }
   return rows;
 }
 
@@ -552,6 +616,16 @@ absl::StatusOr<RpcBenchReport> run_rpc_bench(const RpcBenchOptions& options,
     }
   }
   if (options.repeat < 1) return absl::InvalidArgumentError("repeat must be at least 1");
+  if (options.device != "cpu" && options.device != "cuda") {
+    return absl::InvalidArgumentError(absl::StrCat("unknown device \"", options.device, "\" (expected cpu or cuda)"));
+  }
+  const bool cuda = options.device == "cuda";
+  if (cuda) {
+    // Asked in a child: the phases fork, and CUDA must not be initialized before that.
+    if (std::string why = cuda_missing_in_child(); !why.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat("--device cuda needs a CUDA device: ", why));
+    }
+  }
   std::vector<std::string> entries = options.transports;
   if (options.process_group) entries.push_back(kProcessGroup);
   if (options.iterations.has_value() && *options.iterations < 1) {
@@ -594,7 +668,7 @@ absl::StatusOr<RpcBenchReport> run_rpc_bench(const RpcBenchOptions& options,
           progress(absl::StrCat("ferry bench rpc: ", side, " on ", phase.transport,
                                 options.repeat > 1 ? absl::StrCat(" (run ", r + 1, " of ", options.repeat, ")") : ""));
         }
-        FERRY_ASSIGN_OR_RETURN(SideResult result, run_phase(phase, dir, report.plan, deadlines));
+        FERRY_ASSIGN_OR_RETURN(SideResult result, run_phase(phase, dir, report.plan, cuda, deadlines));
         (side == "ferry" ? ferry_runs : raw_runs)[t].push_back(std::move(result));
       }
     }

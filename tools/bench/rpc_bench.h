@@ -37,6 +37,10 @@ struct RpcBenchOptions {
   bool process_group = false;
   // A short run for CI: a few hundred calls, echo sizes up to 1 MiB.
   bool quick = false;
+  // "cpu", or "cuda": the ferry side also echoes CUDA tensors (cuda:0 to the server's
+  // cuda:0 through device maps) at every echo size, beside a pinned cudaMemcpy of the
+  // same bytes there and back. kFailedPrecondition without a CUDA device.
+  std::string device = "cpu";
   // Latency samples per measurement (default 10,000; quick: 300).
   std::optional<int> iterations;
   // Each measurement is run this many times (fresh processes each time); every figure
