@@ -1053,7 +1053,10 @@ class ProcessGroup::Impl {
       if (mine_moves && sig == mine) continue;
       others.emplace(sig, &h);
     }
-    for (const auto& [sig, h] : others) {
+    for (const auto& entry : others) {
+      // Not a structured binding: clang 14 cannot capture one in a lambda.
+      const uint64_t sig = entry.first;
+      const auto* h = entry.second;
       absl::Status s = guarded(exchange.name, [&] { return run_stand_in(*h, internal::data_tag(sig, exchange.seq)); });
       if (!s.ok()) {
         FERRY_LOG(INFO) << exchange.name << " (" << description_ << "): standing in for a mismatched rank: " << s;
