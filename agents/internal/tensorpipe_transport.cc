@@ -329,6 +329,8 @@ struct TensorPipeTransport::State : std::enable_shared_from_this<State> {
   // The opener's side: hello, proofs, then the queued requests and read_reply.
   void open_handshake(std::shared_ptr<Client> client);
   void finish_handshake(std::shared_ptr<Client> client, bool acceptor_proved);
+  // Ends `client` when `wire` failed or is the acceptor's refusal; true when it did.
+  bool handshake_ended(const std::shared_ptr<Client>& client, const absl::StatusOr<Wire>& wire);
   void forget_server(const std::shared_ptr<Server>& server);
   void read_request(std::shared_ptr<Server> server);
   void read_reply(std::shared_ptr<Client> client);
@@ -473,16 +475,7 @@ void TensorPipeTransport::State::open_handshake(std::shared_ptr<Client> client) 
   read_wire(client->pipe, buffers, [weak, client, nonce_c = std::move(nonce_c)](absl::StatusOr<Wire> wire) mutable {
     std::shared_ptr<State> state = weak.lock();
     if (!state || state->closing.load()) return;
-    if (!wire.ok()) {
-      state->lost(client, absl::UnavailableError(absl::StrCat("worker \"", client->name, "\" (id ", client->peer,
-                                                              ") is unreachable: ", wire.status().message())));
-      return;
-    }
-    if (std::optional<std::string> reason = refusal(*wire)) {
-      state->lost(client, absl::UnauthenticatedError(
-                              absl::StrCat("worker \"", client->name, "\" refused this worker's pipe: ", *reason)));
-      return;
-    }
+    if (state->handshake_ended(client, wire)) return;
     std::optional<std::vector<std::string>> challenge = parse_auth(*wire, AuthKind::kChallenge, 2);
     if (!challenge) {
       state->lost(client, absl::UnauthenticatedError(absl::StrCat(
@@ -503,21 +496,27 @@ void TensorPipeTransport::State::open_handshake(std::shared_ptr<Client> client) 
   });
 }
 
+bool TensorPipeTransport::State::handshake_ended(const std::shared_ptr<Client>& client,
+                                                const absl::StatusOr<Wire>& wire) {
+  if (!wire.ok()) {
+    lost(client, absl::UnavailableError(absl::StrCat("worker \"", client->name, "\" (id ", client->peer,
+                                                     ") is unreachable: ", wire.status().message())));
+    return true;
+  }
+  if (std::optional<std::string> reason = refusal(*wire)) {
+    lost(client, absl::UnauthenticatedError(
+                     absl::StrCat("worker \"", client->name, "\" refused this worker's pipe: ", *reason)));
+    return true;
+  }
+  return false;
+}
+
 void TensorPipeTransport::State::finish_handshake(std::shared_ptr<Client> client, bool acceptor_proved) {
   std::weak_ptr<State> weak = weak_from_this();
   read_wire(client->pipe, buffers, [weak, client, acceptor_proved](absl::StatusOr<Wire> wire) mutable {
     std::shared_ptr<State> state = weak.lock();
     if (!state || state->closing.load()) return;
-    if (!wire.ok()) {
-      state->lost(client, absl::UnavailableError(absl::StrCat("worker \"", client->name, "\" (id ", client->peer,
-                                                              ") is unreachable: ", wire.status().message())));
-      return;
-    }
-    if (std::optional<std::string> reason = refusal(*wire)) {
-      state->lost(client, absl::UnauthenticatedError(
-                              absl::StrCat("worker \"", client->name, "\" refused this worker's pipe: ", *reason)));
-      return;
-    }
+    if (state->handshake_ended(client, wire)) return;
     if (!parse_auth(*wire, AuthKind::kAccepted, 0)) {
       state->lost(client, absl::UnauthenticatedError(
                               absl::StrCat("worker \"", client->name, "\" sent no verdict on the job-token proof")));
