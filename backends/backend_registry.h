@@ -20,8 +20,11 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "base/status.h"
 #include "agents/rpc_agent.h"
 #include "device_maps/device_map.h"
+#include "device_maps/options.h"
 #include "store/store.h"
 #include "tensor/device.h"
 
@@ -101,5 +104,35 @@ void register_builtin_backends();
 
 // The name of a KwargValue's type ("int64", "string", ...), for error messages.
 const char* kwarg_type_name(const KwargValue& value);
+
+// Keyword argument `key` of backend `backend` ("TENSORPIPE") as a T; kInvalidArgument
+// saying it must be `expected` otherwise.
+template <typename T>
+absl::StatusOr<T> kwarg_as(const char* backend, const std::string& key, const KwargValue& value,
+                           const char* expected) {
+  if (const T* v = std::get_if<T>(&value)) return *v;
+  return absl::InvalidArgumentError(absl::StrCat(backend, " option \"", key, "\" must be ", expected, ", got ",
+                                                 kwarg_type_name(value)));
+}
+
+// Applies the keyword arguments every backend with device maps shares ("device_maps",
+// "devices") to `options` (anything with set_device_map and set_devices). Returns
+// whether `key` was one of them.
+template <typename Options>
+absl::StatusOr<bool> apply_device_kwarg(const char* backend, const std::string& key, const KwargValue& value,
+                                        Options& options) {
+  if (key == "device_maps") {
+    FERRY_ASSIGN_OR_RETURN(DeviceMaps maps, kwarg_as<DeviceMaps>(backend, key, value, "device maps"));
+    for (const auto& [worker, map] : maps) FERRY_RETURN_IF_ERROR(options.set_device_map(worker, map));
+    return true;
+  }
+  if (key == "devices") {
+    FERRY_ASSIGN_OR_RETURN(std::vector<Device> devices,
+                           kwarg_as<std::vector<Device>>(backend, key, value, "vector<Device>"));
+    FERRY_RETURN_IF_ERROR(options.set_devices(std::vector<DeviceSpec>(devices.begin(), devices.end())));
+    return true;
+  }
+  return false;
+}
 
 }  // namespace ferry

@@ -23,9 +23,7 @@ constexpr const char* kKnownKwargs[] = {"num_send_recv_threads", "device_maps", 
 
 template <typename T>
 absl::StatusOr<T> kwarg_as(const std::string& key, const KwargValue& value, const char* expected) {
-  if (const T* v = std::get_if<T>(&value)) return *v;
-  return absl::InvalidArgumentError(absl::StrCat("PROCESS_GROUP option \"", key, "\" must be ", expected, ", got ",
-                                                 kwarg_type_name(value)));
+  return ferry::kwarg_as<T>("PROCESS_GROUP", key, value, expected);
 }
 
 // Step 2's record, and step 5's (only `error`/`code` set): what failed locally, so
@@ -171,13 +169,9 @@ absl::StatusOr<std::unique_ptr<RpcBackendOptions>> construct_process_group_optio
       // Clamped only to fit an int: validate() below says what the range is.
       options->num_send_recv_threads =
           static_cast<int>(std::clamp<int64_t>(n, -1, ProcessGroupAgentOptions::kMaxSendRecvThreads + 1));
-    } else if (key == "device_maps") {
-      FERRY_ASSIGN_OR_RETURN(DeviceMaps maps, kwarg_as<DeviceMaps>(key, value, "device maps"));
-      for (const auto& [worker, map] : maps) FERRY_RETURN_IF_ERROR(options->set_device_map(worker, map));
-    } else if (key == "devices") {
-      FERRY_ASSIGN_OR_RETURN(std::vector<Device> devices, kwarg_as<std::vector<Device>>(key, value, "vector<Device>"));
-      FERRY_RETURN_IF_ERROR(options->set_devices(std::vector<DeviceSpec>(devices.begin(), devices.end())));
     } else {
+      FERRY_ASSIGN_OR_RETURN(bool applied, apply_device_kwarg("PROCESS_GROUP", key, value, *options));
+      if (applied) continue;
       return absl::InvalidArgumentError(absl::StrCat("PROCESS_GROUP backend has no option \"", key,
                                                      "\" (expected one of: ", absl::StrJoin(kKnownKwargs, ", "),
                                                      ")"));

@@ -28,9 +28,7 @@ constexpr const char* kKnownKwargs[] = {"num_worker_threads", "transports", "cha
 
 template <typename T>
 absl::StatusOr<T> kwarg_as(const std::string& key, const KwargValue& value, const char* expected) {
-  if (const T* v = std::get_if<T>(&value)) return *v;
-  return absl::InvalidArgumentError(absl::StrCat("TENSORPIPE option \"", key, "\" must be ", expected, ", got ",
-                                                 kwarg_type_name(value)));
+  return ferry::kwarg_as<T>("TENSORPIPE", key, value, expected);
 }
 
 // What each worker contributes to the first all-gather: its device info and host,
@@ -191,13 +189,9 @@ absl::StatusOr<std::unique_ptr<RpcBackendOptions>> construct_tensorpipe_options(
       FERRY_ASSIGN_OR_RETURN(options->transports, kwarg_as<std::vector<std::string>>(key, value, "vector<string>"));
     } else if (key == "channels") {
       FERRY_ASSIGN_OR_RETURN(options->channels, kwarg_as<std::vector<std::string>>(key, value, "vector<string>"));
-    } else if (key == "device_maps") {
-      FERRY_ASSIGN_OR_RETURN(DeviceMaps maps, kwarg_as<DeviceMaps>(key, value, "device maps"));
-      for (const auto& [worker, map] : maps) FERRY_RETURN_IF_ERROR(options->set_device_map(worker, map));
-    } else if (key == "devices") {
-      FERRY_ASSIGN_OR_RETURN(std::vector<Device> devices, kwarg_as<std::vector<Device>>(key, value, "vector<Device>"));
-      FERRY_RETURN_IF_ERROR(options->set_devices(std::vector<DeviceSpec>(devices.begin(), devices.end())));
     } else {
+      FERRY_ASSIGN_OR_RETURN(bool applied, apply_device_kwarg("TENSORPIPE", key, value, *options));
+      if (applied) continue;
       return absl::InvalidArgumentError(absl::StrCat("TENSORPIPE backend has no option \"", key,
                                                      "\" (expected one of: ", absl::StrJoin(kKnownKwargs, ", "),
                                                      ")"));
