@@ -128,9 +128,14 @@ class AgentThreadScope {
 // would otherwise escape onto a library thread.
 void run_callback_guarded(const std::function<void()>& fn);
 
-// How long a thread about to block first polls: configured_spin_window(), or zero while
-// the host is crowded (polling would then slow down the thread it waits for).
+// How long a thread about to block first polls: configured_spin_window(). While the
+// host is crowded, only a thread whose recent polls found what they waited for polls
+// (a thread on a busy call path: a sleep and a wake-up would cost it and its waker
+// more than the poll), and the others poll only now and then, to find out whether
+// polling pays off again: a poll that finds nothing takes a core another thread needs.
 std::chrono::microseconds spin_window();
+// Records, for the calling thread, whether a poll found what it waited for.
+void note_spin(bool found);
 
 // Polls `ready` (yielding between polls) for at most `window`; true if it became true.
 template <typename Ready>
@@ -138,10 +143,15 @@ bool spin_until(Ready ready, std::chrono::microseconds window = spin_window()) {
   if (window.count() == 0) return false;
   auto until = std::chrono::steady_clock::now() + window;
   do {
-    if (ready()) return true;
+    if (ready()) {
+      note_spin(true);
+      return true;
+    }
     std::this_thread::yield();
   } while (std::chrono::steady_clock::now() < until);
-  return ready();
+  bool found = ready();
+  note_spin(found);
+  return found;
 }
 
 template <typename T>

@@ -2,6 +2,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -20,6 +21,18 @@ namespace {
 thread_local bool agent_thread = false;
 thread_local bool transport_thread = false;
 thread_local bool inline_serving = false;
+
+// A thread's record of its recent polls: a found poll earns kSpinFound, a missed one
+// costs kSpinMissed, so one miss outweighs two finds. It polls on a crowded host
+// while the record is at least kSpinPaysOff, and otherwise on every kProbeEvery-th
+// wait.
+constexpr int kSpinCreditMax = 16;
+constexpr int kSpinPaysOff = 8;
+constexpr int kSpinFound = 2;
+constexpr int kSpinMissed = 4;
+constexpr int kProbeEvery = 8;
+thread_local int spin_credit = kSpinPaysOff;
+thread_local unsigned unpolled_waits = 0;
 
 // How often the run queue length is sampled, at most.
 constexpr std::chrono::milliseconds kLoadSampleEvery{20};
@@ -77,8 +90,15 @@ bool host_crowded() {
 
 std::chrono::microseconds spin_window() {
   std::chrono::microseconds window = configured_spin_window();
-  if (window.count() == 0 || host_crowded()) return std::chrono::microseconds(0);
-  return window;
+  if (window.count() == 0 || !host_crowded()) return window;
+  if (spin_credit >= kSpinPaysOff) return window;
+  // A probe now and then: the thread's traffic may have picked up.
+  if (++unpolled_waits % kProbeEvery == 0) return window;
+  return std::chrono::microseconds(0);
+}
+
+void note_spin(bool found) {
+  spin_credit = found ? std::min(spin_credit + kSpinFound, kSpinCreditMax) : std::max(spin_credit - kSpinMissed, 0);
 }
 
 void set_on_agent_thread(bool on) { agent_thread = on; }

@@ -5,7 +5,8 @@
 //
 // Prints the median and p99 round trip. With a third argument N > 1, keeps N rpc_async
 // calls in flight instead and prints calls per second.
-// Usage: rpc_call_loop [shm|uv] [calls] [outstanding]
+// A fourth argument sets the worker pool size (default 4).
+// Usage: rpc_call_loop [shm|uv] [calls] [outstanding] [pool threads]
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,6 +24,7 @@ int main(int argc, char** argv) {
   std::string transport = argc > 1 ? argv[1] : "shm";
   int calls = argc > 2 ? std::atoi(argv[2]) : 20000;
   int outstanding = argc > 3 ? std::max(1, std::atoi(argv[3])) : 1;
+  int threads = argc > 4 ? std::max(1, std::atoi(argv[4])) : 4;
   std::string store = (std::filesystem::temp_directory_path() / ("ferry-loop-" + std::to_string(getpid()))).string();
   std::vector<pid_t> children;
   for (int rank = 0; rank < 2; ++rank) {
@@ -35,7 +37,7 @@ int main(int argc, char** argv) {
     ferry::TensorPipeRpcBackendOptions options;
     options.init_method = "file://" + store;
     options.transports = std::vector<std::string>{transport};
-    options.num_worker_threads = 4;
+    options.num_worker_threads = threads;
     absl::Status started = ferry::init_rpc("w" + std::to_string(rank), rank, 2, options);
     if (!started.ok()) {
       std::fprintf(stderr, "w%d: %s\n", rank, started.ToString().c_str());
