@@ -23,13 +23,14 @@ thread_local bool transport_thread = false;
 thread_local bool inline_serving = false;
 
 // A thread's record of its recent polls: a found poll earns kSpinFound, a missed one
-// costs kSpinMissed, so one miss outweighs two finds. It polls on a crowded host
-// while the record is at least kSpinPaysOff, and otherwise on every kProbeEvery-th
-// wait.
+// costs kSpinMissed, so a thread keeps polling on a crowded host while at least one
+// poll in three finds what it waits for (a poll on a busy call path misses now and
+// then, when the host preempts whoever it waits for), and an idle thread stops after
+// a few misses. Below kSpinPaysOff it polls only on every kProbeEvery-th wait.
 constexpr int kSpinCreditMax = 16;
 constexpr int kSpinPaysOff = 8;
 constexpr int kSpinFound = 2;
-constexpr int kSpinMissed = 4;
+constexpr int kSpinMissed = 1;
 constexpr int kProbeEvery = 8;
 thread_local int spin_credit = kSpinPaysOff;
 thread_local unsigned unpolled_waits = 0;

@@ -186,7 +186,7 @@ TEST(Spin, OnACrowdedHostOnlyPollsThatPayOffGoOn) {
     // A fresh thread, so that its record of polls starts even.
     std::thread([] {
       // Polls that find nothing: the thread stops polling, but for a probe now and then.
-      for (int i = 0; i < 2; ++i) internal::spin_until([] { return false; }, std::chrono::microseconds(10));
+      for (int i = 0; i < 16; ++i) internal::spin_until([] { return false; }, std::chrono::microseconds(10));
       int polled = 0;
       for (int i = 0; i < 16; ++i) polled += internal::spin_window().count() > 0;
       EXPECT_GE(polled, 1) << "no probe in 16 waits";
