@@ -133,9 +133,19 @@ void run_callback_guarded(const std::function<void()>& fn);
 // (a thread on a busy call path: a sleep and a wake-up would cost it and its waker
 // more than the poll), and the others poll only now and then, to find out whether
 // polling pays off again: a poll that finds nothing takes a core another thread needs.
+//
+// The window itself adapts per thread: a wait whose poll missed but that ended soon
+// after (a round trip a little longer than the window, as over TCP) widens it, up to
+// kMaxSpinWindow; a wait that ended long after narrows it back towards the configured
+// window. An idle thread polls at most one window before it sleeps.
 std::chrono::microseconds spin_window();
+// The calling thread's learned window, crowding aside.
+std::chrono::microseconds learned_spin_window();
+inline constexpr std::chrono::microseconds kMaxSpinWindow{1000};
 // Records, for the calling thread, whether a poll found what it waited for.
 void note_spin(bool found);
+// Records, for the calling thread, how long in all a wait lasted whose poll missed.
+void note_missed_wait(std::chrono::steady_clock::duration waited);
 
 // Polls `ready` (yielding between polls) for at most `window`; true if it became true.
 template <typename Ready>
@@ -219,13 +229,18 @@ class FutureState : public std::enable_shared_from_this<FutureState<T>> {
 
   // True when complete before the deadline.
   bool wait(std::optional<std::chrono::milliseconds> timeout) {
-    if (ready() || spin_until([this] { return ready(); })) return true;
+    if (ready()) return true;
+    auto start = std::chrono::steady_clock::now();
+    if (spin_until([this] { return ready(); })) return true;
     std::unique_lock<std::mutex> lock(mu_);
+    bool done = true;
     if (!timeout.has_value()) {
       cv_.wait(lock, [&] { return result_.has_value(); });
-      return true;
+    } else {
+      done = cv_.wait_for(lock, *timeout, [&] { return result_.has_value(); });
     }
-    return cv_.wait_for(lock, *timeout, [&] { return result_.has_value(); });
+    if (done) note_missed_wait(std::chrono::steady_clock::now() - start);
+    return done;
   }
 
   // Precondition: ready(). The result never changes once set, so no lock is needed.

@@ -34,6 +34,8 @@ constexpr int kSpinMissed = 1;
 constexpr int kProbeEvery = 8;
 thread_local int spin_credit = kSpinPaysOff;
 thread_local unsigned unpolled_waits = 0;
+// The thread's poll window (see spin_window()); negative until first asked.
+thread_local std::chrono::microseconds learned_window{-1};
 
 // How often the run queue length is sampled, at most.
 constexpr std::chrono::milliseconds kLoadSampleEvery{20};
@@ -89,9 +91,27 @@ bool host_crowded() {
   return sample.crowded.load(std::memory_order_relaxed);
 }
 
+std::chrono::microseconds learned_spin_window() {
+  if (learned_window.count() < 0) learned_window = configured_spin_window();
+  return learned_window;
+}
+
+void note_missed_wait(std::chrono::steady_clock::duration waited) {
+  std::chrono::microseconds configured = configured_spin_window();
+  if (configured.count() == 0) return;
+  std::chrono::microseconds window = learned_spin_window();
+  if (waited <= 2 * window) {
+    // A window twice as long would have caught it.
+    learned_window = std::min(2 * window, std::max(kMaxSpinWindow, configured));
+  } else if (waited > 8 * window) {
+    learned_window = std::max(window / 2, configured);
+  }
+}
+
 std::chrono::microseconds spin_window() {
-  std::chrono::microseconds window = configured_spin_window();
-  if (window.count() == 0 || !host_crowded()) return window;
+  if (configured_spin_window().count() == 0) return std::chrono::microseconds(0);
+  std::chrono::microseconds window = learned_spin_window();
+  if (!host_crowded()) return window;
   if (spin_credit >= kSpinPaysOff) return window;
   // A probe now and then: the thread's traffic may have picked up.
   if (++unpolled_waits % kProbeEvery == 0) return window;

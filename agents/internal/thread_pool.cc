@@ -1,6 +1,7 @@
 #include "agents/internal/thread_pool.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "base/future.h"
 #include "base/logging.h"
@@ -34,7 +35,9 @@ void ThreadPool::State::run() {
       if (stopping) break;
       // One idle thread at a time polls; the others sleep, so an idle pool of many
       // threads costs at most one core, for at most the spin window.
+      std::optional<std::chrono::steady_clock::time_point> polled_since;
       if (spinning.load(std::memory_order_acquire) == 0) {
+        polled_since = std::chrono::steady_clock::now();
         spinning.fetch_add(1, std::memory_order_acq_rel);
         lock.unlock();
         bool found = spin_until([this] { return queued.load(std::memory_order_acquire) > 0; });
@@ -45,6 +48,7 @@ void ThreadPool::State::run() {
       ++idle;
       cv.wait(lock, [this] { return stopping || !tasks.empty(); });
       --idle;
+      if (polled_since) note_missed_wait(std::chrono::steady_clock::now() - *polled_since);
       continue;
     }
     std::function<void()> task = std::move(tasks.front());

@@ -166,6 +166,23 @@ TEST(Future, WithTheExecutorGoneCallbacksRunInline) {
   EXPECT_TRUE(ran);
 }
 
+TEST(Spin, TheWindowWidensForWaitsJustBeyondItAndNarrowsForLongOnes) {
+  std::thread([] {
+    const std::chrono::microseconds configured = internal::configured_spin_window();
+    if (configured.count() == 0) GTEST_SKIP() << "FERRY_SPIN_US=0: no polling";
+    const std::chrono::microseconds most = std::max(internal::kMaxSpinWindow, configured);
+    EXPECT_EQ(internal::learned_spin_window(), configured);
+    // Each wait ended just after its poll gave up: a longer poll would have caught it.
+    for (int i = 0; i < 20; ++i) {
+      internal::note_missed_wait(internal::learned_spin_window() + internal::learned_spin_window() / 2);
+    }
+    EXPECT_EQ(internal::learned_spin_window(), most);
+    // Waits far longer than the window: polling longer would not have helped.
+    for (int i = 0; i < 20; ++i) internal::note_missed_wait(std::chrono::milliseconds(100));
+    EXPECT_EQ(internal::learned_spin_window(), configured);
+  }).join();
+}
+
 TEST(Spin, OnACrowdedHostOnlyPollsThatPayOffGoOn) {
   // More busy threads than cores, plus margin: the run queue says so within a sample.
   int busy = static_cast<int>(std::thread::hardware_concurrency()) * 4 + 4;
