@@ -1,5 +1,6 @@
 #include "rpc/function_registry.h"
 
+#include <atomic>
 #include <mutex>
 #include <shared_mutex>
 
@@ -13,6 +14,9 @@ namespace ferry {
 struct FunctionRegistry::Impl {
   mutable std::shared_mutex mu;
   absl::flat_hash_map<std::string, std::shared_ptr<const RegisteredFunction>> functions;
+  // How many of them are served inline: while none is, a request needs no lookup to
+  // know it goes to the pool.
+  std::atomic<int> inline_functions{0};
 };
 
 FunctionRegistry::FunctionRegistry() : impl_(std::make_unique<Impl>()) {}
@@ -35,13 +39,22 @@ absl::Status FunctionRegistry::add(std::string name, RegisteredFunction function
     return absl::AlreadyExistsError(absl::StrCat("register_function: a function named \"", name,
                                                  "\" is already registered with signature ", it->second->signature));
   }
+  if (function.serving == Serving::kInline) impl_->inline_functions.fetch_add(1, std::memory_order_release);
   it->second = std::make_shared<const RegisteredFunction>(std::move(function));
   return absl::OkStatus();
 }
 
 bool FunctionRegistry::remove(std::string_view name) {
   std::unique_lock lock(impl_->mu);
-  return impl_->functions.erase(internal::av(name)) > 0;
+  auto it = impl_->functions.find(internal::av(name));
+  if (it == impl_->functions.end()) return false;
+  if (it->second->serving == Serving::kInline) impl_->inline_functions.fetch_sub(1, std::memory_order_release);
+  impl_->functions.erase(it);
+  return true;
+}
+
+bool FunctionRegistry::has_inline_functions() const {
+  return impl_->inline_functions.load(std::memory_order_acquire) > 0;
 }
 
 std::shared_ptr<const RegisteredFunction> FunctionRegistry::find(std::string_view name) const {
@@ -88,6 +101,7 @@ absl::Status read_call_header(PayloadReader& reader, std::string_view& name, std
 }  // namespace
 
 bool serves_inline(const FunctionRegistry& registry, const Message& request) {
+  if (!registry.has_inline_functions()) return false;
   PayloadReader reader(request);
   std::string_view name, signature;
   if (!read_call_header(reader, name, signature).ok()) return false;  // the pool reports it

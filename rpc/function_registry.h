@@ -148,6 +148,8 @@ class FunctionRegistry {
   bool remove(std::string_view name);
   // The function, or null. The pointer stays valid until the name is removed.
   std::shared_ptr<const RegisteredFunction> find(std::string_view name) const;
+  // Whether any function registered now is served inline (Serving::kInline).
+  bool has_inline_functions() const;
 
   FunctionRegistry();
   ~FunctionRegistry();

@@ -222,10 +222,12 @@ Future<Message> AgentCore::send(int to, Message message, std::optional<std::chro
   // place fails here, and nothing is sent.
   Wire wire;
   wire.tensors = std::move(message.tensors());
-  std::shared_ptr<const DeviceMaps> maps = device_maps();
-  absl::Status staged = staging_->stage_outgoing(wire.tensors, wire.targets, map_towards(*maps, peer->info.name),
-                                                 peer->info.name);
-  if (!staged.ok()) return make_ready_future<Message>(std::move(staged));
+  if (!wire.tensors.empty()) {
+    std::shared_ptr<const DeviceMaps> maps = device_maps();
+    absl::Status staged = staging_->stage_outgoing(wire.tensors, wire.targets, map_towards(*maps, peer->info.name),
+                                                   peer->info.name);
+    if (!staged.ok()) return make_ready_future<Message>(std::move(staged));
+  }
   CallTable::Started call = calls_->start(to, peer->info.name, timeout.value_or(options_.rpc_timeout));
   message.set_id(call.id);
   wire.metadata = message.seal();
@@ -307,8 +309,11 @@ void AgentCore::on_request(std::shared_ptr<ReplyPath> from, absl::StatusOr<Wire>
 }
 
 void AgentCore::serve(const std::shared_ptr<ReplyPath>& from, std::vector<std::string> targets, Message request) {
-  WorkerInfo caller{from->caller(), -1};
-  if (absl::StatusOr<WorkerInfo> known = worker_info(caller.name); known.ok()) caller = *known;
+  // The table is held for the whole request: the handler gets its entry by reference.
+  std::shared_ptr<const Membership::Table> table = members_.snapshot();
+  const Member* member = table->find(from->caller());
+  const WorkerInfo unknown{member == nullptr ? from->caller() : std::string(), -1};
+  const WorkerInfo& caller = member == nullptr ? unknown : member->info;
   // Tensors bound for a device land here, on the pool: a device copy must not hold
   // up the transport.
   absl::Status landed = staging_->land_incoming(request.tensors(), targets);
@@ -342,8 +347,10 @@ void AgentCore::serve(const std::shared_ptr<ReplyPath>& from, std::vector<std::s
   }
   reply.set_id(request.id());
   requests_served_.fetch_add(1, std::memory_order_relaxed);
-  std::shared_ptr<const DeviceMaps> reverse = reverse_device_maps();
-  absl::StatusOr<Wire> wire = to_wire(*staging_, std::move(reply), map_towards(*reverse, caller.name), caller.name);
+  // Only CUDA tensors need the reverse maps.
+  std::shared_ptr<const DeviceMaps> reverse = reply.tensors().empty() ? nullptr : reverse_device_maps();
+  absl::StatusOr<Wire> wire =
+      to_wire(*staging_, std::move(reply), reverse ? map_towards(*reverse, caller.name) : nullptr, caller.name);
   if (!wire.ok()) {
     // The result holds a tensor that cannot travel back: the caller gets why.
     Message error = make_error_message(

@@ -36,6 +36,27 @@ TEST(FunctionRegistry, RegistersAndRejectsDuplicates) {
   EXPECT_FALSE(r.remove("f"));
 }
 
+TEST(FunctionRegistry, KnowsWhichRequestsAreServedInline) {
+  FunctionRegistry r;
+  EXPECT_OK(r.add("pooled", make_registered_function([](int64_t a) { return a; })));
+  RegisteredFunction fast = make_registered_function([](int64_t a) { return a + 1; });
+  fast.serving = Serving::kInline;
+  Message to_pooled = internal::make_request<int64_t>("pooled", kDefaultInlineTensorBytes, int64_t{1});
+  Message to_fast = internal::make_request<int64_t>("fast", kDefaultInlineTensorBytes, int64_t{1});
+  EXPECT_FALSE(r.has_inline_functions());
+  EXPECT_FALSE(serves_inline(r, to_pooled));
+  EXPECT_FALSE(serves_inline(r, to_fast)) << "not registered yet";
+  EXPECT_OK(r.add("fast", std::move(fast)));
+  EXPECT_TRUE(r.has_inline_functions());
+  EXPECT_TRUE(serves_inline(r, to_fast));
+  EXPECT_FALSE(serves_inline(r, to_pooled));
+  EXPECT_TRUE(r.remove("pooled"));
+  EXPECT_TRUE(r.has_inline_functions()) << "removing a pooled function left the inline one";
+  EXPECT_TRUE(r.remove("fast"));
+  EXPECT_FALSE(r.has_inline_functions());
+  EXPECT_FALSE(serves_inline(r, to_fast));
+}
+
 TEST(FunctionRegistry, DispatchesEveryResultKind) {
   FunctionRegistry r;
   ASSERT_OK(r.add("add", make_registered_function([](int64_t a, int64_t b) { return a + b; })));
