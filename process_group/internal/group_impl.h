@@ -17,6 +17,7 @@
 #include <list>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 #include <utility>
@@ -299,8 +300,12 @@ class ProcessGroup::Impl {
     }
     FERRY_RETURN_IF_ERROR(s);
     context_ = std::move(context);
+    // The first collectives' header receives go up now (see run()); no other thread
+    // exists yet.
+    if (size_ > 1) {
+      for (int i = 0; i < kExchangesAhead; ++i) exchanges_.push_back(post_exchange(next_exchange_seq_++));
+    }
     worker_ = std::thread([this] { worker_loop(); });
-    if (size_ > 1) checker_ = std::thread([this] { checker_loop(); });
     return absl::OkStatus();
   }
 
@@ -658,7 +663,9 @@ class ProcessGroup::Impl {
       auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !busy_; };
       mu_.Await(absl::Condition(&idle));
     }
-    if (checker_.joinable()) checker_.join();
+    // No collective runs any more: the posted header receives go.
+    for (const std::shared_ptr<HeaderExchange>& exchange : exchanges_) release(*exchange);
+    exchanges_.clear();
     {
       absl::MutexLock lock(&mu_);
       auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return p2p_in_flight_ == 0; };
@@ -695,21 +702,15 @@ class ProcessGroup::Impl {
   };
 
   // One collective's header exchange: this rank's header goes to every other rank,
-  // theirs come in; the checker thread waits for them (see run()).
-  // The checker posts the receives one collective ahead; the collective's thread
-  // fills in this rank's header, sends it and marks the exchange started. Only the
-  // checker releases the buffers.
+  // theirs come in (see run()). The receives are posted kExchangesAhead collectives
+  // ahead; the thread running the collective sends, waits and releases the buffers.
   struct HeaderExchange {
     uint32_t seq = 0;
-    std::string name;                       // set before `started`
-    CollectiveHeader own;                   // set before `started`
+    CollectiveHeader own;
     std::vector<CollectiveHeader> headers;  // by group rank; headers[rank_] is `own`
-    std::unique_ptr<gloo::transport::UnboundBuffer> send_buf;                 // set before `started`
+    std::unique_ptr<gloo::transport::UnboundBuffer> send_buf;
     std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> recv_bufs;  // by rank; none for this one
-    absl::Status posted;     // why the receives or the send could not be posted
-    bool started = false;    // guarded by mu_
-    absl::Status transport;  // set before `done`: OK once every header arrived and ours went out
-    absl::Notification done;
+    absl::Status posted;  // why the receives could not be posted
   };
 
   // The receives recv_bytes_stream keeps posted for one (rank, tag).
@@ -875,47 +876,57 @@ class ProcessGroup::Impl {
     }
   }
 
-  // A collective. The header check costs no round trip of its own:
-  //  1. this rank's header is sent to every other rank on the collective's own header
-  //     slot, without waiting; the checker thread posted the receives for the others'
-  //     one collective ahead (post_exchange) and waits for them;
-  //  2. a rank that moves data (moves_data) runs its Gloo operation at once, on a tag
-  //     that carries its arguments' signature (data_tag), so ranks whose arguments
-  //     differ never exchange data with each other;
-  //  3. once every header is in, every rank runs check_headers on the same headers and
-  //     reaches the same verdict. The headers were sent before the data, on the same
-  //     connections, so on the steady path they are there when the data is.
-  // When the signatures differ, the operations on different tags would wait for each
-  // other forever: the checker of every rank therefore also takes part, with scratch
-  // buffers, in each other signature's operation (release_others), which lets every
-  // rank's own operation finish; then all of them report the mismatch. Barrier and
-  // all_gather_bytes (which needs every rank's size) wait for the headers first.
-  // This rank's wait for the headers is bounded by the group's timeout; past it the
-  // collective fails with kDeadlineExceeded and the group is broken, as after a Gloo
-  // timeout.
+  // A collective. Every rank sends its header to every other rank on the collective's
+  // own header slot (the receives were posted kExchangesAhead collectives ahead, so the
+  // header lands without a handshake), waits for theirs, and every rank runs
+  // check_headers on the same headers and reaches the same verdict.
+  //
+  // The steady path costs no round trip and no other thread: when this rank's
+  // signature equals the one every rank agreed on in the group's last data collective
+  // (agreed_), it runs its Gloo operation at once, on a tag that carries the signature
+  // (data_tag), and checks the headers after it; they left before the data on the same
+  // connections, so they are already there. Otherwise (the first call, new arguments,
+  // an argument error, a barrier) it waits for the headers first.
+  //
+  // A mismatch cannot leave a rank waiting: every rank agreed on agreed_, so all ranks
+  // that went ahead run the same operation on the same tag, and every other rank
+  // (none of which moved data: it waited for the headers) takes part in it with scratch
+  // buffers (run_stand_in) before reporting the mismatch; that lets the operation of
+  // the ranks that went ahead end, and they report the same mismatch from the same
+  // headers. Their outputs then hold unspecified values.
+  //
+  // The wait for the headers is bounded by the group's timeout; past it the collective
+  // fails with kDeadlineExceeded and the group is broken, as after a Gloo timeout.
   absl::Status run(Task& task) {
-    const bool early = moves_data(task.header);
-    const uint32_t tag = internal::data_tag(signature(task.header), task.seq);
+    const uint64_t sig = signature(task.header);
+    const uint32_t tag = internal::data_tag(sig, task.seq);
     if (size_ == 1) {
       FERRY_RETURN_IF_ERROR(internal::check_headers({task.header}, task.local_error));
       return guarded(task.name, [&] { return task.body(*this, tag, {task.header}); });
     }
-    std::shared_ptr<HeaderExchange> exchange;
-    {
-      absl::MutexLock lock(&mu_);
-      auto ready = [this, &task]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return (posted_ != nullptr && posted_->seq == task.seq) || closed_;
-      };
-      mu_.Await(absl::Condition(&ready));
-      if (posted_ == nullptr || posted_->seq != task.seq) return cancelled(task.name);
-      exchange = posted_;
-    }
-    exchange->name = task.name;
+    // Only the thread running a collective (one at a time) touches exchanges_ and
+    // agreed_; shutdown() clears them once none runs.
+    if (exchanges_.empty() || exchanges_.front()->seq != task.seq) return cancelled(task.name);
+    std::shared_ptr<HeaderExchange> exchange = std::move(exchanges_.front());
+    exchanges_.pop_front();
+    const std::optional<uint64_t> agreed = agreed_;
+    agreed_.reset();  // set again below once every rank's headers agree
+    const bool early = moves_data(task.header) && agreed == sig;
     exchange->own = task.header;
     exchange->headers[rank_] = task.header;
-    absl::Status sent = exchange->posted;
-    if (sent.ok()) {
-      sent = catch_gloo(task.name, description_, [&]() -> absl::Status {
+    absl::Status s = exchange->posted;
+    if (!s.ok()) {
+      // Posted before the collective's name was known: name it now.
+      if (absl::IsCancelled(s)) return cancelled(task.name);
+      const std::string prefix = absl::StrCat(internal::av(kExchangeName), " (", description_, "): ");
+      std::string text(s.message());
+      if (absl::StartsWith(text, prefix)) text.erase(0, prefix.size());
+      s = absl::Status(s.code(), absl::StrCat(task.name, " (", description_, "): ", text));
+      absl::MutexLock lock(&mu_);
+      if (broken_.ok()) broken_ = s;
+    }
+    if (s.ok()) {
+      s = guarded(task.name, [&]() -> absl::Status {
         exchange->send_buf = context_->createUnboundBuffer(&exchange->own, sizeof(CollectiveHeader));
         if (!register_buffer(exchange->send_buf.get())) return cancelled(task.name);
         const uint64_t slot = collective_header_slot(task.seq);
@@ -925,40 +936,73 @@ class ProcessGroup::Impl {
         return absl::OkStatus();
       });
     }
-    {
-      absl::MutexLock lock(&mu_);
-      exchange->posted = sent;
-      exchange->started = true;
-    }
     absl::Status data;
-    if (early && sent.ok()) data = guarded(task.name, [&] { return task.body(*this, tag, {}); });
-    if (!exchange->done.WaitForNotificationWithTimeout(absl::FromChrono(timeout_))) {
-      absl::Status late = absl::DeadlineExceededError(absl::StrCat(
-          task.name, " (", description_, "): timed out after ", timeout_.count(),
-          " ms waiting for every rank's arguments (has every rank called it?)"));
-      absl::MutexLock lock(&mu_);
-      if (broken_.ok()) broken_ = late;
-      return late;
-    }
-    if (!exchange->transport.ok()) {
+    if (early && s.ok()) data = guarded(task.name, [&] { return task.body(*this, tag, {}); });
+    if (s.ok()) s = wait_headers(task.name, *exchange);
+    // The receives of a later collective go up before this one ends.
+    exchanges_.push_back(post_exchange(next_exchange_seq_++));
+    release(*exchange);
+    if (!s.ok()) {
       if (early && !data.ok()) return data;
-      if (absl::IsCancelled(exchange->transport)) return cancelled(task.name);
-      // The checker waited before it knew the collective's name: name it now.
-      const std::string prefix = absl::StrCat(internal::av(kExchangeName), " (", description_, "): ");
-      std::string text(exchange->transport.message());
-      if (absl::StartsWith(text, prefix)) text.erase(0, prefix.size());
-      absl::Status failed(exchange->transport.code(), absl::StrCat(task.name, " (", description_, "): ", text));
-      absl::MutexLock lock(&mu_);
-      if (broken_.ok()) broken_ = failed;
-      return failed;
+      return s;
     }
-    // Every header is in: the verdict wins over what the data operation said.
-    FERRY_RETURN_IF_ERROR(internal::check_headers(exchange->headers, task.local_error));
+    absl::Status verdict = internal::check_headers(exchange->headers, task.local_error);
+    if (!early && agreed.has_value()) {
+      // Ranks that went ahead are waiting in their operation: take part in it.
+      for (int r = 0; r < size_; ++r) {
+        const CollectiveHeader& h = exchange->headers[r];
+        if (r == rank_ || !internal::validate_header(h, static_cast<size_t>(r), static_cast<size_t>(size_)).ok() ||
+            !moves_data(h) || signature(h) != *agreed) {
+          continue;
+        }
+        absl::Status stand_in =
+            guarded(task.name, [&] { return run_stand_in(h, internal::data_tag(*agreed, task.seq)); });
+        if (!stand_in.ok()) {
+          FERRY_LOG(INFO) << task.name << " (" << description_ << "): standing in for a mismatched rank: " << stand_in;
+        }
+        break;
+      }
+    }
+    if (!verdict.ok()) return verdict;
+    if (moves_data(task.header)) agreed_ = sig;
     if (early) return data;
     return guarded(task.name, [&] { return task.body(*this, tag, exchange->headers); });
   }
 
+  // Waits for every other rank's header of `exchange`, and for this rank's to have
+  // gone out, within the group's timeout.
+  absl::Status wait_headers(const std::string& name, HeaderExchange& exchange) {
+    bool timed_out = false;
+    absl::Status s = catch_gloo(name, description_, [&]() -> absl::Status {
+      for (int r = 0; r < size_; ++r) {
+        if (r == rank_) continue;
+        try {
+          if (!exchange.recv_bufs[r]->waitRecv(nullptr, timeout_)) return cancelled(name);
+        } catch (const gloo::IoException& e) {
+          timed_out = looks_like_timeout(e.what());
+          throw;
+        }
+      }
+      for (int r = 0; r < size_ - 1; ++r) {
+        if (!exchange.send_buf->waitSend(timeout_)) return cancelled(name);
+      }
+      return absl::OkStatus();
+    });
+    if (s.ok() || absl::IsCancelled(s)) return s;
+    if (timed_out) {
+      s = absl::DeadlineExceededError(absl::StrCat(name, " (", description_, "): timed out after ", timeout_.count(),
+                                                   " ms waiting for every rank's arguments (has every rank called it?)"));
+    }
+    absl::MutexLock lock(&mu_);
+    if (broken_.ok()) broken_ = s;
+    return s;
+  }
+
   static constexpr std::string_view kExchangeName = "collective header exchange";
+  // How many collectives ahead the header receives are posted. A rank starts
+  // collective k+1 only once every rank has started k, and each rank posts k+2's
+  // receives when it ends k: so a header always finds its receive posted.
+  static constexpr int kExchangesAhead = 2;
 
   // Posts the receives of collective `seq`'s headers (see run()).
   std::shared_ptr<HeaderExchange> post_exchange(uint32_t seq) {
@@ -976,93 +1020,12 @@ class ProcessGroup::Impl {
       }
       return absl::OkStatus();
     });
-    absl::MutexLock lock(&mu_);
-    posted_ = exchange;
     return exchange;
   }
 
   void release(HeaderExchange& exchange) {
     unregister_buffer(exchange.send_buf.get());
     for (auto& buf : exchange.recv_bufs) unregister_buffer(buf.get());
-  }
-
-  // Waits for each collective's headers in turn (see run()). The receives of the next
-  // collective are posted before this one is done, so a peer's header goes out at once
-  // and lands without a round trip. The checker waits for them without a timeout, since
-  // the group may sit idle; the collective's thread bounds its own wait.
-  void checker_loop() {
-    std::shared_ptr<HeaderExchange> exchange = post_exchange(0);
-    for (;;) {
-      absl::Status s = exchange->posted;
-      if (s.ok()) {
-        s = catch_gloo(kExchangeName, description_, [&]() -> absl::Status {
-          for (int r = 0; r < size_; ++r) {
-            if (r != rank_ && !exchange->recv_bufs[r]->waitRecv(nullptr, ProcessGroup::kWaitIndefinitely)) {
-              return cancelled(kExchangeName);
-            }
-          }
-          return absl::OkStatus();
-        });
-      }
-      bool started = false;
-      {
-        absl::MutexLock lock(&mu_);
-        auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return exchange->started || closed_; };
-        mu_.Await(absl::Condition(&ready));
-        started = exchange->started;
-      }
-      if (!started) {  // shut down before its collective began
-        release(*exchange);
-        return;
-      }
-      if (s.ok()) s = exchange->posted;
-      if (s.ok()) {
-        s = catch_gloo(exchange->name, description_, [&]() -> absl::Status {
-          for (int r = 0; r < size_ - 1; ++r) {
-            if (!exchange->send_buf->waitSend(timeout_)) return cancelled(exchange->name);
-          }
-          return absl::OkStatus();
-        });
-      }
-      if (s.ok()) release_others(*exchange);
-      // The next receives go up before this collective's thread may start the next one.
-      std::shared_ptr<HeaderExchange> next = post_exchange(exchange->seq + 1);
-      release(*exchange);
-      exchange->transport = std::move(s);
-      exchange->done.Notify();
-      exchange = std::move(next);
-    }
-  }
-
-  // Takes part, with scratch buffers, in the data operation of every signature that
-  // moves data other than this rank's own, in the order of their signatures: every
-  // rank computes the same list from the same headers, and each operation finds all
-  // ranks in it (its own ranks at once, the others once the earlier ones are done).
-  // Nothing to do when the signatures agree.
-  void release_others(const HeaderExchange& exchange) {
-    const bool mine_moves = moves_data(exchange.own);
-    const uint64_t mine = signature(exchange.own);
-    std::map<uint64_t, const CollectiveHeader*> others;
-    for (int r = 0; r < size_; ++r) {
-      const CollectiveHeader& h = exchange.headers[r];
-      if (r == rank_ || !internal::validate_header(h, static_cast<size_t>(r), static_cast<size_t>(size_)).ok() ||
-          !moves_data(h)) {
-        continue;
-      }
-      const uint64_t sig = signature(h);
-      if (mine_moves && sig == mine) continue;
-      others.emplace(sig, &h);
-    }
-    for (const auto& entry : others) {
-      // Not a structured binding: clang 14 cannot capture one in a lambda.
-      const uint64_t sig = entry.first;
-      const auto* h = entry.second;
-      absl::Status s = guarded(exchange.name, [&] { return run_stand_in(*h, internal::data_tag(sig, exchange.seq)); });
-      if (!s.ok()) {
-        FERRY_LOG(INFO) << exchange.name << " (" << description_ << "): standing in for a mismatched rank: " << s;
-        return;
-      }
-    }
   }
 
   // Runs the data operation a rank with header `h` runs, on tag `tag`, with scratch
@@ -1082,12 +1045,17 @@ class ProcessGroup::Impl {
 
  private:
   std::thread worker_;
-  std::thread checker_;  // waits for collective headers (size_ > 1)
   mutable absl::Mutex mu_;
   std::deque<Task> queue_ ABSL_GUARDED_BY(mu_);
   uint32_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
   bool busy_ ABSL_GUARDED_BY(mu_) = false;  // a collective is running (worker or caller)
-  std::shared_ptr<HeaderExchange> posted_ ABSL_GUARDED_BY(mu_);  // the next collective's exchange
+  // The posted header exchanges of the next collectives, in order, and the signature
+  // every rank agreed on in the last collective when it moved data (see run()). Only
+  // the thread running a collective uses them (busy_ keeps that to one), and
+  // shutdown() once none runs; connect() sets them up before any other thread exists.
+  std::deque<std::shared_ptr<HeaderExchange>> exchanges_;
+  uint32_t next_exchange_seq_ = 0;
+  std::optional<uint64_t> agreed_;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status broken_ ABSL_GUARDED_BY(mu_);

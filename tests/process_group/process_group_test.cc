@@ -535,6 +535,75 @@ void mixed_mismatch_body(const std::string& dir, int rank, int n) {
   EXPECT_OK(group->barrier());
 }
 
+// Once every rank agreed on a collective's arguments, a repeat of them runs its data
+// at once, before the headers are checked (Impl::run). A rank whose arguments then
+// change must still fail every rank at once, with the message of a first-call mismatch;
+// it takes part in the others' operation so that none of them is left waiting, and the
+// group works on. Sync and async calls, on 3 ranks.
+void cached_check_body(const std::string& dir, int rank, int n) {
+  std::unique_ptr<ProcessGroup> group = connect(dir, rank, n);
+  ASSERT_NE(group, nullptr);
+  const auto kInvalid = absl::StatusCode::kInvalidArgument;
+  // Sums of [1, 2] over the ranks; twice, so the second call goes ahead.
+  auto agree = [&] {
+    for (int i = 0; i < 2; ++i) {
+      Tensor t = make(DType::kFloat32, {1, 2});
+      ASSERT_OK(group->all_reduce(t));
+      EXPECT_EQ(values(t), (std::vector<double>{1.0 * n, 2.0 * n}));
+    }
+  };
+  // One rank changes its shape; the others repeat theirs.
+  agree();
+  Tensor x = *Tensor::zeros({rank == 1 ? 3 : 2}, DType::kFloat32);
+  EXPECT_THAT(group->all_reduce(x),
+              StatusIs(kInvalid, "all_reduce: tensor shape [3] on rank 1 differs from [2] on rank 0"));
+  // One rank repeats; two change, each to a shape of its own.
+  agree();
+  x = *Tensor::zeros({rank + 2}, DType::kFloat32);
+  EXPECT_THAT(group->all_reduce(x),
+              StatusIs(kInvalid, "all_reduce: tensor shape [3] on rank 1 differs from [2] on rank 0"));
+  // Another collective on one rank.
+  agree();
+  x = make(DType::kFloat32, {1, 2});
+  absl::Status s = rank == 2 ? group->broadcast(x, 0) : group->all_reduce(x);
+  EXPECT_THAT(s, StatusIs(kInvalid, "collective mismatch: rank 2 called broadcast while rank 0 called all_reduce "
+                                    "(every rank must call the same collectives in the same order)"));
+  // Another reduce op on one rank.
+  agree();
+  x = make(DType::kFloat32, {1, 2});
+  EXPECT_THAT(group->all_reduce(x, rank == 0 ? ReduceOp::kMax : ReduceOp::kSum),
+              StatusIs(kInvalid, HasSubstr("reduce op sum on rank 1 differs from max on rank 0")));
+  // A rank whose own arguments are rejected, while the others repeat theirs.
+  agree();
+  x = make(DType::kFloat32, {1, 2});
+  EXPECT_THAT(group->all_reduce(rank == 0 ? Tensor() : x),
+              StatusIs(kInvalid, rank == 0 ? HasSubstr("the tensor is undefined") : HasSubstr("failed on rank 0")));
+  // Queued (async) calls: two repeats, then a change on one rank.
+  agree();
+  std::vector<Tensor> ts = {make(DType::kFloat32, {1, 2}), make(DType::kFloat32, {1, 2}),
+                            *Tensor::zeros({rank == 2 ? 5 : 2}, DType::kFloat32)};
+  std::vector<Work> works;
+  for (const Tensor& t : ts) works.push_back(group->all_reduce_async(t));
+  EXPECT_OK(works[0].wait());
+  EXPECT_OK(works[1].wait());
+  EXPECT_THAT(works[2].wait(), StatusIs(kInvalid, "all_reduce: tensor shape [5] on rank 2 differs from [2] on rank 0"));
+  EXPECT_EQ(values(ts[1]), (std::vector<double>{1.0 * n, 2.0 * n}));
+  // All ranks change together: no mismatch, right values; the group works on.
+  for (int64_t size : {2, 4, 4, 1}) {
+    Tensor t = *Tensor::zeros({size}, DType::kInt64);
+    for (int64_t i = 0; i < size; ++i) t.data_ptr<int64_t>()[i] = i + rank;
+    ASSERT_OK(group->all_reduce(t));
+    for (int64_t i = 0; i < size; ++i) EXPECT_EQ(t.data_ptr<int64_t>()[i], n * i + n * (n - 1) / 2);
+  }
+  EXPECT_OK(group->barrier());
+}
+
+TEST(ProcessGroupErrorsTest, ACachedCheckStillCatchesArgumentsThatChangeOnSomeRanks) {
+  ferry::testing::TempDir dir;
+  ferry::testing::expect_all_succeed(
+      ferry::testing::run_processes(3, [&](int rank) { cached_check_body(dir.path(), rank, 3); }, kTestDeadline));
+}
+
 TEST(ProcessGroupErrorsTest, MismatchesOfEveryKindFailEveryRankAtOnce) {
   ferry::testing::TempDir dir;
   ferry::testing::expect_all_succeed(
