@@ -123,7 +123,10 @@ absl::Status group_verdict(absl::Status status) {
 }
 
 InitFailures::InitFailures(std::shared_ptr<Store> store, std::string prefix)
-    : store_(std::move(store)), key_(prefix + "failed"), armed_(std::make_shared<std::atomic<bool>>(true)) {
+    : store_(std::move(store)),
+      prefix_(std::move(prefix)),
+      key_(prefix_ + "failed"),
+      armed_(std::make_shared<std::atomic<bool>>(true)) {
   watched_ = std::make_shared<WatchingStore>(store_, key_, armed_);
 }
 
@@ -162,6 +165,24 @@ absl::Status InitFailures::conclude(int rank, std::string_view name, const absl:
   }
   std::optional<absl::Status> first = decode_failure(*now);
   return first.has_value() ? *first : mine;
+}
+
+void InitFailures::linger(int world_size, std::chrono::milliseconds grace) {
+  const std::string all_out = prefix_ + "all_out";
+  absl::StatusOr<int64_t> out = store_->add(prefix_ + "out", 1);
+  if (!out.ok()) return;  // the store is gone already: nothing to keep up
+  if (*out >= world_size) {
+    (void)store_->set(all_out, Bytes{'1'});
+    return;
+  }
+  const Store* s = store_.get();
+  while (const auto* prefixed = dynamic_cast<const PrefixStore*>(s)) s = prefixed->base().get();
+  const auto* tcp = dynamic_cast<const TCPStore*>(s);
+  if (tcp == nullptr || tcp->server() == nullptr) return;
+  // A rank that never gets this far (it crashed) costs the grace, no more.
+  if (absl::Status all = store_->wait({all_out}, grace); !all.ok()) {
+    FERRY_LOG(INFO) << "init failed: stopped waiting for the other ranks to read the failure: " << all;
+  }
 }
 
 void InitFailures::disarm() { armed_->store(false); }

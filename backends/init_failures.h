@@ -7,7 +7,11 @@
 //   InitFailures failures(args.store, "ferry/rpc/init/7/");
 //   std::shared_ptr<Store> watched = failures.watching_store();   // waits end on a failure
 //   ... do the init's store waits (or ProcessGroup::create) through `watched` ...
-//   if (!status.ok()) return failures.conclude(args.rank, args.name, status);
+//   if (!status.ok()) {
+//     status = failures.conclude(args.rank, args.name, status);
+//     failures.linger(args.world_size);   // the store's host stays until all read it
+//     return status;
+//   }
 //   failures.disarm();   // init done: the watched store is a plain pass-through again
 //
 // The error every rank returns reads "init_rpc failed on rank 2 (worker \"w2\"): <why>",
@@ -59,6 +63,13 @@ class InitFailures {
   // init_failure() of this rank.
   absl::Status conclude(int rank, std::string_view name, const absl::Status& status);
 
+  // After a failed init: counts this rank out, and on the rank whose process serves
+  // the store, waits until all `world_size` ranks have counted out (at most `grace`),
+  // so that no rank loses the store, when that process exits, before it read the
+  // published failure.
+  static constexpr std::chrono::milliseconds kLingerGrace{3000};
+  void linger(int world_size, std::chrono::milliseconds grace = kLingerGrace);
+
   // The published failure, if there is one; nullopt when none (or the store failed).
   std::optional<absl::Status> published() const;
 
@@ -69,6 +80,7 @@ class InitFailures {
 
  private:
   std::shared_ptr<Store> store_;
+  std::string prefix_;
   std::string key_;
   std::shared_ptr<std::atomic<bool>> armed_;
   std::shared_ptr<Store> watched_;

@@ -202,6 +202,7 @@ absl::StatusOr<std::shared_ptr<RpcAgent>> init_process_group_backend(const Backe
   absl::Status status = failures.conclude(args.rank, args.name, agent.status());
   if (!status.ok()) {
     if (agent.ok()) (*agent)->shutdown();
+    failures.linger(args.world_size);
     return status;
   }
   failures.disarm();

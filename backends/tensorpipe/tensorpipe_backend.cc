@@ -240,6 +240,7 @@ absl::StatusOr<std::shared_ptr<RpcAgent>> init_tensorpipe_backend(const BackendI
   absl::Status status = failures.conclude(args.rank, args.name, agent.status());
   if (!status.ok()) {
     if (agent.ok()) (*agent)->shutdown();
+    failures.linger(args.world_size);
     return status;
   }
   failures.disarm();

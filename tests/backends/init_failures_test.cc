@@ -6,6 +6,7 @@
 
 #include <stdlib.h>
 
+#include <atomic>
 #include <chrono>
 #include <thread>
 
@@ -45,6 +46,38 @@ TEST(InitFailuresTest, APublishedFailureEndsWatchedWaits) {
   // Keys that are there are read as usual.
   ASSERT_OK(watched->set("k", to_bytes("v")));
   EXPECT_THAT(watched->get("k", 10min), ::testing::Eq(absl::StatusOr<Bytes>(to_bytes("v"))));
+}
+
+TEST(InitFailuresTest, TheStoresHostStaysUntilEveryRankCountedOut) {
+  absl::StatusOr<std::unique_ptr<TCPStore>> host = TCPStore::create("127.0.0.1", 0, true, std::nullopt, 10s);
+  ASSERT_OK(host.status());
+  std::shared_ptr<Store> hosted = *std::move(host);
+  uint16_t port = static_cast<TCPStore&>(*hosted).port();
+  absl::StatusOr<std::unique_ptr<TCPStore>> client = TCPStore::create("127.0.0.1", port, false, std::nullopt, 10s);
+  ASSERT_OK(client.status());
+  std::shared_ptr<Store> remote = *std::move(client);
+
+  internal::InitFailures on_host(hosted, "p/");
+  internal::InitFailures on_client(remote, "p/");
+  std::atomic<bool> host_left{false};
+  // Far longer than the test may run: only the other rank counting out ends it.
+  std::thread lingering([&] {
+    on_host.linger(2, 10min);
+    host_left = true;
+  });
+  ASSERT_OK(hosted->wait({"p/out"}, 10s));  // the host counted itself out
+  EXPECT_FALSE(host_left.load()) << "the store's host left before the other rank read the failure";
+  Clock::time_point t0 = Clock::now();
+  on_client.linger(2, 10min);  // not the host: returns once counted out
+  EXPECT_LT(Clock::now() - t0, 5s);
+  lingering.join();
+  EXPECT_TRUE(host_left.load());
+
+  // A rank that never counts out (it crashed) holds the host up for the grace only.
+  internal::InitFailures alone(hosted, "q/");
+  t0 = Clock::now();
+  alone.linger(3, 300ms);
+  EXPECT_GE(Clock::now() - t0, 300ms);
 }
 
 TEST(InitFailuresTest, TheFirstFailureWinsEverywhere) {
