@@ -139,13 +139,30 @@ void run_callback_guarded(const std::function<void()>& fn);
 // kMaxSpinWindow; a wait that ended long after narrows it back towards the configured
 // window. An idle thread polls at most one window before it sleeps.
 std::chrono::microseconds spin_window();
-// The calling thread's learned window, crowding aside.
-std::chrono::microseconds learned_spin_window();
 inline constexpr std::chrono::microseconds kMaxSpinWindow{1000};
+
+// A poll window that learns, as above. Each thread has one; threads that take turns at
+// the same wait (a pool's poller) share one, so that what one learned the next uses.
+// Thread-safe.
+class PollWindow {
+ public:
+  // The learned window, crowding aside: configured_spin_window() at first.
+  std::chrono::microseconds get() const;
+  // A wait whose poll missed lasted `waited` in all.
+  void missed_wait(std::chrono::steady_clock::duration waited);
+
+ private:
+  mutable std::atomic<int64_t> us_{-1};
+};
+// The calling thread's own window.
+PollWindow& thread_poll_window();
+// spin_window() for a shared window.
+std::chrono::microseconds spin_window(const PollWindow& window);
 // Records, for the calling thread, whether a poll found what it waited for.
 void note_spin(bool found);
-// Records, for the calling thread, how long in all a wait lasted whose poll missed.
-void note_missed_wait(std::chrono::steady_clock::duration waited);
+// Records, for the calling thread's own window, how long in all a wait lasted whose
+// poll missed.
+inline void note_missed_wait(std::chrono::steady_clock::duration waited) { thread_poll_window().missed_wait(waited); }
 
 // Polls `ready` (yielding between polls) for at most `window`; true if it became true.
 template <typename Ready>

@@ -34,8 +34,7 @@ constexpr int kSpinMissed = 1;
 constexpr int kProbeEvery = 8;
 thread_local int spin_credit = kSpinPaysOff;
 thread_local unsigned unpolled_waits = 0;
-// The thread's poll window (see spin_window()); negative until first asked.
-thread_local std::chrono::microseconds learned_window{-1};
+
 
 // How often the run queue length is sampled, at most.
 constexpr std::chrono::milliseconds kLoadSampleEvery{20};
@@ -91,26 +90,37 @@ bool host_crowded() {
   return sample.crowded.load(std::memory_order_relaxed);
 }
 
-std::chrono::microseconds learned_spin_window() {
-  if (learned_window.count() < 0) learned_window = configured_spin_window();
-  return learned_window;
+std::chrono::microseconds PollWindow::get() const {
+  int64_t us = us_.load(std::memory_order_relaxed);
+  if (us < 0) {
+    us = configured_spin_window().count();
+    us_.store(us, std::memory_order_relaxed);
+  }
+  return std::chrono::microseconds(us);
 }
 
-void note_missed_wait(std::chrono::steady_clock::duration waited) {
+void PollWindow::missed_wait(std::chrono::steady_clock::duration waited) {
   std::chrono::microseconds configured = configured_spin_window();
   if (configured.count() == 0) return;
-  std::chrono::microseconds window = learned_spin_window();
+  std::chrono::microseconds window = get();
   if (waited <= 2 * window) {
     // A window twice as long would have caught it.
-    learned_window = std::min(2 * window, std::max(kMaxSpinWindow, configured));
+    us_.store(std::min(2 * window, std::max(kMaxSpinWindow, configured)).count(), std::memory_order_relaxed);
   } else if (waited > 8 * window) {
-    learned_window = std::max(window / 2, configured);
+    us_.store(std::max(window / 2, configured).count(), std::memory_order_relaxed);
   }
 }
 
-std::chrono::microseconds spin_window() {
+PollWindow& thread_poll_window() {
+  thread_local PollWindow window;
+  return window;
+}
+
+std::chrono::microseconds spin_window() { return spin_window(thread_poll_window()); }
+
+std::chrono::microseconds spin_window(const PollWindow& learned) {
   if (configured_spin_window().count() == 0) return std::chrono::microseconds(0);
-  std::chrono::microseconds window = learned_spin_window();
+  std::chrono::microseconds window = learned.get();
   if (!host_crowded()) return window;
   if (spin_credit >= kSpinPaysOff) return window;
   // A probe now and then: the thread's traffic may have picked up.

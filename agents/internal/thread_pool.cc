@@ -22,6 +22,8 @@ struct ThreadPool::State {
   int running = 0;                          // guarded by mu: threads not yet exited
   std::vector<std::thread::id> ids;         // guarded by mu
   std::shared_ptr<Activity> activity;
+  // Shared: the threads take turns at polling for work.
+  PollWindow poll_window;
 
   void run();
 };
@@ -40,7 +42,8 @@ void ThreadPool::State::run() {
         polled_since = std::chrono::steady_clock::now();
         spinning.fetch_add(1, std::memory_order_acq_rel);
         lock.unlock();
-        bool found = spin_until([this] { return queued.load(std::memory_order_acquire) > 0; });
+        bool found =
+            spin_until([this] { return queued.load(std::memory_order_acquire) > 0; }, spin_window(poll_window));
         lock.lock();
         spinning.fetch_sub(1, std::memory_order_acq_rel);
         if (found || !tasks.empty() || stopping) continue;
@@ -48,7 +51,7 @@ void ThreadPool::State::run() {
       ++idle;
       cv.wait(lock, [this] { return stopping || !tasks.empty(); });
       --idle;
-      if (polled_since) note_missed_wait(std::chrono::steady_clock::now() - *polled_since);
+      if (polled_since) poll_window.missed_wait(std::chrono::steady_clock::now() - *polled_since);
       continue;
     }
     std::function<void()> task = std::move(tasks.front());

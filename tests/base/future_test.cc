@@ -171,16 +171,22 @@ TEST(Spin, TheWindowWidensForWaitsJustBeyondItAndNarrowsForLongOnes) {
     const std::chrono::microseconds configured = internal::configured_spin_window();
     if (configured.count() == 0) GTEST_SKIP() << "FERRY_SPIN_US=0: no polling";
     const std::chrono::microseconds most = std::max(internal::kMaxSpinWindow, configured);
-    EXPECT_EQ(internal::learned_spin_window(), configured);
+    internal::PollWindow& mine = internal::thread_poll_window();
+    EXPECT_EQ(mine.get(), configured);
     // Each wait ended just after its poll gave up: a longer poll would have caught it.
-    for (int i = 0; i < 20; ++i) {
-      internal::note_missed_wait(internal::learned_spin_window() + internal::learned_spin_window() / 2);
-    }
-    EXPECT_EQ(internal::learned_spin_window(), most);
+    for (int i = 0; i < 20; ++i) internal::note_missed_wait(mine.get() + mine.get() / 2);
+    EXPECT_EQ(mine.get(), most);
     // Waits far longer than the window: polling longer would not have helped.
     for (int i = 0; i < 20; ++i) internal::note_missed_wait(std::chrono::milliseconds(100));
-    EXPECT_EQ(internal::learned_spin_window(), configured);
+    EXPECT_EQ(mine.get(), configured);
   }).join();
+  // A window shared by threads taking turns learns from each of them.
+  internal::PollWindow shared;
+  const std::chrono::microseconds first = shared.get();
+  if (first.count() == 0) return;
+  std::thread([&] { shared.missed_wait(first + first / 2); }).join();
+  std::thread([&] { EXPECT_EQ(shared.get(), std::min(2 * first, std::max(internal::kMaxSpinWindow, first))) << "the next thread did not use what the last one learned"; }).join();
+  EXPECT_EQ(internal::thread_poll_window().get(), first) << "a shared window changed this thread's own";
 }
 
 TEST(Spin, OnACrowdedHostOnlyPollsThatPayOffGoOn) {
