@@ -2,10 +2,11 @@
 #   make demo   installs dependencies if missing, builds what the demo needs (the ferry
 #               tool and the main example), runs the example under `ferry run`
 #   make test   installs dependencies if missing, builds and runs every test, then again
-#               built with AddressSanitizer and UndefinedBehaviorSanitizer, then runs
-#               each fuzz target for 5 s (fuzz-smoke)
+#               built with AddressSanitizer and UndefinedBehaviorSanitizer, then the
+#               threaded ones under ThreadSanitizer (test-tsan), then runs each fuzz
+#               target for 5 s (fuzz-smoke)
 #   make test-tsan  ThreadSanitizer (clang, in build-tsan; also checks -Wthread-safety)
-#               over the agent and multi-process tests (docs/checks.md)
+#               over the agent, rpc and multi-process tests (docs/checks.md)
 #   make fuzz   builds the libFuzzer targets (clang, in build-fuzz) and runs each for
 #               FUZZ_SECONDS
 BUILD      ?= build
