@@ -2,13 +2,17 @@
 #   make demo   installs dependencies if missing, builds what the demo needs (the ferry
 #               tool and the main example), runs the example under `ferry run`
 #   make test   installs dependencies if missing, builds and runs every test, then again
-#               built with AddressSanitizer and UndefinedBehaviorSanitizer, then runs
-#               each fuzz target for 5 s (fuzz-smoke)
+#               built with AddressSanitizer and UndefinedBehaviorSanitizer, then the
+#               threaded ones under ThreadSanitizer (test-tsan), then runs each fuzz
+#               target for 5 s (fuzz-smoke)
+#   make test-tsan  ThreadSanitizer (clang, in build-tsan; also checks -Wthread-safety)
+#               over the agent, rpc and multi-process tests (docs/checks.md)
 #   make fuzz   builds the libFuzzer targets (clang, in build-fuzz) and runs each for
 #               FUZZ_SECONDS
 BUILD      ?= build
 SAN_BUILD  ?= build-san
 FUZZ_BUILD ?= build-fuzz
+TSAN_BUILD ?= build-tsan
 FUZZ_SECONDS ?= 120
 FUZZ_SMOKE_SECONDS ?= 5
 FUZZERS    := store_server payload pg_header devmaps
@@ -18,7 +22,7 @@ CTEST_ARGS ?=
 # CUDA's runtime maps memory where ASan's shadow gap would be.
 SAN_ENV    := ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
-.PHONY: all deps build demo test test-plain test-san fuzz fuzz-build fuzz-smoke clean
+.PHONY: all deps build demo test test-plain test-san test-tsan fuzz fuzz-build fuzz-smoke clean
 
 all: build
 
@@ -35,7 +39,7 @@ demo: deps $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS) --target ferry_cli 02_model_parallel
 	./examples/run_demo.sh $(BUILD)
 
-test: test-plain test-san fuzz-smoke
+test: test-plain test-san test-tsan fuzz-smoke
 
 # A test that fails is run once more, and passes only if that run does: one known
 # intermittent under heavy host load (AgentAuthTest.SameTokenServesCalls) must not turn
@@ -52,6 +56,31 @@ $(SAN_BUILD)/build.ninja: | deps
 test-san: deps $(SAN_BUILD)/build.ninja
 	cmake --build $(SAN_BUILD) -j $(JOBS)
 	$(SAN_ENV) ctest --test-dir $(SAN_BUILD) -j $(JOBS) --output-on-failure -LE install $(CTEST_RETRY) $(CTEST_ARGS)
+
+# ThreadSanitizer over the tests that run threads against each other: the agents', the
+# RPC layer's and the other multi-process ones, plus the futures, pools and stores they
+# share (docs/checks.md says which and why). Only the binaries listed are built; ctest
+# runs every test they hold.
+TSAN_TESTS := tsan_absl_sync_test base_test thread_pool_test buffer_pool_test call_table_test \
+  tensorpipe_agent_test agent_conformance_test agent_auth_test call_test process_group_rpc_test \
+  rpc_test device_map_test dynamic_group_test remote_function_test rref_test inline_test rpc_auth_test \
+  init_failures_test store_multiprocess_test tcp_store_test tcp_store_auth_test rendezvous_multiprocess_test \
+  elastic_test process_group_test process_group_work_test \
+  process_group_module_test process_group_unit_test gloo_store_test store_test file_store_test \
+  tcp_store_core_test store_bind_test rendezvous_test function_registry_test rref_context_test \
+  process_group_bytes_test
+TSAN_ENV := TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/scripts/tsan.supp"
+
+$(TSAN_BUILD)/build.ninja: | deps
+	cmake -S . -B $(TSAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 -DFERRY_SANITIZE=thread \
+	  -DFERRY_BUILD_EXAMPLES=OFF -DFERRY_BUILD_BENCH=OFF -DFERRY_BUILD_FUZZ=OFF -DFERRY_INSTALL=OFF \
+	  -DFERRY_WITH_CUDA=OFF $(CMAKE_ARGS)
+
+test-tsan: deps $(TSAN_BUILD)/build.ninja
+	cmake --build $(TSAN_BUILD) -j $(JOBS) --target $(TSAN_TESTS)
+	$(TSAN_ENV) ctest --test-dir $(TSAN_BUILD) -j $(JOBS) --output-on-failure -LE 'tools|netns|gpu|install' \
+	  -E '_NOT_BUILT|remote_function_compile' $(CTEST_RETRY) $(CTEST_ARGS)
 
 $(FUZZ_BUILD)/build.ninja: | deps
 	cmake -S . -B $(FUZZ_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
@@ -70,4 +99,4 @@ fuzz-smoke: fuzz-build
 	@for f in $(FUZZERS); do ./fuzz/run.sh $(FUZZ_BUILD) $$f $(FUZZ_SMOKE_SECONDS) || exit 1; done
 
 clean:
-	rm -rf $(BUILD) $(SAN_BUILD) $(FUZZ_BUILD)
+	rm -rf $(BUILD) $(SAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD)

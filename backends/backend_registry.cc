@@ -1,8 +1,8 @@
 #include "backends/backend_registry.h"
 
-#include <mutex>
-
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "backends/process_group/process_group_backend.h"
 #include "backends/tensorpipe/tensorpipe_backend.h"
 #include "base/status.h"
@@ -16,8 +16,8 @@ struct Backend {
 };
 
 struct Registry {
-  std::mutex mu;
-  std::map<std::string, Backend> backends;
+  absl::Mutex mu;
+  std::map<std::string, Backend> backends ABSL_GUARDED_BY(mu);
 };
 
 Registry& registry() {
@@ -27,7 +27,7 @@ Registry& registry() {
 
 absl::StatusOr<Backend> find(const BackendType& backend) {
   Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mu);
+  absl::MutexLock lock(&r.mu);
   auto it = r.backends.find(backend.name);
   if (it == r.backends.end()) {
     return absl::NotFoundError(absl::StrCat("RPC backend ", backend.name, ": not registered"));
@@ -45,7 +45,7 @@ absl::StatusOr<BackendType> register_backend(const std::string& name, OptionsCon
         absl::StrCat("RPC backend ", name, ": both an options constructor and an init handler are required"));
   }
   Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mu);
+  absl::MutexLock lock(&r.mu);
   auto [it, inserted] = r.backends.try_emplace(name, Backend{std::move(constructor), std::move(handler)});
   if (!inserted) return absl::AlreadyExistsError(absl::StrCat("RPC backend ", name, ": already registered"));
   return BackendType{name};
@@ -53,7 +53,7 @@ absl::StatusOr<BackendType> register_backend(const std::string& name, OptionsCon
 
 bool backend_registered(const std::string& name) {
   Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mu);
+  absl::MutexLock lock(&r.mu);
   return r.backends.contains(name);
 }
 

@@ -23,19 +23,20 @@
 
 #include <chrono>
 #include <atomic>
-#include <condition_variable>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "base/status.h"
 
 namespace ferry {
@@ -200,16 +201,15 @@ class FutureState : public std::enable_shared_from_this<FutureState<T>> {
   const std::weak_ptr<Executor>& executor() const { return executor_; }
 
   // Returns false when already complete (the second completion is dropped).
-  bool complete(absl::StatusOr<T> result) {
+  bool complete(absl::StatusOr<T> result) ABSL_LOCKS_EXCLUDED(mu_) {
     std::vector<Entry> callbacks;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);  // its release wakes wait()
       if (result_.has_value()) return false;
       result_.emplace(std::move(result));
       callbacks.swap(callbacks_);
       ready_.store(true, std::memory_order_release);
     }
-    cv_.notify_all();
     if (callbacks.empty()) return true;
     std::vector<Callback> deferred;
     const bool defer = on_transport_thread() && !executor_.expired();
@@ -231,9 +231,9 @@ class FutureState : public std::enable_shared_from_this<FutureState<T>> {
   }
 
   // `inline_ok`: fn is short and never blocks, so it may run on any thread.
-  void add_callback(Callback cb, bool inline_ok = false) {
+  void add_callback(Callback cb, bool inline_ok = false) ABSL_LOCKS_EXCLUDED(mu_) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (!result_.has_value()) {
         callbacks_.push_back(Entry{std::move(cb), inline_ok});
         return;
@@ -245,35 +245,37 @@ class FutureState : public std::enable_shared_from_this<FutureState<T>> {
   bool ready() const { return ready_.load(std::memory_order_acquire); }
 
   // True when complete before the deadline.
-  bool wait(std::optional<std::chrono::milliseconds> timeout) {
+  bool wait(std::optional<std::chrono::milliseconds> timeout) ABSL_LOCKS_EXCLUDED(mu_) {
     if (ready()) return true;
     auto start = std::chrono::steady_clock::now();
     if (spin_until([this] { return ready(); })) return true;
-    std::unique_lock<std::mutex> lock(mu_);
-    bool done = true;
+    absl::MutexLock lock(&mu_);
+    auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return result_.has_value(); };
+    bool arrived = true;
     if (!timeout.has_value()) {
-      cv_.wait(lock, [&] { return result_.has_value(); });
+      mu_.Await(absl::Condition(&done));
     } else {
-      done = cv_.wait_for(lock, *timeout, [&] { return result_.has_value(); });
+      arrived = mu_.AwaitWithTimeout(absl::Condition(&done), absl::FromChrono(*timeout));
     }
-    if (done) note_missed_wait(std::chrono::steady_clock::now() - start);
-    return done;
+    if (arrived) note_missed_wait(std::chrono::steady_clock::now() - start);
+    return arrived;
   }
 
   // Precondition: ready(). The result never changes once set, so no lock is needed.
   const absl::StatusOr<T>& result() const { return *result_; }
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
+  absl::Mutex mu_;
   std::atomic<bool> ready_{false};
   struct Entry {
     Callback fn;
     bool inline_ok;
   };
   const std::weak_ptr<Executor> executor_{};
+  // Set once, under mu_ and before ready_; read without the lock once ready() (it never
+  // changes again), so it carries no ABSL_GUARDED_BY.
   std::optional<absl::StatusOr<T>> result_;
-  std::vector<Entry> callbacks_;
+  std::vector<Entry> callbacks_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace internal

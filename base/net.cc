@@ -13,13 +13,13 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
-#include <mutex>
 #include <set>
 #include <sstream>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "base/env.h"
 #include "base/logging.h"
 #include "base/status.h"
@@ -161,11 +161,11 @@ void read_ipv6_routes(std::vector<NetRoute>& out) {
 
 // Logs `where` at info, once per distinct choice in this process.
 void log_once(std::string_view what, const ListenAddress& where) {
-  static std::mutex mu;
-  static std::set<std::string> logged;
+  static absl::Mutex mu(absl::kConstInit);
+  static std::set<std::string> logged ABSL_GUARDED_BY(mu);
   std::string line = absl::StrCat(av(what), " ", where.host, " (", where.source, ")");
   {
-    std::lock_guard<std::mutex> lock(mu);
+    absl::MutexLock lock(&mu);
     if (!logged.insert(line).second) return;
   }
   FERRY_LOG(INFO) << line;

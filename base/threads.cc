@@ -7,10 +7,11 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <mutex>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "base/env.h"
 #include "base/future.h"
 #include "base/logging.h"
@@ -151,42 +152,56 @@ void run_callback_guarded(const std::function<void()>& fn) {
 
 namespace {
 
-// Teardowns handed off by threads that could not run them; joined at exit, so none is
-// cut short while the process unwinds.
+// Teardowns handed off by threads that could not run them; waited for at exit, so none
+// is cut short while the process unwinds. The threads are detached and counted rather
+// than kept joinable: a process that leaves through _exit (a forked test worker) has
+// no joinable thread left behind, and one finished teardown does not wait for the
+// next to be joined.
 class Reaper {
  public:
-  ~Reaper() { join_all(); }
-  void start(std::function<void()> work) {
-    std::lock_guard<std::mutex> lock(mu_);
-    threads_.emplace_back([work = std::move(work)] { run_callback_guarded(work); });
-  }
-  void join_all() {
-    std::vector<std::thread> threads;
+  void start(std::function<void()> work) ABSL_LOCKS_EXCLUDED(mu_) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
-      threads.swap(threads_);
+      absl::MutexLock lock(&mu_);
+      ++running_;
     }
-    for (std::thread& t : threads) {
-      if (t.get_id() == std::this_thread::get_id()) {
-        t.detach();
-      } else if (t.joinable()) {
-        t.join();
-      }
-    }
+    std::thread([this, work = std::move(work)] {
+      on_reaper_thread = true;
+      run_callback_guarded(work);
+      absl::MutexLock lock(&mu_);  // the Reaper is never destroyed, so this outlives exit
+      --running_;
+    }).detach();
+  }
+  // Waits for every teardown but the caller's own (exit may run on a reaper thread).
+  void wait_all() ABSL_LOCKS_EXCLUDED(mu_) {
+    const int own = on_reaper_thread ? 1 : 0;
+    absl::MutexLock lock(&mu_);
+    auto done = [this, own]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return running_ <= own; };
+    mu_.Await(absl::Condition(&done));
   }
 
  private:
-  std::mutex mu_;
-  std::vector<std::thread> threads_;
+  static thread_local bool on_reaper_thread;
+  absl::Mutex mu_;
+  int running_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
+thread_local bool Reaper::on_reaper_thread = false;
+
 Reaper& reaper() {
-  static Reaper reaper;
-  return reaper;
+  static Reaper* reaper = new Reaper();  // never destroyed: its threads may outlive exit
+  return *reaper;
 }
+
+// Its destructor runs at exit: waits for the teardowns under way.
+struct ReaperExitWait {
+  ~ReaperExitWait() { reaper().wait_all(); }
+};
 
 }  // namespace
 
-void run_on_reaper(std::function<void()> work) { reaper().start(std::move(work)); }
+void run_on_reaper(std::function<void()> work) {
+  static ReaperExitWait exit_wait;  // constructed before the first teardown starts
+  reaper().start(std::move(work));
+}
 
 }  // namespace ferry::internal

@@ -1,19 +1,19 @@
 #include "rpc/function_registry.h"
 
 #include <atomic>
-#include <mutex>
-#include <shared_mutex>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
+#include "absl/synchronization/mutex.h"
 #include "base/status.h"
 #include "serialization/error.h"
 
 namespace ferry {
 
 struct FunctionRegistry::Impl {
-  mutable std::shared_mutex mu;
-  absl::flat_hash_map<std::string, std::shared_ptr<const RegisteredFunction>> functions;
+  mutable absl::Mutex mu;
+  absl::flat_hash_map<std::string, std::shared_ptr<const RegisteredFunction>> functions ABSL_GUARDED_BY(mu);
   // How many of them are served inline: while none is, a request needs no lookup to
   // know it goes to the pool.
   std::atomic<int> inline_functions{0};
@@ -33,7 +33,7 @@ absl::Status FunctionRegistry::add(std::string name, RegisteredFunction function
     return absl::InvalidArgumentError(absl::StrCat("register_function: \"", name, "\": names starting with \"",
                                                    kReservedFunctionPrefix, "\" are reserved for ferry itself"));
   }
-  std::unique_lock lock(impl_->mu);
+  absl::MutexLock lock(&impl_->mu);
   auto [it, inserted] = impl_->functions.try_emplace(name, nullptr);
   if (!inserted) {
     return absl::AlreadyExistsError(absl::StrCat("register_function: a function named \"", name,
@@ -45,7 +45,7 @@ absl::Status FunctionRegistry::add(std::string name, RegisteredFunction function
 }
 
 bool FunctionRegistry::remove(std::string_view name) {
-  std::unique_lock lock(impl_->mu);
+  absl::MutexLock lock(&impl_->mu);
   auto it = impl_->functions.find(internal::av(name));
   if (it == impl_->functions.end()) return false;
   if (it->second->serving == Serving::kInline) impl_->inline_functions.fetch_sub(1, std::memory_order_release);
@@ -58,7 +58,7 @@ bool FunctionRegistry::has_inline_functions() const {
 }
 
 std::shared_ptr<const RegisteredFunction> FunctionRegistry::find(std::string_view name) const {
-  std::shared_lock lock(impl_->mu);
+  absl::ReaderMutexLock lock(&impl_->mu);
   auto it = impl_->functions.find(internal::av(name));
   return it == impl_->functions.end() ? nullptr : it->second;
 }

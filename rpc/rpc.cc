@@ -1,12 +1,13 @@
 #include "rpc/rpc.h"
 
 #include <atomic>
-#include <condition_variable>
-#include <mutex>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "base/logging.h"
+#include "base/shared_slot.h"
 #include "base/status.h"
 #include "rendezvous/rendezvous.h"
 #include "rpc/internal/rref_context.h"
@@ -14,43 +15,39 @@
 namespace ferry {
 namespace {
 
-// The default agent. Loaded on every call, so an atomic shared_ptr rather than a lock.
-std::atomic<std::shared_ptr<RpcAgent>>& default_slot() {
-  static std::atomic<std::shared_ptr<RpcAgent>>* slot = new std::atomic<std::shared_ptr<RpcAgent>>();
+// The default agent. Loaded on every call: a reader lock (base/shared_slot.h).
+SharedSlot<RpcAgent>& default_slot() {
+  static SharedSlot<RpcAgent>* slot = new SharedSlot<RpcAgent>();  // never destroyed: used until exit
   return *slot;
 }
 
 // Serializes init_rpc and shutdown against each other.
-std::mutex& lifecycle_mutex() {
-  static std::mutex* mu = new std::mutex();
+absl::Mutex& lifecycle_mutex() {
+  static absl::Mutex* mu = new absl::Mutex();  // never destroyed: used until exit
   return *mu;
 }
 
 // Opens once; wait() returns once it is open.
 class Latch {
  public:
-  void open() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      open_ = true;
-      // Before any waiter wakes: once a request served after the wait has answered,
-      // is_open() must be true.
-      fast_.store(true, std::memory_order_release);
-    }
-    cv_.notify_all();
+  void open() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);  // its release wakes the waiters
+    open_ = true;
+    // Before any waiter wakes: once a request served after the wait has answered,
+    // is_open() must be true.
+    fast_.store(true, std::memory_order_release);
   }
-  void wait() {
+  void wait() ABSL_LOCKS_EXCLUDED(mu_) {
     if (fast_.load(std::memory_order_acquire)) return;
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [this] { return open_; });
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&open_));
   }
   bool is_open() const { return fast_.load(std::memory_order_acquire); }
 
  private:
   std::atomic<bool> fast_{false};
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool open_ = false;
+  absl::Mutex mu_;
+  bool open_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 std::string with_rank(const std::string& url, int rank, int world_size) {
@@ -61,7 +58,7 @@ std::string with_rank(const std::string& url, int rank, int world_size) {
 
 }  // namespace
 
-std::shared_ptr<RpcAgent> current_agent() { return default_slot().load(std::memory_order_acquire); }
+std::shared_ptr<RpcAgent> current_agent() { return default_slot().load(); }
 
 std::shared_ptr<RpcAgent> set_current_agent(std::shared_ptr<RpcAgent> agent) {
   return default_slot().exchange(std::move(agent));
@@ -76,7 +73,7 @@ absl::Status init_rpc(const std::string& name, const BackendType& backend, int r
                       const RpcBackendOptions& options) {
   const bool dynamic = !world_size_or.has_value();
   const int world_size = world_size_or.value_or(0);
-  std::lock_guard<std::mutex> lock(lifecycle_mutex());
+  absl::MutexLock lock(&lifecycle_mutex());
   if (current_agent() != nullptr) {
     return absl::FailedPreconditionError(absl::StrCat("init_rpc(\"", name, "\"): this process already runs worker \"",
                                                       current_agent()->self().name, "\"; call shutdown first"));
@@ -155,7 +152,7 @@ absl::Status shutdown(bool graceful, std::chrono::milliseconds timeout) {
   }
   std::shared_ptr<RpcAgent> agent;
   {
-    std::lock_guard<std::mutex> lock(lifecycle_mutex());
+    absl::MutexLock lock(&lifecycle_mutex());
     agent = current_agent();
     if (agent == nullptr) return absl::FailedPreconditionError("shutdown: no worker is running in this process");
   }
@@ -163,7 +160,7 @@ absl::Status shutdown(bool graceful, std::chrono::milliseconds timeout) {
   if (joined.code() == absl::StatusCode::kFailedPrecondition) return joined;  // may not leave yet: still running
   std::shared_ptr<internal::RRefContext> rrefs;
   {
-    std::lock_guard<std::mutex> lock(lifecycle_mutex());
+    absl::MutexLock lock(&lifecycle_mutex());
     if (current_agent() == agent) {
       set_current_agent(nullptr);
       rrefs = internal::default_rref_context();

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "base/logging.h"
+#include "base/shared_slot.h"
 #include "rpc/internal/rref_context.h"
 #include "rpc/outgoing_call.h"
 
@@ -15,14 +16,14 @@ namespace {
 
 thread_local OutgoingCall* current_call = nullptr;
 
-std::atomic<std::shared_ptr<RRefContext>>& default_slot() {
-  static auto* slot = new std::atomic<std::shared_ptr<RRefContext>>();
+SharedSlot<RRefContext>& default_slot() {
+  static auto* slot = new SharedSlot<RRefContext>();  // never destroyed: used until exit
   return *slot;
 }
 
 }  // namespace
 
-std::shared_ptr<RRefContext> default_rref_context() { return default_slot().load(std::memory_order_acquire); }
+std::shared_ptr<RRefContext> default_rref_context() { return default_slot().load(); }
 void set_default_rref_context(std::shared_ptr<RRefContext> context) { default_slot().store(std::move(context)); }
 
 // ---- OutgoingCall

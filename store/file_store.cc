@@ -278,7 +278,7 @@ absl::Status FileStore::refresh() {
     buf.insert(buf.end(), chunk, chunk + n);
   }
   size_t pos = 0;
-  auto corrupt = [&](std::string_view why) {
+  auto corrupt = [&](std::string_view why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return absl::DataLossError(absl::StrCat("FileStore ", path_, ": corrupt record at offset ", offset_ + pos, " (",
                                             av(why), "); is this file a ferry store?"));
   };

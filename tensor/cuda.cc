@@ -5,37 +5,39 @@
 
 #include <cerrno>
 #include <cstring>
-#include <mutex>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 
 namespace ferry {
 namespace {
 
-std::mutex& runtime_mutex() {
-  static std::mutex mu;
-  return mu;
-}
+// The process's CUDA runtime, made on first use unless one was set.
+struct RuntimeSlot {
+  absl::Mutex mu;
+  std::shared_ptr<CudaRuntime> runtime ABSL_GUARDED_BY(mu);
+};
 
-std::shared_ptr<CudaRuntime>& runtime_slot() {
-  static std::shared_ptr<CudaRuntime> runtime;
-  return runtime;
+RuntimeSlot& runtime_slot() {
+  static RuntimeSlot slot;
+  return slot;
 }
 
 }  // namespace
 
 std::shared_ptr<CudaRuntime> cuda_runtime() {
-  std::lock_guard<std::mutex> lock(runtime_mutex());
-  auto& slot = runtime_slot();
-  if (!slot) slot = make_default_cuda_runtime();
-  return slot;
+  RuntimeSlot& slot = runtime_slot();
+  absl::MutexLock lock(&slot.mu);
+  if (!slot.runtime) slot.runtime = make_default_cuda_runtime();
+  return slot.runtime;
 }
 
 std::shared_ptr<CudaRuntime> set_cuda_runtime(std::shared_ptr<CudaRuntime> runtime) {
-  std::lock_guard<std::mutex> lock(runtime_mutex());
-  auto& slot = runtime_slot();
-  std::shared_ptr<CudaRuntime> previous = std::move(slot);
-  slot = std::move(runtime);
+  RuntimeSlot& slot = runtime_slot();
+  absl::MutexLock lock(&slot.mu);
+  std::shared_ptr<CudaRuntime> previous = std::move(slot.runtime);
+  slot.runtime = std::move(runtime);
   return previous;
 }
 

@@ -35,7 +35,7 @@ absl::StatusOr<std::shared_ptr<void>> BufferPool::get(size_t bytes) {
   size_t size = size_class(bytes);
   void* ptr = nullptr;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto it = idle_.find(size);
     if (it != idle_.end()) {
       ptr = it->second;
@@ -64,7 +64,7 @@ absl::StatusOr<std::shared_ptr<void>> BufferPool::get(size_t bytes) {
 
 void BufferPool::put(void* ptr, size_t size) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (cached_bytes_ + size <= max_cached_bytes_) {
       idle_.emplace(size, ptr);
       cached_bytes_ += size;
@@ -75,15 +75,15 @@ void BufferPool::put(void* ptr, size_t size) {
 }
 
 size_t BufferPool::cached_bytes() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return cached_bytes_;
 }
 uint64_t BufferPool::hits() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return hits_;
 }
 uint64_t BufferPool::misses() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return misses_;
 }
 

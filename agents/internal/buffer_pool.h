@@ -13,10 +13,11 @@
 #include <cstddef>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 
 namespace ferry::internal {
 
@@ -37,14 +38,14 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
 
  private:
   explicit BufferPool(size_t max_cached_bytes) : max_cached_bytes_(max_cached_bytes) {}
-  void put(void* ptr, size_t size);
+  void put(void* ptr, size_t size) ABSL_LOCKS_EXCLUDED(mu_);
 
   const size_t max_cached_bytes_;
-  mutable std::mutex mu_;
-  std::multimap<size_t, void*> idle_;  // size class -> buffer; guarded by mu_
-  size_t cached_bytes_ = 0;            // guarded by mu_
-  uint64_t hits_ = 0;                  // guarded by mu_
-  uint64_t misses_ = 0;                // guarded by mu_
+  mutable absl::Mutex mu_;
+  std::multimap<size_t, void*> idle_ ABSL_GUARDED_BY(mu_);  // size class -> buffer
+  size_t cached_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t hits_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t misses_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace ferry::internal

@@ -32,11 +32,11 @@ class CudaStaging::PinnedPool : public std::enable_shared_from_this<PinnedPool> 
     for (auto& [size, ptr] : idle_) runtime_->deallocate_pinned(ptr);
   }
 
-  absl::StatusOr<Tensor> get(size_t bytes) {
+  absl::StatusOr<Tensor> get(size_t bytes) ABSL_LOCKS_EXCLUDED(mu_) {
     void* ptr = nullptr;
     size_t size = std::max<size_t>(bytes, 1);
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       auto it = idle_.lower_bound(size);
       // A buffer at most twice the size asked for, so small copies do not pin big ones.
       if (it != idle_.end() && it->first <= 2 * size) {
@@ -65,18 +65,18 @@ class CudaStaging::PinnedPool : public std::enable_shared_from_this<PinnedPool> 
   }
 
   uint64_t hits() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     return hits_;
   }
   uint64_t misses() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     return misses_;
   }
 
  private:
-  void put(void* ptr, size_t size) {
+  void put(void* ptr, size_t size) ABSL_LOCKS_EXCLUDED(mu_) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (cached_ + size <= kMaxCachedPinnedBytes) {
         idle_.emplace(size, ptr);
         cached_ += size;
@@ -87,11 +87,11 @@ class CudaStaging::PinnedPool : public std::enable_shared_from_this<PinnedPool> 
   }
 
   const std::shared_ptr<CudaRuntime> runtime_;
-  mutable std::mutex mu_;
-  std::multimap<size_t, void*> idle_;  // guarded by mu_
-  size_t cached_ = 0;                  // guarded by mu_
-  uint64_t hits_ = 0;                  // guarded by mu_
-  uint64_t misses_ = 0;                // guarded by mu_
+  mutable absl::Mutex mu_;
+  std::multimap<size_t, void*> idle_ ABSL_GUARDED_BY(mu_);
+  size_t cached_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t hits_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t misses_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 CudaStaging::CudaStaging(std::vector<Device> devices)
@@ -106,17 +106,17 @@ CudaStaging::~CudaStaging() {
 void CudaStaging::set_devices(std::vector<Device> devices) {
   std::erase_if(devices, [](const Device& d) { return d.is_cpu(); });
   std::sort(devices.begin(), devices.end(), [](const Device& a, const Device& b) { return a.index() < b.index(); });
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   devices_ = std::move(devices);
 }
 
 std::vector<Device> CudaStaging::devices() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return devices_;
 }
 
 absl::Status CudaStaging::check_handled(Device device, std::string_view what) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (std::find(devices_.begin(), devices_.end(), device) != devices_.end()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(av(what), " is on ", device.to_string(),
                                                  ", which is not among this worker's devices (", device_list(devices_),
@@ -124,7 +124,7 @@ absl::Status CudaStaging::check_handled(Device device, std::string_view what) co
 }
 
 absl::StatusOr<CudaStream> CudaStaging::stream_for(int device) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = streams_.find(device);
   if (it != streams_.end()) return it->second;
   FERRY_ASSIGN_OR_RETURN(CudaStream stream, runtime_->create_stream(device));

@@ -25,12 +25,13 @@
 
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "device_maps/device_map.h"
 #include "tensor/cuda.h"
 #include "tensor/tensor.h"
@@ -47,8 +48,8 @@ class CudaStaging {
   CudaStaging& operator=(const CudaStaging&) = delete;
 
   // Dynamic groups: the device list changes as workers join.
-  void set_devices(std::vector<Device> devices);
-  std::vector<Device> devices() const;
+  void set_devices(std::vector<Device> devices) ABSL_LOCKS_EXCLUDED(mu_);
+  std::vector<Device> devices() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Replaces every CUDA tensor in `tensors` by a host copy and sets targets[i] to the
   // device tensor i must land on ("" for CPU tensors). `map` (may be null: no map) maps
@@ -69,14 +70,14 @@ class CudaStaging {
   class PinnedPool;
 
  private:
-  absl::Status check_handled(Device device, std::string_view what) const;
-  absl::StatusOr<CudaStream> stream_for(int device);
+  absl::Status check_handled(Device device, std::string_view what) const ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<CudaStream> stream_for(int device) ABSL_LOCKS_EXCLUDED(mu_);
 
   const std::shared_ptr<CudaRuntime> runtime_;
   std::shared_ptr<PinnedPool> pinned_;
-  mutable std::mutex mu_;
-  std::vector<Device> devices_;          // guarded by mu_
-  std::map<int, CudaStream> streams_;    // guarded by mu_; by device index
+  mutable absl::Mutex mu_;
+  std::vector<Device> devices_ ABSL_GUARDED_BY(mu_);
+  std::map<int, CudaStream> streams_ ABSL_GUARDED_BY(mu_);  // by device index
 };
 
 }  // namespace ferry::internal

@@ -51,7 +51,7 @@ absl::Status Membership::Table::absent(std::string_view name) const {
 Membership::Membership() : table_(std::make_shared<const Table>()) {}
 
 absl::Status Membership::add(std::vector<Member> members) {
-  std::lock_guard<std::mutex> lock(write_mu_);
+  absl::MutexLock lock(&write_mu_);
   std::shared_ptr<const Table> now = snapshot();
   auto next = std::make_shared<Table>(*now);
   for (Member& m : members) {
@@ -69,12 +69,12 @@ absl::Status Membership::add(std::vector<Member> members) {
     next->by_id.emplace(id, std::move(m));
   }
   next->version = now->version + 1;
-  table_.store(std::move(next), std::memory_order_release);
+  table_.store(std::move(next));
   return absl::OkStatus();
 }
 
 absl::StatusOr<Member> Membership::remove(int id, MembershipChange why) {
-  std::lock_guard<std::mutex> lock(write_mu_);
+  absl::MutexLock lock(&write_mu_);
   std::shared_ptr<const Table> now = snapshot();
   const Member* m = now->find(id);
   if (m == nullptr) return now->absent(id);
@@ -84,7 +84,7 @@ absl::StatusOr<Member> Membership::remove(int id, MembershipChange why) {
   next->ids_by_name.erase(removed.info.name);
   next->departed[removed.info.name] = {id, why};
   next->version = now->version + 1;
-  table_.store(std::move(next), std::memory_order_release);
+  table_.store(std::move(next));
   return removed;
 }
 

@@ -12,18 +12,19 @@
 //   const Member* m = now->find(1);
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "agents/rpc_agent.h"
+#include "base/shared_slot.h"
 
 namespace ferry::internal {
 
@@ -60,20 +61,20 @@ class Membership {
   Membership();
 
   // The current table; never null.
-  std::shared_ptr<const Table> snapshot() const { return table_.load(std::memory_order_acquire); }
+  std::shared_ptr<const Table> snapshot() const { return table_.load(); }
 
   // Adds workers in one step (a static group's whole table at once). Errors
   // (kAlreadyExists), with nothing changed: a name or an id already a member, or used
   // twice in `members`.
-  absl::Status add(std::vector<Member> members);
+  absl::Status add(std::vector<Member> members) ABSL_LOCKS_EXCLUDED(write_mu_);
   absl::Status add(Member member) { return add(std::vector<Member>{std::move(member)}); }
 
   // Removes worker `id`, remembering why; returns it. kNotFound if not a member.
-  absl::StatusOr<Member> remove(int id, MembershipChange why);
+  absl::StatusOr<Member> remove(int id, MembershipChange why) ABSL_LOCKS_EXCLUDED(write_mu_);
 
  private:
-  std::mutex write_mu_;  // one writer at a time
-  std::atomic<std::shared_ptr<const Table>> table_;
+  absl::Mutex write_mu_;  // one writer at a time; readers load table_ without it
+  SharedSlot<const Table> table_;
 };
 
 }  // namespace ferry::internal

@@ -2,17 +2,18 @@
 
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
-#include <mutex>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "base/future.h"
 #include "base/logging.h"
 #include "base/status.h"
@@ -204,17 +205,17 @@ struct ProcessGroupTransport::State : std::enable_shared_from_this<State> {
   std::weak_ptr<TransportEvents> events;
   std::atomic<int> self_id{-1};
 
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<std::deque<Outgoing>> queues;  // by rank; guarded by mu
-  std::vector<std::unique_ptr<std::condition_variable>> queue_cvs;  // by rank: its senders wait on it
-  int queued = 0;                    // frames in all queues; guarded by mu
-  int sending = 0;                   // guarded by mu
-  bool closing = false;              // guarded by mu: no new frames
-  bool stop_senders = false;         // guarded by mu
-  bool closed = false;               // guarded by mu
-  absl::flat_hash_map<int, int> ids_by_rank;          // guarded by mu
-  absl::flat_hash_map<int, std::string> names_by_rank;  // guarded by mu
+  absl::Mutex mu;
+  absl::CondVar cv;  // sending, queued or closed went down
+  std::vector<std::deque<Outgoing>> queues ABSL_GUARDED_BY(mu);  // by rank
+  std::vector<std::unique_ptr<absl::CondVar>> queue_cvs;  // by rank: its senders wait on it (with mu)
+  int queued ABSL_GUARDED_BY(mu) = 0;  // frames in all queues
+  int sending ABSL_GUARDED_BY(mu) = 0;
+  bool closing ABSL_GUARDED_BY(mu) = false;  // no new frames
+  bool stop_senders ABSL_GUARDED_BY(mu) = false;
+  bool closed ABSL_GUARDED_BY(mu) = false;
+  absl::flat_hash_map<int, int> ids_by_rank ABSL_GUARDED_BY(mu);
+  absl::flat_hash_map<int, std::string> names_by_rank ABSL_GUARDED_BY(mu);
   std::vector<std::thread> senders;
   std::vector<std::thread> receivers;
   std::vector<std::unique_ptr<std::atomic<bool>>> said_goodbye;  // by rank
@@ -227,29 +228,35 @@ struct ProcessGroupTransport::State : std::enable_shared_from_this<State> {
   std::atomic<uint64_t> bytes_sent{0};
   std::atomic<uint64_t> bytes_received{0};
 
-  void enqueue(int to_rank, int peer, FrameKind kind, const Wire& wire) {
+  void enqueue(int to_rank, int peer, FrameKind kind, const Wire& wire) ABSL_LOCKS_EXCLUDED(mu) {
     auto frame = std::make_shared<const Bytes>(encode_frame(kind, name, wire));
-    std::lock_guard<std::mutex> lock(mu);
+    absl::MutexLock lock(&mu);
     if (closing) return;  // the core fails what is pending when it shuts down
     queues[static_cast<size_t>(to_rank)].push_back(Outgoing{peer, std::move(frame)});
     ++queued;
-    queue_cvs[static_cast<size_t>(to_rank)]->notify_one();
+    queue_cvs[static_cast<size_t>(to_rank)]->Signal();
   }
 
-  bool drained() const { return queued == 0 && sending == 0; }  // with mu held
+  bool drained() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return queued == 0 && sending == 0; }
 
-  int id_of(int r) {
-    std::lock_guard<std::mutex> lock(mu);
+  // Waits on cv until drained() or `deadline`.
+  void wait_drained(absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    while (!drained() && !cv.WaitWithDeadline(&mu, deadline)) {
+    }
+  }
+
+  int id_of(int r) ABSL_LOCKS_EXCLUDED(mu) {
+    absl::MutexLock lock(&mu);
     auto it = ids_by_rank.find(r);
     return it == ids_by_rank.end() ? r : it->second;
   }
-  std::string name_of(int r) {
-    std::lock_guard<std::mutex> lock(mu);
+  std::string name_of(int r) ABSL_LOCKS_EXCLUDED(mu) {
+    absl::MutexLock lock(&mu);
     auto it = names_by_rank.find(r);
     return it == names_by_rank.end() ? absl::StrCat("rank ", r) : absl::StrCat("\"", it->second, "\" (rank ", r, ")");
   }
-  bool is_closing() {
-    std::lock_guard<std::mutex> lock(mu);
+  bool is_closing() ABSL_LOCKS_EXCLUDED(mu) {
+    absl::MutexLock lock(&mu);
     return closing;
   }
 
@@ -265,17 +272,17 @@ struct ProcessGroupTransport::State : std::enable_shared_from_this<State> {
   // stopped reading. Sends carry no Gloo timeout (one would break the group for every
   // rank); a send to a rank that does not drain waits until disconnect() or close()
   // gives up on it, and the core's call timeouts and heartbeat decide when.
-  void send_loop(int r) {
+  void send_loop(int r) ABSL_LOCKS_EXCLUDED(mu) {
     TransportThreadScope transport_thread;
     AgentThreadScope agent_thread;
-    std::deque<Outgoing>& queue = queues[static_cast<size_t>(r)];
-    std::condition_variable& queue_cv = *queue_cvs[static_cast<size_t>(r)];
+    absl::CondVar& queue_cv = *queue_cvs[static_cast<size_t>(r)];
     std::atomic<uint64_t>& disconnected = *disconnects[static_cast<size_t>(r)];
     for (;;) {
       Outgoing out;
       {
-        std::unique_lock<std::mutex> lock(mu);
-        queue_cv.wait(lock, [&] { return !queue.empty() || stop_senders; });
+        absl::MutexLock lock(&mu);
+        std::deque<Outgoing>& queue = queues[static_cast<size_t>(r)];
+        while (queue.empty() && !stop_senders) queue_cv.Wait(&mu);
         if (queue.empty()) return;
         out = std::move(queue.front());
         queue.pop_front();
@@ -296,10 +303,10 @@ struct ProcessGroupTransport::State : std::enable_shared_from_this<State> {
         FERRY_LOG(INFO) << name << ": reply to " << name_of(r) << " not delivered: " << s;
       }
       {
-        std::lock_guard<std::mutex> lock(mu);
+        absl::MutexLock lock(&mu);
         --sending;
       }
-      cv.notify_all();
+      cv.SignalAll();
     }
   }
 
@@ -366,8 +373,11 @@ absl::StatusOr<std::unique_ptr<ProcessGroupTransport>> ProcessGroupTransport::cr
   state->world = group->world_size();
   state->num_threads = num_send_recv_threads;
   state->group = std::move(group);
-  state->queues.resize(static_cast<size_t>(state->world));
-  for (int r = 0; r < state->world; ++r) state->queue_cvs.push_back(std::make_unique<std::condition_variable>());
+  {
+    absl::MutexLock lock(&state->mu);  // not shared yet; for the analysis
+    state->queues.resize(static_cast<size_t>(state->world));
+  }
+  for (int r = 0; r < state->world; ++r) state->queue_cvs.push_back(std::make_unique<absl::CondVar>());
   for (int r = 0; r < state->world; ++r) {
     state->said_goodbye.push_back(std::make_unique<std::atomic<bool>>(false));
     state->disconnects.push_back(std::make_unique<std::atomic<uint64_t>>(0));
@@ -413,7 +423,7 @@ void ProcessGroupTransport::send(int peer, const std::string& peer_name, const s
     return;
   }
   {
-    std::lock_guard<std::mutex> lock(s.mu);
+    absl::MutexLock lock(&s.mu);
     s.ids_by_rank[*rank] = peer;
     s.names_by_rank[*rank] = peer_name;
   }
@@ -424,7 +434,7 @@ void ProcessGroupTransport::disconnect(int peer) {
   State& s = *state_;
   int rank = -1;
   {
-    std::lock_guard<std::mutex> lock(s.mu);
+    absl::MutexLock lock(&s.mu);
     for (const auto& [r, id] : s.ids_by_rank) {
       if (id == peer) rank = r;
     }
@@ -435,7 +445,7 @@ void ProcessGroupTransport::disconnect(int peer) {
     queue.clear();
     s.disconnects[static_cast<size_t>(rank)]->fetch_add(1);
   }
-  s.cv.notify_all();
+  s.cv.SignalAll();
   // Senders stuck on a rank that stopped reading return; the group stays whole.
   s.group->cancel_sends(rank, absl::StrCat("worker ", s.name_of(rank), " was disconnected"));
 }
@@ -443,15 +453,15 @@ void ProcessGroupTransport::disconnect(int peer) {
 void ProcessGroupTransport::close() {
   State& s = *state_;
   {
-    std::unique_lock<std::mutex> lock(s.mu);
+    absl::MutexLock lock(&s.mu);
     if (s.closing) {
-      s.cv.wait(lock, [&] { return s.closed; });
+      while (!s.closed) s.cv.Wait(&s.mu);
       return;
     }
     // What is queued still goes (replies to requests served before the end), then a
     // goodbye to every rank that has not said goodbye to us, in parallel. A rank that
     // does not drain (stopped) is given up on after the group's timeout.
-    s.cv.wait_until(lock, std::chrono::steady_clock::now() + s.group->timeout(), [&] { return s.drained(); });
+    s.wait_drained(absl::Now() + absl::FromChrono(s.group->timeout()));
     s.closing = true;
     if (!s.senders.empty()) {
       Wire bye;
@@ -463,31 +473,33 @@ void ProcessGroupTransport::close() {
       }
     }
     s.stop_senders = true;
-    for (auto& queue_cv : s.queue_cvs) queue_cv->notify_all();
-    s.cv.wait_until(lock, std::chrono::steady_clock::now() + std::min(s.group->timeout(), std::chrono::milliseconds(5000)),
-                    [&] { return s.drained(); });
+    for (auto& queue_cv : s.queue_cvs) queue_cv->SignalAll();
+    s.wait_drained(absl::Now() + absl::FromChrono(std::min(s.group->timeout(), std::chrono::milliseconds(5000))));
     for (auto& queue : s.queues) queue.clear();
     s.queued = 0;
   }
-  s.cv.notify_all();
+  s.cv.SignalAll();
   // Give up on what is still in flight. A sender may be between taking its frame and
   // posting it when the cancel comes, so cancel again until every sender is done.
   for (;;) {
     for (int r = 0; r < s.world; ++r) {
       if (r != s.rank) s.group->cancel_sends(r, "the agent is shutting down");
     }
-    std::unique_lock<std::mutex> lock(s.mu);
-    if (s.cv.wait_for(lock, std::chrono::milliseconds(50), [&] { return s.sending == 0; })) break;
+    absl::MutexLock lock(&s.mu);
+    const absl::Time until = absl::Now() + absl::Milliseconds(50);
+    while (s.sending != 0 && !s.cv.WaitWithDeadline(&s.mu, until)) {
+    }
+    if (s.sending == 0) break;
   }
   for (std::thread& t : s.senders) t.join();
   // The only way to end a Gloo receive: shut the group down.
   s.group->shutdown();
   for (std::thread& t : s.receivers) t.join();
   {
-    std::lock_guard<std::mutex> lock(s.mu);
+    absl::MutexLock lock(&s.mu);
     s.closed = true;
   }
-  s.cv.notify_all();
+  s.cv.SignalAll();
 }
 
 std::map<std::string, std::string> ProcessGroupTransport::debug_info() const {

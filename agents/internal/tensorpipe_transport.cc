@@ -10,11 +10,13 @@
 
 #include <tensorpipe/tensorpipe.h>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "agents/internal/buffer_pool.h"
 #include "base/auth.h"
 #include "base/env.h"
@@ -312,13 +314,14 @@ struct TensorPipeTransport::State : std::enable_shared_from_this<State> {
   std::weak_ptr<TransportEvents> events;
   std::atomic<bool> closing{false};
 
-  mutable std::mutex mu;
-  absl::flat_hash_map<int, std::shared_ptr<Client>> clients;  // guarded by mu
-  std::vector<std::shared_ptr<tp::Pipe>> server_pipes;        // guarded by mu
-  uint64_t pipes_opened = 0;                                   // guarded by mu
-  MemberCheck member_check;                                    // guarded by mu
+  // Also guards each Client's `ready` and `pending`.
+  mutable absl::Mutex mu;
+  absl::flat_hash_map<int, std::shared_ptr<Client>> clients ABSL_GUARDED_BY(mu);
+  std::vector<std::shared_ptr<tp::Pipe>> server_pipes ABSL_GUARDED_BY(mu);
+  uint64_t pipes_opened ABSL_GUARDED_BY(mu) = 0;
+  MemberCheck member_check ABSL_GUARDED_BY(mu);
   // Authenticated incoming pipes by the id they proved.
-  absl::flat_hash_map<int, std::shared_ptr<tp::Pipe>> authed_in;  // guarded by mu
+  absl::flat_hash_map<int, std::shared_ptr<tp::Pipe>> authed_in ABSL_GUARDED_BY(mu);
 
   void accept_next();
   // The acceptor's side of the job token's handshake, then read_request.
@@ -331,10 +334,10 @@ struct TensorPipeTransport::State : std::enable_shared_from_this<State> {
   void finish_handshake(std::shared_ptr<Client> client, bool acceptor_proved);
   // Ends `client` when `wire` failed or is the acceptor's refusal; true when it did.
   bool handshake_ended(const std::shared_ptr<Client>& client, const absl::StatusOr<Wire>& wire);
-  void forget_server(const std::shared_ptr<Server>& server);
+  void forget_server(const std::shared_ptr<Server>& server) ABSL_LOCKS_EXCLUDED(mu);
   void read_request(std::shared_ptr<Server> server);
   void read_reply(std::shared_ptr<Client> client);
-  void lost(const std::shared_ptr<Client>& client, absl::Status why);
+  void lost(const std::shared_ptr<Client>& client, absl::Status why) ABSL_LOCKS_EXCLUDED(mu);
   void write_request(const std::shared_ptr<Client>& client, Wire wire);
 };
 
@@ -352,7 +355,7 @@ void TensorPipeTransport::State::accept_next() {
     server->pipe = pipe;
     server->from = pipe->getRemoteName();
     {
-      std::lock_guard<std::mutex> lock(state->mu);
+      absl::MutexLock lock(&state->mu);
       state->server_pipes.push_back(pipe);
     }
     if (state->token.empty()) {
@@ -364,7 +367,7 @@ void TensorPipeTransport::State::accept_next() {
 }
 
 void TensorPipeTransport::State::forget_server(const std::shared_ptr<Server>& server) {
-  std::lock_guard<std::mutex> lock(mu);
+  absl::MutexLock lock(&mu);
   std::erase(server_pipes, server->pipe);
   auto it = authed_in.find(server->id);
   if (it != authed_in.end() && it->second == server->pipe) authed_in.erase(it);
@@ -406,7 +409,7 @@ void TensorPipeTransport::State::authenticate(std::shared_ptr<Server> server) {
     }
     MemberCheck check;
     {
-      std::lock_guard<std::mutex> lock(state->mu);
+      absl::MutexLock lock(&state->mu);
       check = state->member_check;
     }
     if (check) {
@@ -449,7 +452,7 @@ void TensorPipeTransport::State::check_proof(std::shared_ptr<Server> server, int
     }
     bool duplicate = false;
     {
-      std::lock_guard<std::mutex> lock(state->mu);
+      absl::MutexLock lock(&state->mu);
       duplicate = !state->authed_in.try_emplace(id, server->pipe).second;
     }
     if (duplicate) {
@@ -535,7 +538,7 @@ void TensorPipeTransport::State::finish_handshake(std::shared_ptr<Client> client
     while (true) {
       std::vector<Wire> batch;
       {
-        std::lock_guard<std::mutex> lock(state->mu);
+        absl::MutexLock lock(&state->mu);
         if (client->pending.empty()) {
           client->ready = true;
           break;
@@ -604,7 +607,7 @@ void TensorPipeTransport::State::read_reply(std::shared_ptr<Client> client) {
 
 void TensorPipeTransport::State::lost(const std::shared_ptr<Client>& client, absl::Status why) {
   {
-    std::lock_guard<std::mutex> lock(mu);
+    absl::MutexLock lock(&mu);
     auto it = clients.find(client->peer);
     // A pipe already replaced (the peer left and came back) reports nothing.
     if (it == clients.end() || it->second != client) return;
@@ -719,7 +722,7 @@ void TensorPipeTransport::send(int peer, const std::string& peer_name, const std
   bool queued = false;
   absl::Status unreachable;
   {
-    std::lock_guard<std::mutex> lock(s.mu);
+    absl::MutexLock lock(&s.mu);
     auto it = s.clients.find(peer);
     if (it != s.clients.end()) {
       client = it->second;
@@ -785,14 +788,14 @@ void TensorPipeTransport::State::write_request(const std::shared_ptr<Client>& cl
 }
 
 void TensorPipeTransport::set_member_check(MemberCheck check) {
-  std::lock_guard<std::mutex> lock(state_->mu);
+  absl::MutexLock lock(&state_->mu);
   state_->member_check = std::move(check);
 }
 
 void TensorPipeTransport::disconnect(int peer) {
   std::shared_ptr<State::Client> client;
   {
-    std::lock_guard<std::mutex> lock(state_->mu);
+    absl::MutexLock lock(&state_->mu);
     auto it = state_->clients.find(peer);
     if (it == state_->clients.end()) return;
     client = std::move(it->second);
@@ -807,14 +810,14 @@ void TensorPipeTransport::close() {
   if (s.listener) s.listener->close();
   s.context->close();
   s.context->join();
-  std::lock_guard<std::mutex> lock(s.mu);
+  absl::MutexLock lock(&s.mu);
   s.clients.clear();
   s.server_pipes.clear();
 }
 
 std::map<std::string, std::string> TensorPipeTransport::debug_info() const {
   const State& s = *state_;
-  std::lock_guard<std::mutex> lock(s.mu);
+  absl::MutexLock lock(&s.mu);
   return {
       {"transports", absl::StrJoin(s.transport_names, ",")},
       {"channels", absl::StrJoin(s.channel_names, ",")},

@@ -440,15 +440,26 @@ class ProcessGroup::Impl {
     op->head.resize(sizeof(BytesHeader) + (inline_data ? size : 0));
     std::memcpy(op->head.data(), &header, sizeof(header));
     if (inline_data && size > 0) std::memcpy(op->head.data() + sizeof(header), data, size);
+    // cancel_sends() reads the buffers under mu_: they are stored under it, and one
+    // made after a cancel is aborted at once (its wait then ends at once).
+    auto keep = [&](std::unique_ptr<gloo::transport::UnboundBuffer>& slot,
+                    std::unique_ptr<gloo::transport::UnboundBuffer> buffer) {
+      absl::MutexLock lock(&mu_);
+      slot = std::move(buffer);
+      if (!op->why.ok()) slot->abortWaitSend();
+      return slot.get();
+    };
     absl::Status s = guarded_p2p(name, [&]() -> absl::Status {
-      op->head_buf = context_->createUnboundBuffer(op->head.data(), op->head.size());
-      if (!register_buffer(op->head_buf.get())) return cancelled(name);
-      op->head_buf->send(dst, bytes_header_slot(tag));
+      gloo::transport::UnboundBuffer* head =
+          keep(op->head_buf, context_->createUnboundBuffer(op->head.data(), op->head.size()));
+      if (!register_buffer(head)) return cancelled(name);
+      head->send(dst, bytes_header_slot(tag));
       if (!inline_data) {
         // Gloo only reads from it.
-        op->data_buf = context_->createUnboundBuffer(const_cast<uint8_t*>(data), size);
-        if (!register_buffer(op->data_buf.get())) return cancelled(name);
-        op->data_buf->send(dst, bytes_data_slot(tag, seq));
+        gloo::transport::UnboundBuffer* body =
+            keep(op->data_buf, context_->createUnboundBuffer(const_cast<uint8_t*>(data), size));
+        if (!register_buffer(body)) return cancelled(name);
+        body->send(dst, bytes_data_slot(tag, seq));
       }
       if (!op->head_buf->waitSend(timeout)) return cancelled(name);
       if (op->data_buf && !op->data_buf->waitSend(timeout)) return cancelled(name);

@@ -11,15 +11,16 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "nlohmann/json.hpp"
 
 namespace ferry::tools::bench {
@@ -35,34 +36,30 @@ inline double micros_between(Clock::time_point a, Clock::time_point b) {
 // the step it will wait for; the first set() after a reset wins.
 class Waiter {
  public:
-  void reset() {
-    std::lock_guard<std::mutex> lock(mu_);
+  void reset() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
     done_ = false;
     status_ = absl::OkStatus();
   }
-  void set(absl::Status status) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (done_) return;
-      done_ = true;
-      status_ = std::move(status);
-    }
-    cv_.notify_one();
+  void set(absl::Status status) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);  // its release wakes wait()
+    if (done_) return;
+    done_ = true;
+    status_ = std::move(status);
   }
   // The status set, or kDeadlineExceeded naming `what` after `timeout`.
-  absl::Status wait(std::chrono::milliseconds timeout, const char* what) {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (!cv_.wait_for(lock, timeout, [this] { return done_; })) {
+  absl::Status wait(std::chrono::milliseconds timeout, const char* what) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    if (!mu_.AwaitWithTimeout(absl::Condition(&done_), absl::FromChrono(timeout))) {
       return absl::DeadlineExceededError(absl::StrCat(what, ": not complete after ", timeout.count(), " ms"));
     }
     return status_;
   }
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool done_ = false;
-  absl::Status status_;
+  absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
 };
 
 // Round trips in microseconds.

@@ -14,7 +14,6 @@
 #include <fstream>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -24,6 +23,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 
 namespace ferry::tools::bench {
 namespace {
@@ -99,8 +99,8 @@ absl::StatusOr<RawContext> make_context(const RawEndpoint& endpoint, const std::
 // taken for a read and given back when the echo that sends it out completes.
 class BufferPool {
  public:
-  uint8_t* take(size_t bytes) {
-    std::lock_guard<std::mutex> lock(mu_);
+  uint8_t* take(size_t bytes) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
     std::vector<uint8_t*>& free = free_[bytes];
     if (!free.empty()) {
       uint8_t* p = free.back();
@@ -110,15 +110,15 @@ class BufferPool {
     owned_.push_back(std::make_unique<uint8_t[]>(bytes));
     return owned_.back().get();
   }
-  void give(size_t bytes, uint8_t* p) {
-    std::lock_guard<std::mutex> lock(mu_);
+  void give(size_t bytes, uint8_t* p) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
     free_[bytes].push_back(p);
   }
 
  private:
-  std::mutex mu_;
-  std::map<size_t, std::vector<uint8_t*>> free_;
-  std::vector<std::unique_ptr<uint8_t[]>> owned_;
+  absl::Mutex mu_;
+  std::map<size_t, std::vector<uint8_t*>> free_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<uint8_t[]>> owned_ ABSL_GUARDED_BY(mu_);
 };
 
 // The echo server. Callbacks capture `this`: the object outlives the context, which
