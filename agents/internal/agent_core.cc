@@ -193,9 +193,8 @@ void AgentCore::set_join(std::function<absl::Status(std::chrono::milliseconds)> 
 
 void AgentCore::set_device_maps(DeviceMaps device_maps, DeviceMaps reverse_device_maps, std::vector<Device> devices) {
   staging_->set_devices(devices.empty() ? devices_of(device_maps, reverse_device_maps) : std::move(devices));
-  device_maps_.store(std::make_shared<const DeviceMaps>(std::move(device_maps)), std::memory_order_release);
-  reverse_device_maps_.store(std::make_shared<const DeviceMaps>(std::move(reverse_device_maps)),
-                             std::memory_order_release);
+  device_maps_.store(std::make_shared<const DeviceMaps>(std::move(device_maps)));
+  reverse_device_maps_.store(std::make_shared<const DeviceMaps>(std::move(reverse_device_maps)));
 }
 
 Future<Message> AgentCore::send(int to, Message message, std::optional<std::chrono::milliseconds> timeout) {

@@ -31,6 +31,7 @@
 #include "agents/internal/thread_pool.h"
 #include "agents/internal/transport.h"
 #include "agents/rpc_agent.h"
+#include "base/shared_slot.h"
 #include "device_maps/device_map.h"
 #include "store/store.h"
 
@@ -127,10 +128,8 @@ class AgentCore final : public RpcAgent, public TransportEvents, public std::ena
   void complete_reply(int peer, std::vector<std::string> targets, Message reply);
   void notify(WorkerInfo worker, MembershipChange change);
   void deliver_changes();
-  std::shared_ptr<const DeviceMaps> device_maps() const { return device_maps_.load(std::memory_order_acquire); }
-  std::shared_ptr<const DeviceMaps> reverse_device_maps() const {
-    return reverse_device_maps_.load(std::memory_order_acquire);
-  }
+  std::shared_ptr<const DeviceMaps> device_maps() const { return device_maps_.load(); }
+  std::shared_ptr<const DeviceMaps> reverse_device_maps() const { return reverse_device_maps_.load(); }
 
   const WorkerInfo self_;
   const std::shared_ptr<Store> store_;
@@ -144,8 +143,8 @@ class AgentCore final : public RpcAgent, public TransportEvents, public std::ena
   std::unique_ptr<CallTable> calls_;
   Membership members_;
   std::unique_ptr<CudaStaging> staging_;
-  std::atomic<std::shared_ptr<const DeviceMaps>> device_maps_;
-  std::atomic<std::shared_ptr<const DeviceMaps>> reverse_device_maps_;
+  SharedSlot<const DeviceMaps> device_maps_;
+  SharedSlot<const DeviceMaps> reverse_device_maps_;
   std::atomic<bool> dynamic_{false};
   std::atomic<int> group_size_{0};
   // Lost members of a static group, kept in the table: id -> why.

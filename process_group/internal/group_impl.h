@@ -442,7 +442,7 @@ class ProcessGroup::Impl {
     if (inline_data && size > 0) std::memcpy(op->head.data() + sizeof(header), data, size);
     // cancel_sends() reads the buffers under mu_: they are stored under it, and one
     // made after a cancel is aborted at once (its wait then ends at once).
-    auto keep = [&](std::unique_ptr<gloo::transport::UnboundBuffer>& slot,
+    auto store = [&](std::unique_ptr<gloo::transport::UnboundBuffer>& slot,
                     std::unique_ptr<gloo::transport::UnboundBuffer> buffer) {
       absl::MutexLock lock(&mu_);
       slot = std::move(buffer);
@@ -451,13 +451,13 @@ class ProcessGroup::Impl {
     };
     absl::Status s = guarded_p2p(name, [&]() -> absl::Status {
       gloo::transport::UnboundBuffer* head =
-          keep(op->head_buf, context_->createUnboundBuffer(op->head.data(), op->head.size()));
+          store(op->head_buf, context_->createUnboundBuffer(op->head.data(), op->head.size()));
       if (!register_buffer(head)) return cancelled(name);
       head->send(dst, bytes_header_slot(tag));
       if (!inline_data) {
         // Gloo only reads from it.
         gloo::transport::UnboundBuffer* body =
-            keep(op->data_buf, context_->createUnboundBuffer(const_cast<uint8_t*>(data), size));
+            store(op->data_buf, context_->createUnboundBuffer(const_cast<uint8_t*>(data), size));
         if (!register_buffer(body)) return cancelled(name);
         body->send(dst, bytes_data_slot(tag, seq));
       }
