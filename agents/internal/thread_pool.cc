@@ -3,36 +3,37 @@
 #include <algorithm>
 #include <optional>
 
-#include "absl/time/time.h"
 #include "base/future.h"
 #include "base/logging.h"
 
 namespace ferry::internal {
 
 // Shared with the threads, so a thread left running past shutdown's deadline never
-// touches freed memory.
+// touches freed memory. Its lock is a std::mutex, not an absl::Mutex: every pooled
+// request takes it twice, and with Debian's shared Abseil that measured slower
+// (docs/performance.md). TSan sees it natively.
 struct ThreadPool::State {
   std::atomic<size_t> queued{0};  // tasks.size(), readable without the lock
   std::atomic<int> spinning{0};   // threads polling for work; they need no wake-up
-  absl::Mutex mu;
-  absl::CondVar cv;         // work was queued, or stopping
-  absl::CondVar exited_cv;  // running went down
-  std::deque<std::function<void()>> tasks ABSL_GUARDED_BY(mu);
-  bool stopping ABSL_GUARDED_BY(mu) = false;
-  int idle ABSL_GUARDED_BY(mu) = 0;
-  int running ABSL_GUARDED_BY(mu) = 0;  // threads not yet exited
-  std::vector<std::thread::id> ids ABSL_GUARDED_BY(mu);
-  std::shared_ptr<Activity> activity;  // set before the threads start
+  std::mutex mu;
+  std::condition_variable cv;
+  std::condition_variable exited_cv;
+  std::deque<std::function<void()>> tasks;  // guarded by mu
+  bool stopping = false;                    // guarded by mu
+  int idle = 0;                             // guarded by mu
+  int running = 0;                          // guarded by mu: threads not yet exited
+  std::vector<std::thread::id> ids;         // guarded by mu
+  std::shared_ptr<Activity> activity;
   // Shared: the threads take turns at polling for work.
   PollWindow poll_window;
 
-  void run() ABSL_LOCKS_EXCLUDED(mu);
+  void run();
 };
 
 void ThreadPool::State::run() {
   // Every task here runs on a thread the agent owns (see on_agent_thread()).
   set_on_agent_thread(true);
-  mu.Lock();
+  std::unique_lock<std::mutex> lock(mu);
   for (;;) {
     if (tasks.empty()) {
       if (stopping) break;
@@ -42,15 +43,15 @@ void ThreadPool::State::run() {
       if (spinning.load(std::memory_order_acquire) == 0) {
         polled_since = std::chrono::steady_clock::now();
         spinning.fetch_add(1, std::memory_order_acq_rel);
-        mu.Unlock();
+        lock.unlock();
         bool found =
             spin_until([this] { return queued.load(std::memory_order_acquire) > 0; }, spin_window(poll_window));
-        mu.Lock();
+        lock.lock();
         spinning.fetch_sub(1, std::memory_order_acq_rel);
         if (found || !tasks.empty() || stopping) continue;
       }
       ++idle;
-      while (!stopping && tasks.empty()) cv.Wait(&mu);
+      cv.wait(lock, [this] { return stopping || !tasks.empty(); });
       --idle;
       if (polled_since) poll_window.missed_wait(std::chrono::steady_clock::now() - *polled_since);
       continue;
@@ -60,8 +61,8 @@ void ThreadPool::State::run() {
     queued.store(tasks.size(), std::memory_order_release);
     // post() skipped the wake-up because a thread was polling; that thread is now busy,
     // so pass the wake-up on while work is left (a task may wait for the next one).
-    if (!tasks.empty() && idle > 0) cv.Signal();
-    mu.Unlock();
+    if (!tasks.empty() && idle > 0) cv.notify_one();
+    lock.unlock();
     try {
       task();
     } catch (const std::exception& e) {
@@ -71,19 +72,18 @@ void ThreadPool::State::run() {
     }
     task = nullptr;  // what it holds goes before it counts as done
     if (activity) activity->exit();
-    mu.Lock();
+    lock.lock();
   }
   --running;
-  exited_cv.SignalAll();
-  mu.Unlock();
+  exited_cv.notify_all();
 }
 
 ThreadPool::ThreadPool(int threads, std::shared_ptr<Activity> activity)
     : size_(std::max(threads, 0)), state_(std::make_shared<State>()) {
   state_->activity = std::move(activity);
-  threads_.reserve(static_cast<size_t>(size_));
-  absl::MutexLock lock(&state_->mu);
   state_->running = size_;
+  threads_.reserve(static_cast<size_t>(size_));
+  std::lock_guard<std::mutex> lock(state_->mu);
   for (int i = 0; i < size_; ++i) {
     threads_.emplace_back([state = state_] { state->run(); });
     state_->ids.push_back(threads_.back().get_id());
@@ -96,7 +96,7 @@ bool ThreadPool::post(std::function<void()> task) {
   State& s = *state_;
   bool wake;
   {
-    absl::MutexLock lock(&s.mu);
+    std::lock_guard<std::mutex> lock(s.mu);
     if (s.stopping) return false;
     if (s.activity) s.activity->enter();
     s.tasks.push_back(std::move(task));
@@ -104,28 +104,26 @@ bool ThreadPool::post(std::function<void()> task) {
     wake = s.idle > 0 && s.spinning.load(std::memory_order_acquire) == 0;
   }
   // Skip the futex call when every thread is busy: one will find the task when done.
-  if (wake) s.cv.Signal();
+  if (wake) s.cv.notify_one();
   return true;
 }
 
 bool ThreadPool::shutdown(std::chrono::milliseconds deadline) {
   FERRY_CHECK(!on_pool_thread()) << "ThreadPool::shutdown() called from one of its own threads";
-  absl::MutexLock once(&shutdown_mu_);
+  std::lock_guard<std::mutex> once(shutdown_mu_);
   if (shut_down_) return true;
   shut_down_ = true;
   State& s = *state_;
   bool all = true;
   {
-    absl::MutexLock lock(&s.mu);
+    std::unique_lock<std::mutex> lock(s.mu);
     s.stopping = true;
-    s.cv.SignalAll();
+    s.cv.notify_all();
+    auto exited = [&] { return s.running == 0; };
     if (deadline == std::chrono::milliseconds::max()) {
-      while (s.running != 0) s.exited_cv.Wait(&s.mu);
+      s.exited_cv.wait(lock, exited);
     } else {
-      const absl::Time until = absl::Now() + absl::FromChrono(deadline);
-      while (s.running != 0 && !s.exited_cv.WaitWithDeadline(&s.mu, until)) {
-      }
-      all = s.running == 0;
+      all = s.exited_cv.wait_for(lock, deadline, exited);
     }
     if (!all) {
       FERRY_LOG(ERROR) << "thread pool: " << s.running << " task(s) still running " << deadline.count()
@@ -146,12 +144,12 @@ bool ThreadPool::shutdown(std::chrono::milliseconds deadline) {
 }
 
 bool ThreadPool::on_pool_thread() const {
-  absl::MutexLock lock(&state_->mu);
+  std::lock_guard<std::mutex> lock(state_->mu);
   return std::find(state_->ids.begin(), state_->ids.end(), std::this_thread::get_id()) != state_->ids.end();
 }
 
 size_t ThreadPool::queued() const {
-  absl::MutexLock lock(&state_->mu);
+  std::lock_guard<std::mutex> lock(state_->mu);
   return state_->tasks.size();
 }
 

@@ -11,14 +11,14 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
 #include "agents/internal/activity.h"
 #include "base/future.h"
 
@@ -44,8 +44,7 @@ class ThreadPool final : public Executor {
   // when `deadline` passes are left to finish on their own (detached; the pool's state
   // lives until they do) and false is returned, with a logged error. Idempotent. Must
   // not be called from a pool thread.
-  bool shutdown(std::chrono::milliseconds deadline = std::chrono::milliseconds::max())
-      ABSL_LOCKS_EXCLUDED(shutdown_mu_);
+  bool shutdown(std::chrono::milliseconds deadline = std::chrono::milliseconds::max());
   int size() const { return size_; }
   // Whether the calling thread is one of this pool's.
   bool on_pool_thread() const;
@@ -57,8 +56,8 @@ class ThreadPool final : public Executor {
   const int size_;
   std::shared_ptr<State> state_;
   std::vector<std::thread> threads_;
-  absl::Mutex shutdown_mu_;
-  bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
+  std::mutex shutdown_mu_;
+  bool shut_down_ = false;  // guarded by shutdown_mu_
 };
 
 }  // namespace ferry::internal
