@@ -277,9 +277,11 @@ struct TensorPipeTransport::State : std::enable_shared_from_this<State> {
   struct Client {
     int peer;
     std::string name;
+    // Set under State::mu once connected (send() connects outside the lock); read
+    // freely after `ready`, which is set later.
     std::shared_ptr<tp::Pipe> pipe;
-    // With a job token, requests wait in `pending` until the handshake accepted the
-    // pipe (guarded by State::mu).
+    // Requests wait in `pending` while the pipe connects and, with a job token, until
+    // the handshake accepted it (guarded by State::mu).
     bool ready = true;
     std::vector<Wire> pending;
     // The next reply read is the pipe's first (loop thread only).
@@ -339,6 +341,8 @@ struct TensorPipeTransport::State : std::enable_shared_from_this<State> {
   void read_reply(std::shared_ptr<Client> client);
   void lost(const std::shared_ptr<Client>& client, absl::Status why) ABSL_LOCKS_EXCLUDED(mu);
   void write_request(const std::shared_ptr<Client>& client, Wire wire);
+  // Writes the client's queued requests in order, then marks it ready.
+  void flush_pending(const std::shared_ptr<Client>& client) ABSL_LOCKS_EXCLUDED(mu);
 };
 
 void TensorPipeTransport::State::accept_next() {
@@ -533,20 +537,8 @@ void TensorPipeTransport::State::finish_handshake(std::shared_ptr<Client> client
     }
     client->first_reply = false;
     state->read_reply(client);
-    // Send what queued up during the handshake, in order; a send() racing with this
-    // queues behind it until `ready` is set with nothing left.
-    while (true) {
-      std::vector<Wire> batch;
-      {
-        absl::MutexLock lock(&state->mu);
-        if (client->pending.empty()) {
-          client->ready = true;
-          break;
-        }
-        batch.swap(client->pending);
-      }
-      for (Wire& w : batch) state->write_request(client, std::move(w));
-    }
+    // Send what queued up during the handshake.
+    state->flush_pending(client);
   });
 }
 
@@ -720,6 +712,7 @@ void TensorPipeTransport::send(int peer, const std::string& peer_name, const std
   std::shared_ptr<State::Client> client;
   bool opened = false;
   bool queued = false;
+  std::string connect_url;
   absl::Status unreachable;
   {
     absl::MutexLock lock(&s.mu);
@@ -745,18 +738,17 @@ void TensorPipeTransport::send(int peer, const std::string& peer_name, const std
             absl::StrCat("worker \"", peer_name, "\" shares no transport with this worker (mine: ",
                          absl::StrJoin(s.transport_names, ", "), "; its address: ", address, ")"));
       } else {
+        // Not ready until its pipe exists: sends to it queue behind this one.
         client = std::make_shared<State::Client>();
         client->peer = peer;
         client->name = peer_name;
-        client->pipe = s.context->connect(url, tp::PipeOptions().remoteName(peer_name));
-        if (!s.token.empty()) {
-          client->ready = false;
-          client->pending.push_back(std::move(wire));
-          queued = true;
-        }
+        client->ready = false;
+        client->pending.push_back(std::move(wire));
+        queued = true;
         s.clients.emplace(peer, client);
         ++s.pipes_opened;
         opened = true;
+        connect_url = std::move(url);
       }
     }
   }
@@ -766,14 +758,48 @@ void TensorPipeTransport::send(int peer, const std::string& peer_name, const std
   }
   if (client == nullptr) return;  // closing: the core fails the call
   if (opened) {
+    // Outside the lock: connect() may run TensorPipe's pending callbacks on this thread
+    // (an accepted pipe's, which takes the lock).
+    std::shared_ptr<tp::Pipe> pipe = s.context->connect(connect_url, tp::PipeOptions().remoteName(peer_name));
+    bool kept = false;
+    {
+      absl::MutexLock lock(&s.mu);
+      auto it = s.clients.find(peer);
+      kept = it != s.clients.end() && it->second == client;
+      client->pipe = pipe;
+    }
+    if (!kept) {
+      // Disconnected (or closed) while connecting: the core fails the calls.
+      pipe->close();
+      return;
+    }
     if (s.token.empty()) {
       s.read_reply(client);
+      s.flush_pending(client);
     } else {
       s.open_handshake(client);
     }
+    return;
   }
   if (queued) return;
   s.write_request(client, std::move(wire));
+}
+
+void TensorPipeTransport::State::flush_pending(const std::shared_ptr<Client>& client) {
+  // In order; a send() racing with this queues behind it until `ready` is set with
+  // nothing left.
+  while (true) {
+    std::vector<Wire> batch;
+    {
+      absl::MutexLock lock(&mu);
+      if (client->pending.empty()) {
+        client->ready = true;
+        return;
+      }
+      batch.swap(client->pending);
+    }
+    for (Wire& w : batch) write_request(client, std::move(w));
+  }
 }
 
 void TensorPipeTransport::State::write_request(const std::shared_ptr<Client>& client, Wire wire) {
@@ -794,14 +820,16 @@ void TensorPipeTransport::set_member_check(MemberCheck check) {
 
 void TensorPipeTransport::disconnect(int peer) {
   std::shared_ptr<State::Client> client;
+  std::shared_ptr<tp::Pipe> pipe;
   {
     absl::MutexLock lock(&state_->mu);
     auto it = state_->clients.find(peer);
     if (it == state_->clients.end()) return;
     client = std::move(it->second);
     state_->clients.erase(it);
+    pipe = client->pipe;  // null while connecting: send() closes it then
   }
-  client->pipe->close();
+  if (pipe) pipe->close();
 }
 
 void TensorPipeTransport::close() {
