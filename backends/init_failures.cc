@@ -104,11 +104,20 @@ class WatchingStore final : public Store {
 
 }  // namespace
 
-std::string store_host_of(const Store& store) {
+namespace {
+
+// The TCPStore under `store` (through PrefixStores), or null.
+const TCPStore* tcp_store_of(const Store& store) {
   const Store* s = &store;
   while (const auto* prefixed = dynamic_cast<const PrefixStore*>(s)) s = prefixed->base().get();
-  if (const auto* tcp = dynamic_cast<const TCPStore*>(s)) return tcp->host();
-  return "";
+  return dynamic_cast<const TCPStore*>(s);
+}
+
+}  // namespace
+
+std::string store_host_of(const Store& store) {
+  const TCPStore* tcp = tcp_store_of(store);
+  return tcp == nullptr ? "" : tcp->host();
 }
 
 absl::Status init_failure(int rank, std::string_view name, absl::StatusCode code, std::string_view why) {
@@ -175,9 +184,7 @@ void InitFailures::linger(int world_size, std::chrono::milliseconds grace) {
     (void)store_->set(all_out, Bytes{'1'});
     return;
   }
-  const Store* s = store_.get();
-  while (const auto* prefixed = dynamic_cast<const PrefixStore*>(s)) s = prefixed->base().get();
-  const auto* tcp = dynamic_cast<const TCPStore*>(s);
+  const TCPStore* tcp = tcp_store_of(*store_);
   if (tcp == nullptr || tcp->server() == nullptr) return;
   // A rank that never gets this far (it crashed) costs the grace, no more.
   if (absl::Status all = store_->wait({all_out}, grace); !all.ok()) {
