@@ -5,8 +5,9 @@
 //
 // Prints the median and p99 round trip. With a third argument N > 1, keeps N rpc_async
 // calls in flight instead and prints calls per second.
-// A fourth argument sets the worker pool size (default 4).
-// Usage: rpc_call_loop [shm|uv] [calls] [outstanding] [pool threads]
+// A fourth argument sets the worker pool size (default 4); a fifth, "inline", serves the
+// no-op on the transport thread (Serving::kInline) instead of the pool.
+// Usage: rpc_call_loop [shm|uv] [calls] [outstanding] [pool threads] [pooled|inline]
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -25,6 +26,7 @@ int main(int argc, char** argv) {
   int calls = argc > 2 ? std::atoi(argv[2]) : 20000;
   int outstanding = argc > 3 ? std::max(1, std::atoi(argv[3])) : 1;
   int threads = argc > 4 ? std::max(1, std::atoi(argv[4])) : 4;
+  const bool inline_serving = argc > 5 && std::string(argv[5]) == "inline";
   std::string store = (std::filesystem::temp_directory_path() / ("ferry-loop-" + std::to_string(getpid()))).string();
   std::vector<pid_t> children;
   for (int rank = 0; rank < 2; ++rank) {
@@ -33,7 +35,8 @@ int main(int argc, char** argv) {
       children.push_back(pid);
       continue;
     }
-    (void)ferry::register_function("noop", [](int64_t v) { return v; });
+    (void)ferry::register_function("noop", [](int64_t v) { return v; },
+                                   inline_serving ? ferry::Serving::kInline : ferry::Serving::kPool);
     ferry::TensorPipeRpcBackendOptions options;
     options.init_method = "file://" + store;
     options.transports = std::vector<std::string>{transport};
