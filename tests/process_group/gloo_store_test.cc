@@ -1,5 +1,6 @@
 // GlooStore (process_group/internal/): Gloo's rendezvous over a ferry store, including a
 // real Gloo full mesh; a failed operation keeps the store's status as a value.
+#include <barrier>
 #include <thread>
 #include <vector>
 
@@ -54,6 +55,9 @@ TEST(GlooStoreTest, GlooFullMeshRendezvousesThroughIt) {
   constexpr int kSize = 3;
   auto store = std::make_shared<PrefixStore>("gloo", std::make_shared<HashStore>(10s));
   std::vector<float> results(kSize);
+  // A rank that closes its connections while another still reads from them can reset
+  // them (Gloo's own teardown race): no context goes before every rank is done.
+  std::barrier done(kSize);
   std::vector<std::thread> threads;
   for (int rank = 0; rank < kSize; ++rank) {
     threads.emplace_back([&, rank] {
@@ -68,6 +72,7 @@ TEST(GlooStoreTest, GlooFullMeshRendezvousesThroughIt) {
       gloo::AllreduceRing<float> allreduce(context, ptrs, 1);
       allreduce.run();
       results[rank] = value;
+      done.arrive_and_wait();
     });
   }
   for (auto& t : threads) t.join();
