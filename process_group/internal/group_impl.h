@@ -278,8 +278,8 @@ class ProcessGroup::Impl {
   const std::string& description() const { return description_; }
   const std::shared_ptr<gloo::transport::Device>& device() const { return device_; }
 
-  // Rendezvous with the other ranks through `store` and connect to each of them.
-  absl::Status connect(const std::shared_ptr<Store>& store) {
+  // A Gloo context connected to every other rank through `store`.
+  absl::StatusOr<std::shared_ptr<gloo::Context>> connect_mesh(const std::shared_ptr<Store>& store) {
     auto context = std::make_shared<gloo::rendezvous::Context>(rank_, size_);
     context->setTimeout(timeout_);
     internal::GlooStore gloo_store(store);
@@ -299,11 +299,17 @@ class ProcessGroup::Impl {
           " running, each with its own rank, the same world size and the same store?)"));
     }
     FERRY_RETURN_IF_ERROR(s);
-    context_ = std::move(context);
-    // The first collectives' header receives go up now (see run()); no other thread
-    // exists yet.
+    return context;
+  }
+
+  // Rendezvous with the other ranks through `store` and connect to each of them:
+  // once for the data, and once more for the collective headers (see HeaderSlots).
+  absl::Status connect(const std::shared_ptr<Store>& store) {
+    FERRY_ASSIGN_OR_RETURN(context_, connect_mesh(store));
     if (size_ > 1) {
-      for (int i = 0; i < kExchangesAhead; ++i) exchanges_.push_back(post_exchange(next_exchange_seq_++));
+      FERRY_ASSIGN_OR_RETURN(header_context_, connect_mesh(std::make_shared<PrefixStore>("headers", store)));
+      // No other thread exists yet.
+      FERRY_RETURN_IF_ERROR(catch_gloo(kExchangeName, description_, [&] { return make_header_slots(); }));
     }
     worker_ = std::thread([this] { worker_loop(); });
     return absl::OkStatus();
@@ -669,14 +675,15 @@ class ProcessGroup::Impl {
     if (worker_.joinable()) worker_.join();
     {
       // A collective running on a blocking caller's thread (enqueue) ends too: its
-      // waits were aborted above, or its Gloo operation is bounded by the timeout.
+      // Gloo operation and its wait for headers (which cannot be aborted: see
+      // HeaderSlots) are bounded by the timeout.
       absl::MutexLock lock(&mu_);
       auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !busy_; };
       mu_.Await(absl::Condition(&idle));
     }
-    // No collective runs any more: the posted header receives go.
-    for (const std::shared_ptr<HeaderExchange>& exchange : exchanges_) release(*exchange);
-    exchanges_.clear();
+    // No collective runs any more: the header slots go, before the pairs they name.
+    slots_ = HeaderSlots{};
+    header_context_.reset();
     {
       absl::MutexLock lock(&mu_);
       auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return p2p_in_flight_ == 0; };
@@ -712,16 +719,27 @@ class ProcessGroup::Impl {
     uint32_t seq;  // the collective's number in this group: the same on every rank
   };
 
-  // One collective's header exchange: this rank's header goes to every other rank,
-  // theirs come in (see run()). The receives are posted kExchangesAhead collectives
-  // ahead; the thread running the collective sends, waits and releases the buffers.
-  struct HeaderExchange {
-    uint32_t seq = 0;
-    CollectiveHeader own;
-    std::vector<CollectiveHeader> headers;  // by group rank; headers[rank_] is `own`
-    std::unique_ptr<gloo::transport::UnboundBuffer> send_buf;
-    std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> recv_bufs;  // by rank; none for this one
-    absl::Status posted;  // why the receives could not be posted
+  // Where collective headers land (see run()): for each peer, kHeaderRing Gloo buffers
+  // bound to fixed slots each way, made once at connect. A bound buffer's message is
+  // written straight into place on arrival, with no per-message handshake, where an
+  // unbound one costs a "ready to receive" message as well: half the messages a
+  // header exchange sends. Collective `seq` uses ring entry seq % kHeaderRing.
+  //
+  // They live on connections of their own (header_context_): Gloo's first send from
+  // a bound buffer sets the socket's send buffer to that message's size (a few KiB
+  // after the kernel's minimum) for good, which would throttle the data that follows
+  // on the same connection.
+  struct HeaderMessage {
+    CollectiveHeader header;
+    // The collective's seq + 1, 0 once taken out. The transport writes a message in
+    // order, so a set value means the whole header is in.
+    uint64_t seq_plus_one = 0;
+  };
+  struct HeaderSlots {
+    std::vector<HeaderMessage> inbox;   // [peer * kHeaderRing + entry]
+    std::vector<HeaderMessage> outbox;  // [entry]
+    std::vector<std::unique_ptr<gloo::transport::Buffer>> recv;  // like inbox; none for this rank
+    std::vector<std::unique_ptr<gloo::transport::Buffer>> send;  // like inbox; none for this rank
   };
 
   // The receives recv_bytes_stream keeps posted for one (rank, tag).
@@ -887,16 +905,15 @@ class ProcessGroup::Impl {
     }
   }
 
-  // A collective. Every rank sends its header to every other rank on the collective's
-  // own header slot (the receives were posted kExchangesAhead collectives ahead, so the
-  // header lands without a handshake), waits for theirs, and every rank runs
-  // check_headers on the same headers and reaches the same verdict.
+  // A collective. Every rank sends its header to every other rank's landing slot for
+  // it (slots_), waits for theirs, and every rank runs check_headers on the same
+  // headers and reaches the same verdict.
   //
   // The steady path costs no round trip and no other thread: when this rank's
   // signature equals the one every rank agreed on in the group's last data collective
   // (agreed_), it runs its Gloo operation at once, on a tag that carries the signature
-  // (data_tag), and checks the headers after it; they left before the data on the same
-  // connections, so they are already there. Otherwise (the first call, new arguments,
+  // (data_tag), and checks the headers after it; they left before the data, so they
+  // are usually there already. Otherwise (the first call, new arguments,
   // an argument error, a barrier) it waits for the headers first.
   //
   // A mismatch cannot leave a rank waiting: every rank agreed on agreed_, so all ranks
@@ -915,53 +932,34 @@ class ProcessGroup::Impl {
       FERRY_RETURN_IF_ERROR(internal::check_headers({task.header}, task.local_error));
       return guarded(task.name, [&] { return task.body(*this, tag, {task.header}); });
     }
-    // Only the thread running a collective (one at a time) touches exchanges_ and
-    // agreed_; shutdown() clears them once none runs.
-    if (exchanges_.empty() || exchanges_.front()->seq != task.seq) return cancelled(task.name);
-    std::shared_ptr<HeaderExchange> exchange = std::move(exchanges_.front());
-    exchanges_.pop_front();
+    // Only the thread running a collective (one at a time) touches slots_ and agreed_;
+    // shutdown() clears them once none runs.
+    if (slots_.send.empty()) return cancelled(task.name);
+    const size_t entry = task.seq % kHeaderRing;
     const std::optional<uint64_t> agreed = agreed_;
     agreed_.reset();  // set again below once every rank's headers agree
     const bool early = moves_data(task.header) && agreed == sig;
-    exchange->own = task.header;
-    exchange->headers[rank_] = task.header;
-    absl::Status s = exchange->posted;
-    if (!s.ok()) {
-      // Posted before the collective's name was known: name it now.
-      if (absl::IsCancelled(s)) return cancelled(task.name);
-      const std::string prefix = absl::StrCat(internal::av(kExchangeName), " (", description_, "): ");
-      std::string text(s.message());
-      if (absl::StartsWith(text, prefix)) text.erase(0, prefix.size());
-      s = absl::Status(s.code(), absl::StrCat(task.name, " (", description_, "): ", text));
-      absl::MutexLock lock(&mu_);
-      if (broken_.ok()) broken_ = s;
-    }
-    if (s.ok()) {
-      s = guarded(task.name, [&]() -> absl::Status {
-        exchange->send_buf = context_->createUnboundBuffer(&exchange->own, sizeof(CollectiveHeader));
-        if (!register_buffer(exchange->send_buf.get())) return cancelled(task.name);
-        const uint64_t slot = collective_header_slot(task.seq);
-        for (int r = 0; r < size_; ++r) {
-          if (r != rank_) exchange->send_buf->send(r, slot);
-        }
-        return absl::OkStatus();
-      });
-    }
+    std::vector<CollectiveHeader> headers(size_);
+    headers[rank_] = task.header;
+    absl::Status s = guarded(task.name, [&] {
+      slots_.outbox[entry] = HeaderMessage{task.header, uint64_t{task.seq} + 1};
+      for (int r = 0; r < size_; ++r) {
+        if (r != rank_) slots_.send[slot_index(r, entry)]->send(0, sizeof(HeaderMessage));
+      }
+      return absl::OkStatus();
+    });
     absl::Status data;
     if (early && s.ok()) data = guarded(task.name, [&] { return task.body(*this, tag, {}); });
-    if (s.ok()) s = wait_headers(task.name, *exchange);
-    // The receives of a later collective go up before this one ends.
-    exchanges_.push_back(post_exchange(next_exchange_seq_++));
-    release(*exchange);
+    if (s.ok()) s = wait_headers(task.name, task.seq, headers);
     if (!s.ok()) {
       if (early && !data.ok()) return data;
       return s;
     }
-    absl::Status verdict = internal::check_headers(exchange->headers, task.local_error);
+    absl::Status verdict = internal::check_headers(headers, task.local_error);
     if (!early && agreed.has_value()) {
       // Ranks that went ahead are waiting in their operation: take part in it.
       for (int r = 0; r < size_; ++r) {
-        const CollectiveHeader& h = exchange->headers[r];
+        const CollectiveHeader& h = headers[r];
         if (r == rank_ || !internal::validate_header(h, static_cast<size_t>(r), static_cast<size_t>(size_)).ok() ||
             !moves_data(h) || signature(h) != *agreed) {
           continue;
@@ -977,29 +975,46 @@ class ProcessGroup::Impl {
     if (!verdict.ok()) return verdict;
     if (moves_data(task.header)) agreed_ = sig;
     if (early) return data;
-    return guarded(task.name, [&] { return task.body(*this, tag, exchange->headers); });
+    return guarded(task.name, [&] { return task.body(*this, tag, headers); });
   }
 
-  // Waits for every other rank's header of `exchange`, and for this rank's to have
-  // gone out, within the group's timeout.
-  absl::Status wait_headers(const std::string& name, HeaderExchange& exchange) {
+  // Waits for every other rank's header of collective `seq` and copies it into
+  // `headers`, and for this rank's to have gone out, within the group's timeout (the
+  // pairs' own, set at connect).
+  absl::Status wait_headers(const std::string& name, uint32_t seq, std::vector<CollectiveHeader>& headers) {
+    const size_t entry = seq % kHeaderRing;
+    const uint64_t expected = uint64_t{seq} + 1;
     bool timed_out = false;
     absl::Status s = catch_gloo(name, description_, [&]() -> absl::Status {
-      for (int r = 0; r < size_; ++r) {
-        if (r == rank_) continue;
-        try {
-          if (!exchange.recv_bufs[r]->waitRecv(nullptr, timeout_)) return cancelled(name);
-        } catch (const gloo::IoException& e) {
-          timed_out = looks_like_timeout(e.what());
-          throw;
+      try {
+        for (int r = 0; r < size_; ++r) {
+          if (r == rank_) continue;
+          HeaderMessage& in = slots_.inbox[slot_index(r, entry)];
+          try {
+            slots_.recv[slot_index(r, entry)]->waitRecv();
+          } catch (const gloo::IoException&) {
+            // Gloo's wait reports a connection's end even when the message arrived
+            // before it (a peer that finished this collective and exited): a whole
+            // header still counts.
+            if (in.seq_plus_one != expected) throw;
+          }
+          if (in.seq_plus_one != expected) {
+            return absl::InternalError(absl::StrCat(name, " (", description_, "): rank ", r, " sent the header of collective ",
+                                                    in.seq_plus_one - 1, " where ", seq, " was due"));
+          }
+          headers[r] = in.header;
+          in.seq_plus_one = 0;
         }
-      }
-      for (int r = 0; r < size_ - 1; ++r) {
-        if (!exchange.send_buf->waitSend(timeout_)) return cancelled(name);
+        for (int r = 0; r < size_; ++r) {
+          if (r != rank_) slots_.send[slot_index(r, entry)]->waitSend();
+        }
+      } catch (const gloo::IoException& e) {
+        timed_out = looks_like_timeout(e.what());
+        throw;
       }
       return absl::OkStatus();
     });
-    if (s.ok() || absl::IsCancelled(s)) return s;
+    if (s.ok()) return s;
     if (timed_out) {
       s = absl::DeadlineExceededError(absl::StrCat(name, " (", description_, "): timed out after ", timeout_.count(),
                                                    " ms waiting for every rank's arguments (has every rank called it?)"));
@@ -1010,33 +1025,38 @@ class ProcessGroup::Impl {
   }
 
   static constexpr std::string_view kExchangeName = "collective header exchange";
-  // How many collectives ahead the header receives are posted. A rank starts
-  // collective k+1 only once every rank has started k, and each rank posts k+2's
-  // receives when it ends k: so a header always finds its receive posted.
-  static constexpr int kExchangesAhead = 2;
+  // How many collectives' headers the ring holds. Two suffice: a rank sends collective
+  // k+2's header only after every rank's header of k+1 reached it, so every rank has
+  // started k+1 and has taken k's headers out of its slots.
+  static constexpr size_t kHeaderRing = 2;
 
-  // Posts the receives of collective `seq`'s headers (see run()).
-  std::shared_ptr<HeaderExchange> post_exchange(uint32_t seq) {
-    auto exchange = std::make_shared<HeaderExchange>();
-    exchange->seq = seq;
-    exchange->headers.resize(size_);
-    exchange->recv_bufs.resize(size_);
-    exchange->posted = catch_gloo(kExchangeName, description_, [&]() -> absl::Status {
-      const uint64_t slot = collective_header_slot(seq);
-      for (int r = 0; r < size_; ++r) {
-        if (r == rank_) continue;
-        exchange->recv_bufs[r] = context_->createUnboundBuffer(&exchange->headers[r], sizeof(CollectiveHeader));
-        if (!register_buffer(exchange->recv_bufs[r].get())) return cancelled(kExchangeName);
-        exchange->recv_bufs[r]->recv(r, slot);
+  size_t slot_index(int peer, size_t entry) const { return static_cast<size_t>(peer) * kHeaderRing + entry; }
+
+  // Makes slots_ (see HeaderSlots). Every rank takes the same slot numbers from the
+  // context. On each connection, messages to the higher rank and those to the lower
+  // one use different slots: destroying any buffer of a slot makes Gloo forget that
+  // slot's receive buffer on the pair.
+  absl::Status make_header_slots() {
+    const int up = header_context_->nextSlot(2 * kHeaderRing);  // slots of headers sent to a higher rank
+    const int down = up + static_cast<int>(kHeaderRing);  // and to a lower one
+    const size_t n = static_cast<size_t>(size_) * kHeaderRing;
+    slots_.inbox.resize(n);
+    slots_.outbox.resize(kHeaderRing);
+    slots_.recv.resize(n);
+    slots_.send.resize(n);
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      const std::unique_ptr<gloo::transport::Pair>& pair = header_context_->getPair(r);
+      for (size_t e = 0; e < kHeaderRing; ++e) {
+        const size_t i = slot_index(r, e);
+        const int offset = static_cast<int>(e);
+        slots_.recv[i] =
+            pair->createRecvBuffer((r < rank_ ? up : down) + offset, &slots_.inbox[i], sizeof(HeaderMessage));
+        slots_.send[i] =
+            pair->createSendBuffer((r > rank_ ? up : down) + offset, &slots_.outbox[e], sizeof(HeaderMessage));
       }
-      return absl::OkStatus();
-    });
-    return exchange;
-  }
-
-  void release(HeaderExchange& exchange) {
-    unregister_buffer(exchange.send_buf.get());
-    for (auto& buf : exchange.recv_bufs) unregister_buffer(buf.get());
+    }
+    return absl::OkStatus();
   }
 
   // Runs the data operation a rank with header `h` runs, on tag `tag`, with scratch
@@ -1060,12 +1080,12 @@ class ProcessGroup::Impl {
   std::deque<Task> queue_ ABSL_GUARDED_BY(mu_);
   uint32_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
   bool busy_ ABSL_GUARDED_BY(mu_) = false;  // a collective is running (worker or caller)
-  // The posted header exchanges of the next collectives, in order, and the signature
-  // every rank agreed on in the last collective when it moved data (see run()). Only
-  // the thread running a collective uses them (busy_ keeps that to one), and
-  // shutdown() once none runs; connect() sets them up before any other thread exists.
-  std::deque<std::shared_ptr<HeaderExchange>> exchanges_;
-  uint32_t next_exchange_seq_ = 0;
+  // The header slots, and the signature every rank agreed on in the last collective
+  // when it moved data (see run()). Only the thread running a collective uses them
+  // (busy_ keeps that to one), and shutdown() once none runs; connect() sets them up
+  // before any other thread exists.
+  std::shared_ptr<gloo::Context> header_context_;
+  HeaderSlots slots_;
   std::optional<uint64_t> agreed_;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;

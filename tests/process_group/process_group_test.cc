@@ -939,6 +939,35 @@ TEST(ProcessGroupCudaTest, CudaTensorsAreStagedThroughHost) {
 
 // ---- a rank that dies ------------------------------------------------------------------
 
+// A header that arrived before its sender exited still counts: Gloo reports the end of
+// the connection even over a message already in, and a rank that looks late must not
+// lose it. Rank 2 enters the barrier and exits before rank 0 comes; rank 1, which met
+// rank 2 there, completes it. Rank 0 cannot deliver its own header to rank 2 any more,
+// and fails at once.
+TEST(ProcessGroupFailureTest, AHeaderThatArrivedBeforeItsSenderExitedStillCounts) {
+  ferry::testing::TempDir dir;
+  ferry::testing::expect_all_succeed(ferry::testing::run_processes(
+      3,
+      [&](int rank) {
+        std::unique_ptr<ProcessGroup> group = connect(dir.path(), rank, 3, milliseconds(5000));
+        ASSERT_NE(group, nullptr);
+        if (rank == 2) {
+          Work pending = group->barrier_async();
+          std::this_thread::sleep_for(std::chrono::milliseconds(300));
+          _exit(0);
+        }
+        if (rank == 1) {
+          EXPECT_OK(group->barrier());
+          return;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(800));
+        const auto start = std::chrono::steady_clock::now();
+        EXPECT_THAT(group->barrier(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("barrier (rank 0 of 3)")));
+        EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(3));
+      },
+      kTestDeadline));
+}
+
 TEST(ProcessGroupFailureTest, DeadRankFailsOthersWithinTimeout) {
   constexpr milliseconds kShort{2000};
   ferry::testing::TempDir dir;
