@@ -11,9 +11,13 @@ Work ProcessGroup::broadcast_async(Tensor tensor, int src) {
   absl::Status local = check_tensor("broadcast", "the tensor", tensor);
   if (local.ok()) local = check_root("broadcast", "src", src, world_size_);
   CollectiveHeader h = internal::make_header(CollectiveKind::kBroadcast, &tensor, src, ReduceOp::kSum, local);
-  return impl_->enqueue("broadcast", h, local, [tensor, src](Impl& impl, uint32_t tag, const auto&) -> absl::Status {
+  Impl::Body body = [tensor, src](Impl& impl, uint32_t tag, const std::vector<CollectiveHeader>& headers) -> absl::Status {
     if (tensor.nbytes() == 0) return absl::OkStatus();
     const bool root = impl.rank() == src;
+    if (!headers.empty() && impl.is_inline(headers[src])) {
+      // The bytes came with the root's header.
+      return root ? absl::OkStatus() : copy_from_host(tensor, impl.inline_data(src), tensor.nbytes());
+    }
     FERRY_ASSIGN_OR_RETURN(Tensor host, root ? host_input(tensor) : host_output(tensor));
     gloo::BroadcastOptions opts(impl.context_);
     opts.setRoot(src);
@@ -22,7 +26,8 @@ Work ProcessGroup::broadcast_async(Tensor tensor, int src) {
     opts.setTimeout(impl.context_->getTimeout());
     gloo::broadcast(opts);
     return root ? absl::OkStatus() : write_back(tensor, host);
-  });
+  };
+  return impl_->enqueue("broadcast", h, local, std::move(body), rank_ == src ? tensor : Tensor());
 }
 
 absl::Status ProcessGroup::broadcast(Tensor tensor, int src) {

@@ -22,6 +22,7 @@
 #include <thread>
 #include <utility>
 #include "absl/base/thread_annotations.h"
+#include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
@@ -323,14 +324,17 @@ class ProcessGroup::Impl {
 
   // Queues a collective. `local_error` (this rank's argument check) rides along in
   // the header so every rank fails together.
-  Work enqueue(std::string name, CollectiveHeader header, absl::Status local_error, Body body) {
+  // `inline_source`: a broadcast root's tensor (see inline_bytes).
+  Work enqueue(std::string name, CollectiveHeader header, absl::Status local_error, Body body,
+               Tensor inline_source = Tensor()) {
     auto state = std::make_shared<WorkState>(name);
     absl::MutexLock lock(&mu_);
     if (absl::Status s = usable_locked(name); !s.ok()) {
       state->complete(std::move(s));
       return Work(state);
     }
-    Task task{std::move(name), state, header, std::move(local_error), std::move(body), next_seq_++};
+    Task task{std::move(name), state,  header, std::move(local_error), std::move(body), next_seq_++,
+              std::move(inline_source)};
     if (RunHereIfIdle::active() && queue_.empty() && !busy_) {
       // A blocking call with nothing ahead of it: run it on the caller's thread, which
       // saves two thread switches; the worker waits until it is done.
@@ -717,6 +721,7 @@ class ProcessGroup::Impl {
     absl::Status local_error;
     Body body;
     uint32_t seq;  // the collective's number in this group: the same on every rank
+    Tensor inline_source;  // a broadcast root's tensor, whose bytes may ride in its header
   };
 
   // Where collective headers land (see run()): for each peer, kHeaderRing Gloo buffers
@@ -729,15 +734,16 @@ class ProcessGroup::Impl {
   // a bound buffer sets the socket's send buffer to that message's size (a few KiB
   // after the kernel's minimum) for good, which would throttle the data that follows
   // on the same connection.
-  struct HeaderMessage {
-    CollectiveHeader header;
-    // The collective's seq + 1, 0 once taken out. The transport writes a message in
-    // order, so a set value means the whole header is in.
-    uint64_t seq_plus_one = 0;
-  };
+  //
+  // A message is the header, then the bytes of a small broadcast when the sender is its
+  // root (inline_bytes), then a trailer: the collective's seq + 1. The transport writes
+  // a message in order, so a trailer in place means the whole message is in. A slot is
+  // cleared once its collective has ended (clear_inbox).
+  static constexpr size_t kInlineBytes = 16 * 1024;
+  static constexpr size_t kSlotBytes = sizeof(CollectiveHeader) + kInlineBytes + sizeof(uint64_t);
   struct HeaderSlots {
-    std::vector<HeaderMessage> inbox;   // [peer * kHeaderRing + entry]
-    std::vector<HeaderMessage> outbox;  // [entry]
+    std::vector<uint8_t> inbox;   // kSlotBytes each, [peer * kHeaderRing + entry]
+    std::vector<uint8_t> outbox;  // kSlotBytes each, [entry]
     std::vector<std::unique_ptr<gloo::transport::Buffer>> recv;  // like inbox; none for this rank
     std::vector<std::unique_ptr<gloo::transport::Buffer>> send;  // like inbox; none for this rank
   };
@@ -938,13 +944,29 @@ class ProcessGroup::Impl {
     const size_t entry = task.seq % kHeaderRing;
     const std::optional<uint64_t> agreed = agreed_;
     agreed_.reset();  // set again below once every rank's headers agree
-    const bool early = moves_data(task.header) && agreed == sig;
+    // A broadcast whose bytes ride in the root's header moves no data through Gloo: it
+    // never goes ahead, and is never agreed on as a signature to go ahead with.
+    const bool moves_gloo_data = moves_data(task.header) && !is_inline(task.header);
+    const bool early = moves_gloo_data && agreed == sig;
     std::vector<CollectiveHeader> headers(size_);
     headers[rank_] = task.header;
+    absl::Cleanup cleared = [&] { clear_inbox(entry, headers); };
+    const size_t inline_size = inline_bytes(task.header, rank_);
+    uint8_t* out = &slots_.outbox[entry * kSlotBytes];
+    std::memcpy(out, &task.header, sizeof(CollectiveHeader));
+    if (inline_size > 0) {
+      absl::StatusOr<Tensor> host = host_input(task.inline_source);
+      // The header already promises the bytes: without them this rank cannot take part.
+      if (!host.ok()) return fail_group(task.name, host.status());
+      std::memcpy(out + sizeof(CollectiveHeader), host->data(), inline_size);
+    }
+    const uint64_t trailer = uint64_t{task.seq} + 1;
+    std::memcpy(out + sizeof(CollectiveHeader) + inline_size, &trailer, sizeof(trailer));
     absl::Status s = guarded(task.name, [&] {
-      slots_.outbox[entry] = HeaderMessage{task.header, uint64_t{task.seq} + 1};
       for (int r = 0; r < size_; ++r) {
-        if (r != rank_) slots_.send[slot_index(r, entry)]->send(0, sizeof(HeaderMessage));
+        if (r != rank_) {
+          slots_.send[slot_index(r, entry)]->send(0, sizeof(CollectiveHeader) + inline_size + sizeof(trailer));
+        }
       }
       return absl::OkStatus();
     });
@@ -961,7 +983,7 @@ class ProcessGroup::Impl {
       for (int r = 0; r < size_; ++r) {
         const CollectiveHeader& h = headers[r];
         if (r == rank_ || !internal::validate_header(h, static_cast<size_t>(r), static_cast<size_t>(size_)).ok() ||
-            !moves_data(h) || signature(h) != *agreed) {
+            !moves_data(h) || is_inline(h) || signature(h) != *agreed) {
           continue;
         }
         absl::Status stand_in =
@@ -973,9 +995,17 @@ class ProcessGroup::Impl {
       }
     }
     if (!verdict.ok()) return verdict;
-    if (moves_data(task.header)) agreed_ = sig;
+    if (moves_gloo_data) agreed_ = sig;
     if (early) return data;
     return guarded(task.name, [&] { return task.body(*this, tag, headers); });
+  }
+
+  // Breaks the group with `why` (the first error wins) and returns it, naming `name`.
+  absl::Status fail_group(std::string_view name, const absl::Status& why) {
+    absl::Status s(why.code(), absl::StrCat(internal::av(name), " (", description_, "): ", why.message()));
+    absl::MutexLock lock(&mu_);
+    if (broken_.ok()) broken_ = s;
+    return s;
   }
 
   // Waits for every other rank's header of collective `seq` and copies it into
@@ -984,26 +1014,27 @@ class ProcessGroup::Impl {
   absl::Status wait_headers(const std::string& name, uint32_t seq, std::vector<CollectiveHeader>& headers) {
     const size_t entry = seq % kHeaderRing;
     const uint64_t expected = uint64_t{seq} + 1;
+    current_entry_ = entry;
     bool timed_out = false;
     absl::Status s = catch_gloo(name, description_, [&]() -> absl::Status {
       try {
         for (int r = 0; r < size_; ++r) {
           if (r == rank_) continue;
-          HeaderMessage& in = slots_.inbox[slot_index(r, entry)];
+          const uint8_t* in = &slots_.inbox[slot_index(r, entry) * kSlotBytes];
           try {
             slots_.recv[slot_index(r, entry)]->waitRecv();
           } catch (const gloo::IoException&) {
             // Gloo's wait reports a connection's end even when the message arrived
             // before it (a peer that finished this collective and exited): a whole
-            // header still counts.
-            if (in.seq_plus_one != expected) throw;
+            // message still counts.
+            if (trailer_of(in, r) != expected) throw;
           }
-          if (in.seq_plus_one != expected) {
-            return absl::InternalError(absl::StrCat(name, " (", description_, "): rank ", r, " sent the header of collective ",
-                                                    in.seq_plus_one - 1, " where ", seq, " was due"));
+          if (const uint64_t got = trailer_of(in, r); got != expected) {
+            return absl::InternalError(absl::StrCat(name, " (", description_, "): rank ", r,
+                                                    " sent the header of collective ", got - 1, " where ", seq,
+                                                    " was due"));
           }
-          headers[r] = in.header;
-          in.seq_plus_one = 0;
+          std::memcpy(&headers[r], in, sizeof(CollectiveHeader));
         }
         for (int r = 0; r < size_; ++r) {
           if (r != rank_) slots_.send[slot_index(r, entry)]->waitSend();
@@ -1032,6 +1063,51 @@ class ProcessGroup::Impl {
 
   size_t slot_index(int peer, size_t entry) const { return static_cast<size_t>(peer) * kHeaderRing + entry; }
 
+  // How many bytes of data ride in `sender`'s message with header `h`: a valid
+  // broadcast's whole tensor, when the sender is its root and it fits (kInlineBytes).
+  size_t inline_bytes(const CollectiveHeader& h, int sender) const {
+    if (h.magic != CollectiveHeader::kMagic || h.has_error != 0 ||
+        h.kind != static_cast<uint8_t>(CollectiveKind::kBroadcast) || h.root != sender || !is_valid_dtype(h.dtype) ||
+        h.numel <= 0 || static_cast<uint64_t>(h.numel) > kInlineBytes) {
+      return 0;
+    }
+    const uint64_t n = static_cast<uint64_t>(h.numel) * dtype_size(static_cast<DType>(h.dtype));
+    return n <= kInlineBytes ? static_cast<size_t>(n) : 0;
+  }
+
+ public:
+  // Whether a collective with header `h` (anyone's) is a broadcast whose data rides in
+  // its root's header message.
+  bool is_inline(const CollectiveHeader& h) const { return inline_bytes(h, h.root) > 0; }
+
+  // The bytes that rode in `root`'s message of the running collective (is_inline);
+  // the thread running the collective reads them from its body.
+  const uint8_t* inline_data(int root) const {
+    return &slots_.inbox[slot_index(root, current_entry_) * kSlotBytes + sizeof(CollectiveHeader)];
+  }
+
+ private:
+  // The trailer of a message from `sender` in a slot (see HeaderSlots); 0 when the
+  // header there is not whole.
+  uint64_t trailer_of(const uint8_t* in, int sender) const {
+    CollectiveHeader h;
+    std::memcpy(&h, in, sizeof(h));
+    uint64_t trailer;
+    std::memcpy(&trailer, in + sizeof(CollectiveHeader) + inline_bytes(h, sender), sizeof(trailer));
+    return trailer;
+  }
+
+  // Clears ring entry `entry` of every peer's inbox, once its collective has ended: a
+  // later message of another length must not find a stale trailer (or stale bytes that
+  // look like one) where its own goes.
+  void clear_inbox(size_t entry, const std::vector<CollectiveHeader>& headers) {
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      uint8_t* in = &slots_.inbox[slot_index(r, entry) * kSlotBytes];
+      std::memset(in, 0, sizeof(CollectiveHeader) + inline_bytes(headers[r], r) + sizeof(uint64_t));
+    }
+  }
+
   // Makes slots_ (see HeaderSlots). Every rank takes the same slot numbers from the
   // context. On each connection, messages to the higher rank and those to the lower
   // one use different slots: destroying any buffer of a slot makes Gloo forget that
@@ -1040,8 +1116,8 @@ class ProcessGroup::Impl {
     const int up = header_context_->nextSlot(2 * kHeaderRing);  // slots of headers sent to a higher rank
     const int down = up + static_cast<int>(kHeaderRing);  // and to a lower one
     const size_t n = static_cast<size_t>(size_) * kHeaderRing;
-    slots_.inbox.resize(n);
-    slots_.outbox.resize(kHeaderRing);
+    slots_.inbox.resize(n * kSlotBytes);
+    slots_.outbox.resize(kHeaderRing * kSlotBytes);
     slots_.recv.resize(n);
     slots_.send.resize(n);
     for (int r = 0; r < size_; ++r) {
@@ -1051,9 +1127,9 @@ class ProcessGroup::Impl {
         const size_t i = slot_index(r, e);
         const int offset = static_cast<int>(e);
         slots_.recv[i] =
-            pair->createRecvBuffer((r < rank_ ? up : down) + offset, &slots_.inbox[i], sizeof(HeaderMessage));
+            pair->createRecvBuffer((r < rank_ ? up : down) + offset, &slots_.inbox[i * kSlotBytes], kSlotBytes);
         slots_.send[i] =
-            pair->createSendBuffer((r > rank_ ? up : down) + offset, &slots_.outbox[e], sizeof(HeaderMessage));
+            pair->createSendBuffer((r > rank_ ? up : down) + offset, &slots_.outbox[e * kSlotBytes], kSlotBytes);
       }
     }
     return absl::OkStatus();
@@ -1086,6 +1162,7 @@ class ProcessGroup::Impl {
   // before any other thread exists.
   std::shared_ptr<gloo::Context> header_context_;
   HeaderSlots slots_;
+  size_t current_entry_ = 0;  // the ring entry of the running collective
   std::optional<uint64_t> agreed_;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
