@@ -129,20 +129,27 @@ Work ProcessGroup::all_gather_async(std::vector<Tensor> outputs, Tensor input) {
   absl::Status local = check_tensor("all_gather", "the input tensor", input);
   if (local.ok()) local = check_list("all_gather", "outputs", outputs, input, world_size_);
   CollectiveHeader h = internal::make_header(CollectiveKind::kAllGather, &input, 0, ReduceOp::kSum, local);
-  return impl_->enqueue("all_gather", h, local,
-                        [outputs = std::move(outputs), input](Impl& impl, uint32_t tag, const auto&) -> absl::Status {
-                          const size_t n = input.nbytes();
-                          if (n == 0) return absl::OkStatus();
-                          FERRY_ASSIGN_OR_RETURN(Tensor host, host_input(input));
-                          FERRY_ASSIGN_OR_RETURN(
-                              Tensor flat, Tensor::empty({static_cast<int64_t>(n) * impl.size()}, DType::kUInt8));
-                          gloo_all_gather(impl.context_, host, flat.data(), tag);
-                          for (int r = 0; r < impl.size(); ++r) {
-                            FERRY_RETURN_IF_ERROR(
-                                copy_from_host(outputs[r], static_cast<const uint8_t*>(flat.data()) + r * n, n));
-                          }
-                          return absl::OkStatus();
-                        });
+  return impl_->enqueue(
+      "all_gather", h, local,
+      [outputs = std::move(outputs), input](Impl& impl, uint32_t tag, const auto& headers) -> absl::Status {
+        const size_t n = input.nbytes();
+        if (n == 0) return absl::OkStatus();
+        FERRY_ASSIGN_OR_RETURN(Tensor host, host_input(input));
+        if (!headers.empty() && Impl::is_inline(headers[0])) {
+          // Every rank's input came with its header.
+          for (int r = 0; r < impl.size(); ++r) {
+            FERRY_RETURN_IF_ERROR(copy_from_host(outputs[r], r == impl.rank() ? host.data() : impl.inline_data(r), n));
+          }
+          return absl::OkStatus();
+        }
+        FERRY_ASSIGN_OR_RETURN(Tensor flat, Tensor::empty({static_cast<int64_t>(n) * impl.size()}, DType::kUInt8));
+        gloo_all_gather(impl.context_, host, flat.data(), tag);
+        for (int r = 0; r < impl.size(); ++r) {
+          FERRY_RETURN_IF_ERROR(copy_from_host(outputs[r], static_cast<const uint8_t*>(flat.data()) + r * n, n));
+        }
+        return absl::OkStatus();
+      },
+      input);
 }
 
 absl::Status ProcessGroup::all_gather(std::vector<Tensor> outputs, Tensor input) {
@@ -161,14 +168,25 @@ Work ProcessGroup::all_gather_into_tensor_async(Tensor output, Tensor input) {
         " (world size x the input's ", input.numel(), ")"));
   }
   CollectiveHeader h = internal::make_header(CollectiveKind::kAllGather, &input, 0, ReduceOp::kSum, local);
-  return impl_->enqueue("all_gather_into_tensor", h, local,
-                        [output, input](Impl& impl, uint32_t tag, const auto&) -> absl::Status {
-                          if (input.nbytes() == 0) return absl::OkStatus();
-                          FERRY_ASSIGN_OR_RETURN(Tensor host_in, host_input(input));
-                          FERRY_ASSIGN_OR_RETURN(Tensor host_out, host_output(output));
-                          gloo_all_gather(impl.context_, host_in, host_out.data(), tag);
-                          return write_back(output, host_out);
-                        });
+  return impl_->enqueue(
+      "all_gather_into_tensor", h, local,
+      [output, input](Impl& impl, uint32_t tag, const auto& headers) -> absl::Status {
+        const size_t n = input.nbytes();
+        if (n == 0) return absl::OkStatus();
+        FERRY_ASSIGN_OR_RETURN(Tensor host_in, host_input(input));
+        FERRY_ASSIGN_OR_RETURN(Tensor host_out, host_output(output));
+        if (!headers.empty() && Impl::is_inline(headers[0])) {
+          // Every rank's input came with its header.
+          for (int r = 0; r < impl.size(); ++r) {
+            std::memcpy(static_cast<uint8_t*>(host_out.data()) + r * n,
+                        r == impl.rank() ? host_in.data() : impl.inline_data(r), n);
+          }
+        } else {
+          gloo_all_gather(impl.context_, host_in, host_out.data(), tag);
+        }
+        return write_back(output, host_out);
+      },
+      input);
 }
 
 absl::Status ProcessGroup::all_gather_into_tensor(Tensor output, Tensor input) {

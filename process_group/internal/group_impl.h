@@ -324,7 +324,8 @@ class ProcessGroup::Impl {
 
   // Queues a collective. `local_error` (this rank's argument check) rides along in
   // the header so every rank fails together.
-  // `inline_source`: a broadcast root's tensor (see inline_bytes).
+  // `inline_source`: the tensor whose bytes may ride in this rank's header message (see
+  // inline_size): a broadcast root's, an all_gather's input.
   Work enqueue(std::string name, CollectiveHeader header, absl::Status local_error, Body body,
                Tensor inline_source = Tensor()) {
     auto state = std::make_shared<WorkState>(name);
@@ -721,7 +722,7 @@ class ProcessGroup::Impl {
     absl::Status local_error;
     Body body;
     uint32_t seq;  // the collective's number in this group: the same on every rank
-    Tensor inline_source;  // a broadcast root's tensor, whose bytes may ride in its header
+    Tensor inline_source;  // see enqueue
   };
 
   // Where collective headers land (see run()): for each peer, kHeaderRing Gloo buffers
@@ -735,8 +736,8 @@ class ProcessGroup::Impl {
   // after the kernel's minimum) for good, which would throttle the data that follows
   // on the same connection.
   //
-  // A message is the header, then the bytes of a small broadcast when the sender is its
-  // root (inline_bytes), then a trailer: the collective's seq + 1. The transport writes
+  // A message is the header, then the data of a small broadcast (from its root) or
+  // all_gather (inline_bytes), then a trailer: the collective's seq + 1. The transport writes
   // a message in order, so a trailer in place means the whole message is in. A slot is
   // cleared once its collective has ended (clear_inbox).
   static constexpr size_t kInlineBytes = 16 * 1024;
@@ -944,8 +945,8 @@ class ProcessGroup::Impl {
     const size_t entry = task.seq % kHeaderRing;
     const std::optional<uint64_t> agreed = agreed_;
     agreed_.reset();  // set again below once every rank's headers agree
-    // A broadcast whose bytes ride in the root's header moves no data through Gloo: it
-    // never goes ahead, and is never agreed on as a signature to go ahead with.
+    // A collective whose data rides in the header messages moves no data through Gloo:
+    // it never goes ahead, and is never agreed on as a signature to go ahead with.
     const bool moves_gloo_data = moves_data(task.header) && !is_inline(task.header);
     const bool early = moves_gloo_data && agreed == sig;
     std::vector<CollectiveHeader> headers(size_);
@@ -1063,27 +1064,33 @@ class ProcessGroup::Impl {
 
   size_t slot_index(int peer, size_t entry) const { return static_cast<size_t>(peer) * kHeaderRing + entry; }
 
-  // How many bytes of data ride in `sender`'s message with header `h`: a valid
-  // broadcast's whole tensor, when the sender is its root and it fits (kInlineBytes).
-  size_t inline_bytes(const CollectiveHeader& h, int sender) const {
+  // How many bytes of data ride in `sender`'s message with header `h` (see
+  // inline_size): all of them for an all_gather, the root's for a broadcast.
+  static size_t inline_bytes(const CollectiveHeader& h, int sender) {
+    if (h.kind == static_cast<uint8_t>(CollectiveKind::kBroadcast) && h.root != sender) return 0;
+    return inline_size(h);
+  }
+
+ public:
+  // The size of the tensor a broadcast or an all_gather with header `h` moves when it
+  // fits kInlineBytes, else 0. Such a collective needs no Gloo operation: the data rides
+  // in the header messages (a broadcast's root's; every all_gather input).
+  static size_t inline_size(const CollectiveHeader& h) {
     if (h.magic != CollectiveHeader::kMagic || h.has_error != 0 ||
-        h.kind != static_cast<uint8_t>(CollectiveKind::kBroadcast) || h.root != sender || !is_valid_dtype(h.dtype) ||
-        h.numel <= 0 || static_cast<uint64_t>(h.numel) > kInlineBytes) {
+        (h.kind != static_cast<uint8_t>(CollectiveKind::kBroadcast) &&
+         h.kind != static_cast<uint8_t>(CollectiveKind::kAllGather)) ||
+        !is_valid_dtype(h.dtype) || h.numel <= 0 || static_cast<uint64_t>(h.numel) > kInlineBytes) {
       return 0;
     }
     const uint64_t n = static_cast<uint64_t>(h.numel) * dtype_size(static_cast<DType>(h.dtype));
     return n <= kInlineBytes ? static_cast<size_t>(n) : 0;
   }
+  static bool is_inline(const CollectiveHeader& h) { return inline_size(h) > 0; }
 
- public:
-  // Whether a collective with header `h` (anyone's) is a broadcast whose data rides in
-  // its root's header message.
-  bool is_inline(const CollectiveHeader& h) const { return inline_bytes(h, h.root) > 0; }
-
-  // The bytes that rode in `root`'s message of the running collective (is_inline);
+  // The bytes that rode in `sender`'s message of the running collective (is_inline);
   // the thread running the collective reads them from its body.
-  const uint8_t* inline_data(int root) const {
-    return &slots_.inbox[slot_index(root, current_entry_) * kSlotBytes + sizeof(CollectiveHeader)];
+  const uint8_t* inline_data(int sender) const {
+    return &slots_.inbox[slot_index(sender, current_entry_) * kSlotBytes + sizeof(CollectiveHeader)];
   }
 
  private:

@@ -866,33 +866,54 @@ void objects_body(const std::string& dir, int rank, int n) {
   EXPECT_OK(group->barrier());
 }
 
-// A small broadcast's bytes ride in the root's header message; a larger one goes
+// A small broadcast's or all_gather's data rides in the header messages; larger ones go
 // through Gloo. Sizes on both sides of the boundary (16 KiB), in a row, from every
 // root: the ring of header slots is reused with messages of other lengths, and int64
 // counters are the data most likely to look like a stale trailer.
-TEST(ProcessGroupBroadcastTest, BroadcastsOnBothSidesOfTheInlineSizeDeliverTheRootsBytes) {
+TEST(ProcessGroupInlineTest, CollectivesOnBothSidesOfTheInlineSizeDeliverEveryRanksBytes) {
   ferry::testing::TempDir dir;
   ferry::testing::expect_all_succeed(ferry::testing::run_processes(
       3,
       [&](int rank) {
         std::unique_ptr<ProcessGroup> group = connect(dir.path(), rank, 3);
         ASSERT_NE(group, nullptr);
+        auto counters = [](int owner, int64_t n) {
+          Tensor t = *Tensor::empty({n}, DType::kInt64);
+          for (int64_t i = 0; i < n; ++i) t.data_ptr<int64_t>()[i] = owner * 100000 + i;
+          return t;
+        };
+        auto expect_counters = [](const Tensor& t, int owner, int64_t offset, int64_t n) {
+          for (int64_t i = 0; i < n; ++i) {
+            ASSERT_EQ(t.data_ptr<int64_t>()[offset + i], owner * 100000 + i) << "size " << n << ", element " << i;
+          }
+        };
         const int64_t sizes[] = {1, 2047, 2048, 2049, 1, 60000, 3, 2048, 9};  // int64 elements
         for (int round = 0; round < 2; ++round) {
           for (size_t k = 0; k < std::size(sizes); ++k) {
+            const int64_t n = sizes[k];
             const int root = static_cast<int>((k + round) % 3);
-            Tensor t = *Tensor::empty({sizes[k]}, DType::kInt64);
-            for (int64_t i = 0; i < sizes[k]; ++i) t.data_ptr<int64_t>()[i] = rank * 100000 + i;
-            ASSERT_OK(group->broadcast(t, root)) << "size " << sizes[k] << ", root " << root;
-            for (int64_t i = 0; i < sizes[k]; ++i) {
-              ASSERT_EQ(t.data_ptr<int64_t>()[i], root * 100000 + i) << "size " << sizes[k] << ", element " << i;
-            }
+            Tensor t = counters(rank, n);
+            ASSERT_OK(group->broadcast(t, root)) << "size " << n << ", root " << root;
+            expect_counters(t, root, 0, n);
+
+            std::vector<Tensor> outputs;
+            for (int r = 0; r < 3; ++r) outputs.push_back(*Tensor::zeros({n}, DType::kInt64));
+            ASSERT_OK(group->all_gather(outputs, counters(rank, n))) << "size " << n;
+            for (int r = 0; r < 3; ++r) expect_counters(outputs[r], r, 0, n);
+
+            Tensor flat = *Tensor::zeros({3 * n}, DType::kInt64);
+            ASSERT_OK(group->all_gather_into_tensor(flat, counters(rank, n))) << "size " << n;
+            for (int r = 0; r < 3; ++r) expect_counters(flat, r, r * n, n);
           }
         }
         // A mismatched size on one rank, across the boundary, still fails every rank.
         Tensor t = *Tensor::zeros({rank == 1 ? 2049 : 2048}, DType::kInt64);
         EXPECT_THAT(group->broadcast(t, 0), StatusIs(absl::StatusCode::kInvalidArgument,
                                                      HasSubstr("tensor shape [2049] on rank 1 differs from [2048]")));
+        std::vector<Tensor> outputs;
+        for (int r = 0; r < 3; ++r) outputs.push_back(*Tensor::zeros({rank == 2 ? 2049 : 2048}, DType::kInt64));
+        EXPECT_THAT(group->all_gather(outputs, *Tensor::zeros({rank == 2 ? 2049 : 2048}, DType::kInt64)),
+                    StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("[2049] on rank 2 differs from [2048]")));
         ASSERT_OK(group->barrier());
       },
       kTestDeadline));
