@@ -70,11 +70,6 @@ constexpr uint8_t kP2PKind = 0x20;
 // like the tensor messages' ones. A message up to kBytesInline bytes rides behind its
 // header in one Gloo message; a larger one follows on its data slot.
 constexpr uint64_t kBytesHeaderPrefix = 0x42;
-// Each collective's headers travel on a slot of their own: [0x44:8][sequence:32][0:24].
-constexpr uint64_t kCollectiveHeaderPrefix = 0x44;
-inline uint64_t collective_header_slot(uint32_t seq) {
-  return (kCollectiveHeaderPrefix << 56) | (static_cast<uint64_t>(seq) << 24);
-}
 constexpr uint64_t kBytesDataPrefix = 0x43;
 struct BytesHeader {
   uint32_t magic;
@@ -334,7 +329,7 @@ class ProcessGroup::Impl {
       state->complete(std::move(s));
       return Work(state);
     }
-    Task task{std::move(name), state,  header, std::move(local_error), std::move(body), next_seq_++,
+    Task task{std::move(name), state, header, std::move(local_error), std::move(body), next_seq_++,
               std::move(inline_source)};
     if (RunHereIfIdle::active() && queue_.empty() && !busy_) {
       // A blocking call with nothing ahead of it: run it on the caller's thread, which
@@ -816,11 +811,7 @@ class ProcessGroup::Impl {
       threw = false;
       return r;
     });
-    if (threw) {
-      absl::MutexLock lock(&mu_);
-      if (broken_.ok()) broken_ = s;
-    }
-    return s;
+    return threw ? break_group(std::move(s)) : s;
   }
 
   // Like guarded(), for byte messages: a connection lost to one peer fails only that
@@ -829,10 +820,13 @@ class ProcessGroup::Impl {
   template <typename Fn>
   absl::Status guarded_p2p(std::string_view name, Fn&& fn) {
     absl::Status s = catch_gloo(name, description_, std::forward<Fn>(fn));
-    if (absl::IsDeadlineExceeded(s)) {
-      absl::MutexLock lock(&mu_);
-      if (broken_.ok()) broken_ = s;
-    }
+    return absl::IsDeadlineExceeded(s) ? break_group(std::move(s)) : s;
+  }
+
+  // Breaks the group with `s`, unless an earlier error already did, and returns `s`.
+  absl::Status break_group(absl::Status s) {
+    absl::MutexLock lock(&mu_);
+    if (broken_.ok()) broken_ = s;
     return s;
   }
 
@@ -942,7 +936,8 @@ class ProcessGroup::Impl {
     // Only the thread running a collective (one at a time) touches slots_ and agreed_;
     // shutdown() clears them once none runs.
     if (slots_.send.empty()) return cancelled(task.name);
-    const size_t entry = task.seq % kHeaderRing;
+    current_entry_ = task.seq % kHeaderRing;
+    const size_t entry = current_entry_;
     const std::optional<uint64_t> agreed = agreed_;
     agreed_.reset();  // set again below once every rank's headers agree
     // A collective whose data rides in the header messages moves no data through Gloo:
@@ -1003,19 +998,16 @@ class ProcessGroup::Impl {
 
   // Breaks the group with `why` (the first error wins) and returns it, naming `name`.
   absl::Status fail_group(std::string_view name, const absl::Status& why) {
-    absl::Status s(why.code(), absl::StrCat(internal::av(name), " (", description_, "): ", why.message()));
-    absl::MutexLock lock(&mu_);
-    if (broken_.ok()) broken_ = s;
-    return s;
+    return break_group(
+        absl::Status(why.code(), absl::StrCat(internal::av(name), " (", description_, "): ", why.message())));
   }
 
-  // Waits for every other rank's header of collective `seq` and copies it into
-  // `headers`, and for this rank's to have gone out, within the group's timeout (the
-  // pairs' own, set at connect).
+  // Waits for every other rank's header of the running collective, number `seq` (in
+  // ring entry current_entry_), and copies it into `headers`, and for this rank's to
+  // have gone out, within the group's timeout (the pairs' own, set at connect).
   absl::Status wait_headers(const std::string& name, uint32_t seq, std::vector<CollectiveHeader>& headers) {
-    const size_t entry = seq % kHeaderRing;
+    const size_t entry = current_entry_;
     const uint64_t expected = uint64_t{seq} + 1;
-    current_entry_ = entry;
     bool timed_out = false;
     absl::Status s = catch_gloo(name, description_, [&]() -> absl::Status {
       try {
@@ -1051,9 +1043,7 @@ class ProcessGroup::Impl {
       s = absl::DeadlineExceededError(absl::StrCat(name, " (", description_, "): timed out after ", timeout_.count(),
                                                    " ms waiting for every rank's arguments (has every rank called it?)"));
     }
-    absl::MutexLock lock(&mu_);
-    if (broken_.ok()) broken_ = s;
-    return s;
+    return break_group(std::move(s));
   }
 
   static constexpr std::string_view kExchangeName = "collective header exchange";
