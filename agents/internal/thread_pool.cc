@@ -8,6 +8,16 @@
 
 namespace ferry::internal {
 
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// After the last task that waited behind busy threads, the watcher keeps looking this
+// long before it sleeps for good: a steady stream of calls then never pays for waking it.
+constexpr std::chrono::milliseconds kKeepWatching{20};
+
+}  // namespace
+
 // Shared with the threads, so a thread left running past shutdown's deadline never
 // touches freed memory. Its lock is a std::mutex, not an absl::Mutex: every pooled
 // request takes it twice, and with Debian's shared Abseil that measured slower
@@ -16,11 +26,17 @@ struct ThreadPool::State {
   std::atomic<size_t> queued{0};  // tasks.size(), readable without the lock
   std::atomic<int> spinning{0};   // threads polling for work; they need no wake-up
   std::mutex mu;
-  std::condition_variable cv;
+  std::condition_variable cv;        // idle threads sleep here
+  std::condition_variable watch_cv;  // the watcher sleeps here
   std::condition_variable exited_cv;
   std::deque<std::function<void()>> tasks;  // guarded by mu
   bool stopping = false;                    // guarded by mu
-  int idle = 0;                             // guarded by mu
+  int idle = 0;                             // guarded by mu: threads asleep on cv
+  int busy = 0;                             // guarded by mu: threads running a task
+  bool watching = false;                    // guarded by mu: a thread is the watcher
+  bool watch_timed = false;                 // guarded by mu: the watcher wakes by itself
+  Clock::time_point last_take;              // guarded by mu: when a task last started
+  Clock::time_point last_deferred;          // guarded by mu: when a post last woke nobody
   int running = 0;                          // guarded by mu: threads not yet exited
   std::vector<std::thread::id> ids;         // guarded by mu
   std::shared_ptr<Activity> activity;
@@ -28,51 +44,89 @@ struct ThreadPool::State {
   PollWindow poll_window;
 
   void run();
+  // The watcher's loop; returns (lock held) when this thread must take a task, or stop.
+  void watch(std::unique_lock<std::mutex>& lock);
+  // Whether the queue's tasks wait for a busy thread that may not come back soon.
+  bool stalled(Clock::time_point now) const { return busy == 0 || now - last_take >= kStall; }
 };
+
+void ThreadPool::State::watch(std::unique_lock<std::mutex>& lock) {
+  for (;;) {
+    if (stopping) return;
+    if (!tasks.empty() && spinning.load(std::memory_order_acquire) == 0 && stalled(Clock::now())) {
+      // Every queued task gets a thread: this one, and as many sleepers as are left.
+      size_t wake = std::min(tasks.size() - 1, static_cast<size_t>(idle));
+      for (size_t i = 0; i < wake; ++i) cv.notify_one();
+      return;
+    }
+    watch_timed = !tasks.empty() || Clock::now() - last_deferred < kKeepWatching;
+    if (watch_timed) {
+      watch_cv.wait_for(lock, kWatchTick);
+    } else {
+      watch_cv.wait(lock);
+    }
+    watch_timed = false;
+  }
+}
 
 void ThreadPool::State::run() {
   // Every task here runs on a thread the agent owns (see on_agent_thread()).
   set_on_agent_thread(true);
   std::unique_lock<std::mutex> lock(mu);
   for (;;) {
-    if (tasks.empty()) {
-      if (stopping) break;
-      // One idle thread at a time polls; the others sleep, so an idle pool of many
-      // threads costs at most one core, for at most the spin window.
-      std::optional<std::chrono::steady_clock::time_point> polled_since;
-      if (spinning.load(std::memory_order_acquire) == 0) {
-        polled_since = std::chrono::steady_clock::now();
-        spinning.fetch_add(1, std::memory_order_acq_rel);
-        lock.unlock();
-        bool found =
-            spin_until([this] { return queued.load(std::memory_order_acquire) > 0; }, spin_window(poll_window));
-        lock.lock();
-        spinning.fetch_sub(1, std::memory_order_acq_rel);
-        if (found || !tasks.empty() || stopping) continue;
+    if (!tasks.empty()) {
+      std::function<void()> task = std::move(tasks.front());
+      tasks.pop_front();
+      queued.store(tasks.size(), std::memory_order_release);
+      last_take = Clock::now();
+      ++busy;
+      // Tasks still queued (posted while this thread polled, which woke nobody) now
+      // wait behind a busy thread: make sure someone watches them.
+      if (!tasks.empty() && spinning.load(std::memory_order_acquire) == 0) {
+        last_deferred = last_take;
+        if (watching && !watch_timed) {
+          watch_cv.notify_one();
+        } else if (!watching && idle > 0) {
+          cv.notify_one();
+        }
       }
+      lock.unlock();
+      try {
+        task();
+      } catch (const std::exception& e) {
+        FERRY_LOG(ERROR) << "a pool task threw (tasks must not throw): " << e.what();
+      } catch (...) {
+        FERRY_LOG(ERROR) << "a pool task threw a non-standard exception (tasks must not throw)";
+      }
+      task = nullptr;  // what it holds goes before it counts as done
+      if (activity) activity->exit();
+      lock.lock();
+      --busy;
+      continue;
+    }
+    if (stopping) break;
+    // One idle thread at a time polls; the others sleep, so an idle pool of many
+    // threads costs at most one core, for at most the spin window.
+    std::optional<Clock::time_point> polled_since;
+    if (spinning.load(std::memory_order_acquire) == 0) {
+      polled_since = Clock::now();
+      spinning.fetch_add(1, std::memory_order_acq_rel);
+      lock.unlock();
+      bool found = spin_until([this] { return queued.load(std::memory_order_acquire) > 0; }, spin_window(poll_window));
+      lock.lock();
+      spinning.fetch_sub(1, std::memory_order_acq_rel);
+      if (found || !tasks.empty() || stopping) continue;
+    }
+    if (!watching) {
+      watching = true;
+      watch(lock);
+      watching = false;
+    } else {
       ++idle;
       cv.wait(lock, [this] { return stopping || !tasks.empty(); });
       --idle;
-      if (polled_since) poll_window.missed_wait(std::chrono::steady_clock::now() - *polled_since);
-      continue;
     }
-    std::function<void()> task = std::move(tasks.front());
-    tasks.pop_front();
-    queued.store(tasks.size(), std::memory_order_release);
-    // post() skipped the wake-up because a thread was polling; that thread is now busy,
-    // so pass the wake-up on while work is left (a task may wait for the next one).
-    if (!tasks.empty() && idle > 0) cv.notify_one();
-    lock.unlock();
-    try {
-      task();
-    } catch (const std::exception& e) {
-      FERRY_LOG(ERROR) << "a pool task threw (tasks must not throw): " << e.what();
-    } catch (...) {
-      FERRY_LOG(ERROR) << "a pool task threw a non-standard exception (tasks must not throw)";
-    }
-    task = nullptr;  // what it holds goes before it counts as done
-    if (activity) activity->exit();
-    lock.lock();
+    if (polled_since) poll_window.missed_wait(Clock::now() - *polled_since);
   }
   --running;
   exited_cv.notify_all();
@@ -94,17 +148,28 @@ ThreadPool::~ThreadPool() { shutdown(); }
 
 bool ThreadPool::post(std::function<void()> task) {
   State& s = *state_;
-  bool wake;
+  enum { kNone, kSleeper, kWatcher } wake = kNone;
   {
     std::lock_guard<std::mutex> lock(s.mu);
     if (s.stopping) return false;
     if (s.activity) s.activity->enter();
     s.tasks.push_back(std::move(task));
     s.queued.store(s.tasks.size(), std::memory_order_release);
-    wake = s.idle > 0 && s.spinning.load(std::memory_order_acquire) == 0;
+    if (s.spinning.load(std::memory_order_acquire) == 0) {
+      Clock::time_point now = s.busy > 0 ? Clock::now() : Clock::time_point();
+      if (s.watching && !s.stalled(now)) {
+        // A busy thread takes it when done; the watcher steps in if it does not.
+        s.last_deferred = now;
+        if (!s.watch_timed) wake = kWatcher;
+      } else if (s.idle > 0) {
+        wake = kSleeper;
+      } else if (s.watching) {
+        wake = kWatcher;  // the only thread asleep
+      }
+    }
   }
-  // Skip the futex call when every thread is busy: one will find the task when done.
-  if (wake) s.cv.notify_one();
+  if (wake == kSleeper) s.cv.notify_one();
+  if (wake == kWatcher) s.watch_cv.notify_one();
   return true;
 }
 
@@ -119,6 +184,7 @@ bool ThreadPool::shutdown(std::chrono::milliseconds deadline) {
     std::unique_lock<std::mutex> lock(s.mu);
     s.stopping = true;
     s.cv.notify_all();
+    s.watch_cv.notify_all();
     auto exited = [&] { return s.running == 0; };
     if (deadline == std::chrono::milliseconds::max()) {
       s.exited_cv.wait(lock, exited);

@@ -27,11 +27,25 @@ namespace ferry::internal {
 // Thread-safe. The destructor calls shutdown() with no deadline. Futures an agent
 // makes post their callbacks here (see base/future.h), so agents own their pool
 // through a shared_ptr.
+//
+// Hand-off: a task is taken by whichever thread gets there first, and post() wakes a
+// sleeping thread only when none would get there soon: no thread is polling for work,
+// and no thread is running a task that started within kStall. A busy thread takes
+// the next task itself when it is done, so a burst of short tasks costs no wake-ups
+// at all. So that a task that blocks (waiting for a later task, say) cannot hold up
+// the queue, one sleeping thread is the watcher: while tasks wait behind busy
+// threads it looks every kWatchTick, and when none has started a task for kStall it
+// wakes enough threads for every queued task and takes one itself.
 class ThreadPool final : public Executor {
  public:
+  // A busy thread that has not taken a new task for this long may be blocked.
+  static constexpr std::chrono::microseconds kStall{50};
+  // How often the watcher looks while tasks wait behind busy threads.
+  static constexpr std::chrono::microseconds kWatchTick{500};
+
   // An idle thread polls for new work for internal::spin_window() (base/future.h),
-  // yielding between polls, before it sleeps: waking a sleeping thread costs several
-  // microseconds. A woken thread drains the queue before it sleeps again.
+  // yielding between polls, before it sleeps (one thread at a time): waking a
+  // sleeping thread costs several microseconds.
   // Each task is counted in `activity` (may be null) from post() until it has run.
   explicit ThreadPool(int threads, std::shared_ptr<Activity> activity = nullptr);
   ~ThreadPool() override;
