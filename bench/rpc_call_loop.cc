@@ -6,8 +6,11 @@
 // Prints the median and p99 round trip. With a third argument N > 1, keeps N rpc_async
 // calls in flight instead and prints calls per second.
 // A fourth argument sets the worker pool size (default 4); a fifth, "inline", serves the
-// no-op on the transport thread (Serving::kInline) instead of the pool.
-// Usage: rpc_call_loop [shm|uv] [calls] [outstanding] [pool threads] [pooled|inline]
+// no-op on the transport thread (Serving::kInline) instead of the pool. A sixth, B > 0,
+// echoes a tensor of B bytes instead of the no-op (rpc_sync; where large messages'
+// time goes).
+// Usage: rpc_call_loop [shm|uv] [calls] [outstanding] [pool threads] [pooled|inline] [echo bytes]
+#include <sched.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,6 +20,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "rpc/ferry.h"
@@ -27,6 +31,7 @@ int main(int argc, char** argv) {
   int outstanding = argc > 3 ? std::max(1, std::atoi(argv[3])) : 1;
   int threads = argc > 4 ? std::max(1, std::atoi(argv[4])) : 4;
   const bool inline_serving = argc > 5 && std::string(argv[5]) == "inline";
+  const long echo_bytes = argc > 6 ? std::atol(argv[6]) : 0;
   std::string store = (std::filesystem::temp_directory_path() / ("ferry-loop-" + std::to_string(getpid()))).string();
   std::vector<pid_t> children;
   for (int rank = 0; rank < 2; ++rank) {
@@ -35,7 +40,15 @@ int main(int argc, char** argv) {
       children.push_back(pid);
       continue;
     }
+    if (std::getenv("LOOP_PIN") != nullptr) {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      CPU_SET(rank % static_cast<int>(std::thread::hardware_concurrency()), &set);
+      sched_setaffinity(0, sizeof(set), &set);
+    }
     (void)ferry::register_function("noop", [](int64_t v) { return v; },
+                                   inline_serving ? ferry::Serving::kInline : ferry::Serving::kPool);
+    (void)ferry::register_function("echo", [](ferry::Tensor t) { return t; },
                                    inline_serving ? ferry::Serving::kInline : ferry::Serving::kPool);
     ferry::TensorPipeRpcBackendOptions options;
     options.init_method = "file://" + store;
@@ -46,7 +59,22 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "w%d: %s\n", rank, started.ToString().c_str());
       _exit(1);
     }
-    if (rank == 0 && outstanding > 1) {
+    if (rank == 0 && echo_bytes > 0) {
+      absl::StatusOr<ferry::Tensor> t = ferry::Tensor::empty({echo_bytes}, ferry::DType::kUInt8);
+      if (!t.ok()) _exit(1);
+      std::vector<double> us;
+      for (int i = 0; i < calls + 10; ++i) {
+        auto t0 = std::chrono::steady_clock::now();
+        ferry::Tensor back = ferry::rpc_sync<ferry::Tensor>("w1", "echo", *t);
+        if (back.nbytes() != t->nbytes()) _exit(1);
+        if (i >= 10) us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+      }
+      std::sort(us.begin(), us.end());
+      std::printf("%s: %d echoes of %ld bytes, median %.1f us (%.2f GB/s both ways), p99 %.1f us\n", transport.c_str(),
+                  calls, echo_bytes, us[us.size() / 2], 2e-3 * static_cast<double>(echo_bytes) / us[us.size() / 2],
+                  us[us.size() * 99 / 100]);
+      std::fflush(stdout);
+    } else if (rank == 0 && outstanding > 1) {
       std::vector<ferry::Future<int64_t>> ring(static_cast<size_t>(outstanding));
       auto t0 = std::chrono::steady_clock::now();
       for (int i = 0; i < calls; ++i) {

@@ -29,6 +29,7 @@ struct BenchRpcFlags {
   std::string device = "cpu";
   int iterations = 0;  // 0: the mode's default
   int repeat = 1;
+  std::string pin = "cores";
 };
 
 // `ferry bench` groups every benchmark; another *_command.cc may have added it first.
@@ -48,6 +49,7 @@ void run_bench_rpc(const BenchRpcFlags& flags, ExitCode& exit_code) {
   options.device = flags.device;
   if (flags.iterations > 0) options.iterations = flags.iterations;
   options.repeat = flags.repeat;
+  options.pin = flags.pin == "cores";
   absl::StatusOr<bench::RpcBenchReport> report =
       bench::run_rpc_bench(options, [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); });
   if (!report.ok()) {
@@ -155,6 +157,10 @@ void add_bench_command(CLI::App& app, ExitCode& exit_code) {
   rpc->add_option("--repeat", flags->repeat,
                   "Run every measurement this many times in fresh processes and report medians (default 1)")
       ->check(CLI::Range(1, 100));
+  rpc->add_option("--pin", flags->pin,
+                  "cores (default): the client process runs on one core and the server on another, for ferry and "
+                  "raw alike, which steadies the figures on a small host; none: wherever the scheduler puts them")
+      ->check(CLI::IsMember({"cores", "none"}));
   rpc->add_flag("--require-targets", flags->require_targets, "Exit 1 when a target is missed");
   rpc->callback([flags, &exit_code] { run_bench_rpc(*flags, exit_code); });
   add_bench_init(*bench_group(app), exit_code);

@@ -3,6 +3,7 @@
 // user's program would.
 #include "tools/bench/rpc_bench.h"
 
+#include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -359,8 +360,26 @@ const char* role_of(int rank) { return rank == 0 ? "client" : "server"; }
   _exit(status.ok() ? 0 : 1);
 }
 
+// Pins the calling process, all its threads to come included, to core `core` of the
+// ones it may run on (counted round); a failure only costs steadiness, so it is logged.
+void pin_to_core(int core) {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0 || CPU_COUNT(&allowed) < 2) return;
+  std::vector<int> cores;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &allowed)) cores.push_back(c);
+  }
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(cores[static_cast<size_t>(core) % cores.size()], &one);
+  if (sched_setaffinity(0, sizeof(one), &one) != 0) {
+    std::fprintf(stderr, "ferry bench rpc: cannot pin to a core: %s\n", std::strerror(errno));
+  }
+}
+
 absl::StatusOr<SideResult> run_phase(const Phase& phase, const std::string& dir, const MeasurePlan& plan, bool cuda,
-                                     const Deadlines& deadlines) {
+                                     bool pin, const Deadlines& deadlines) {
   std::string base = dir + "/" + phase.label;
   std::string result_path = base + ".result.json";
   RawEndpoint endpoint = raw_endpoint_for(phase.transport);
@@ -392,7 +411,10 @@ absl::StatusOr<SideResult> run_phase(const Phase& phase, const std::string& dir,
       }
       return absl::InternalError(absl::StrCat("fork failed: ", std::strerror(errno)));
     }
-    if (pid == 0) run_child([&body, rank] { return body(rank); }, absl::StrCat(base, ".rank", rank, ".error"));
+    if (pid == 0) {
+      if (pin) pin_to_core(rank);
+      run_child([&body, rank] { return body(rank); }, absl::StrCat(base, ".rank", rank, ".error"));
+    }
     pids[rank] = pid;
   }
 
@@ -668,7 +690,7 @@ absl::StatusOr<RpcBenchReport> run_rpc_bench(const RpcBenchOptions& options,
           progress(absl::StrCat("ferry bench rpc: ", side, " on ", phase.transport,
                                 options.repeat > 1 ? absl::StrCat(" (run ", r + 1, " of ", options.repeat, ")") : ""));
         }
-        FERRY_ASSIGN_OR_RETURN(SideResult result, run_phase(phase, dir, report.plan, cuda, deadlines));
+        FERRY_ASSIGN_OR_RETURN(SideResult result, run_phase(phase, dir, report.plan, cuda, options.pin, deadlines));
         (side == "ferry" ? ferry_runs : raw_runs)[t].push_back(std::move(result));
       }
     }
@@ -739,6 +761,7 @@ nlohmann::ordered_json report_json(const RpcBenchReport& report) {
                      {"echo", echo_iterations},
                      {"echo_warmup", plan.echo_warmup},
                      {"repeat", report.options.repeat}};
+  j["pinned"] = report.options.pin;
   j["seconds"] = report.seconds;
 
   ordered_json transports = ordered_json::object();
@@ -784,9 +807,10 @@ std::string report_table(const RpcBenchReport& report) {
   };
   absl::StrAppend(&out, absl::StrFormat(
                             "ferry bench rpc (%s): %d cores, load average %s before, %s after; %d latency samples "
-                            "per figure, %d run(s), %.1f s\n",
+                            "per figure, %d run(s), %.1f s%s\n",
                             report.options.quick ? "quick" : "full", report.nproc, load(report.load_before),
-                            load(report.load_after), report.plan.iterations, report.options.repeat, report.seconds));
+                            load(report.load_after), report.plan.iterations, report.options.repeat, report.seconds,
+                            report.options.pin ? ", client and server pinned to a core each" : ""));
   absl::StrAppend(&out, "ratio = ferry / raw TensorPipe (latency: lower is better; others: higher is better)\n");
   for (const TransportResult& t : report.transports) {
     if (t.transport == kProcessGroup) {

@@ -46,6 +46,11 @@ struct RpcBenchOptions {
   // Each measurement is run this many times (fresh processes each time); every figure
   // reported is the median over the repetitions.
   int repeat = 1;
+  // Pin each phase's client process (with all its threads) to one core and its server
+  // to another, ferry and raw alike: on a small host the scheduler otherwise moves the
+  // busy-polling transport threads around, and the figures swing from run to run.
+  // Ignored on a single-core host.
+  bool pin = true;
 };
 
 // The channels each transport is measured with: shm with ferry's defaults between
