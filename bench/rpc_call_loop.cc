@@ -53,6 +53,8 @@ int main(int argc, char** argv) {
     ferry::TensorPipeRpcBackendOptions options;
     options.init_method = "file://" + store;
     options.transports = std::vector<std::string>{transport};
+    // As `ferry bench rpc` measures uv: tensors travel through the pipe itself.
+    if (transport == "uv") options.channels = std::vector<std::string>{"basic"};
     options.num_worker_threads = threads;
     absl::Status started = ferry::init_rpc("w" + std::to_string(rank), rank, 2, options);
     if (!started.ok()) {

@@ -578,6 +578,7 @@ std::map<std::string, std::string> AgentCore::debug_info() const {
   info["requests_served"] = std::to_string(requests_served_.load());
   info["num_worker_threads"] = std::to_string(pool_->size());
   info["queued_requests"] = std::to_string(pool_->queued());
+  info["pool_wakeups"] = std::to_string(pool_->wakeups());
   info["pinned_buffer_hits"] = std::to_string(staging_->pinned_hits());
   info["pinned_buffer_misses"] = std::to_string(staging_->pinned_misses());
   return info;

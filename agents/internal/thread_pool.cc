@@ -25,20 +25,25 @@ constexpr std::chrono::milliseconds kKeepWatching{20};
 struct ThreadPool::State {
   std::atomic<size_t> queued{0};  // tasks.size(), readable without the lock
   std::atomic<int> spinning{0};   // threads polling for work; they need no wake-up
+  std::atomic<uint64_t> wakeups{0};
   std::mutex mu;
   std::condition_variable cv;        // idle threads sleep here
   std::condition_variable watch_cv;  // the watcher sleeps here
   std::condition_variable exited_cv;
-  std::deque<std::function<void()>> tasks;  // guarded by mu
-  bool stopping = false;                    // guarded by mu
-  int idle = 0;                             // guarded by mu: threads asleep on cv
-  int busy = 0;                             // guarded by mu: threads running a task
-  bool watching = false;                    // guarded by mu: a thread is the watcher
-  bool watch_timed = false;                 // guarded by mu: the watcher wakes by itself
-  Clock::time_point last_take;              // guarded by mu: when a task last started
-  Clock::time_point last_deferred;          // guarded by mu: when a post last woke nobody
-  int running = 0;                          // guarded by mu: threads not yet exited
-  std::vector<std::thread::id> ids;         // guarded by mu
+  struct Queued {
+    std::function<void()> fn;
+    Clock::time_point at;  // when it was posted
+  };
+  std::deque<Queued> tasks;         // guarded by mu
+  bool stopping = false;            // guarded by mu
+  int idle = 0;                     // guarded by mu: threads asleep on cv
+  int waking = 0;                   // guarded by mu: woken from cv, not yet back at the queue
+  int busy = 0;                     // guarded by mu: threads running a task
+  bool watching = false;            // guarded by mu: a thread is the watcher
+  bool watch_timed = false;         // guarded by mu: the watcher wakes by itself
+  Clock::time_point last_deferred;  // guarded by mu: when a task last queued behind busy threads
+  int running = 0;                  // guarded by mu: threads not yet exited
+  std::vector<std::thread::id> ids;  // guarded by mu
   std::shared_ptr<Activity> activity;
   // Shared: the threads take turns at polling for work.
   PollWindow poll_window;
@@ -46,17 +51,38 @@ struct ThreadPool::State {
   void run();
   // The watcher's loop; returns (lock held) when this thread must take a task, or stop.
   void watch(std::unique_lock<std::mutex>& lock);
-  // Whether the queue's tasks wait for a busy thread that may not come back soon.
-  bool stalled(Clock::time_point now) const { return busy == 0 || now - last_take >= kStall; }
+  // Whether queued tasks need a thread that is not on its way yet: none polls, none was
+  // just woken, and none is busy (so none comes back for them) or the oldest has
+  // waited kStall (the busy ones are slow, blocked, or too few). A thread woken but
+  // not yet running counts as on its way: on a host with no core to spare, waking
+  // another would only crowd it more.
+  bool needs_thread(Clock::time_point now) const {
+    return !tasks.empty() && spinning.load(std::memory_order_acquire) == 0 && waking == 0 &&
+           (busy == 0 || now - tasks.front().at >= kStall);
+  }
+  // Wakes `n` sleeping threads (at most the idle ones); under mu.
+  void wake_sleepers(size_t n) {
+    n = std::min(n, static_cast<size_t>(idle - waking));
+    for (size_t i = 0; i < n; ++i) cv.notify_one();
+    waking += static_cast<int>(n);
+    wakeups.fetch_add(n, std::memory_order_relaxed);
+  }
+  // Tasks now wait behind busy threads: the watcher must look at them (under mu).
+  void watch_them(Clock::time_point now) {
+    last_deferred = now;
+    if (watching && !watch_timed) {
+      watch_timed = true;  // one notice is enough
+      watch_cv.notify_one();
+    }
+  }
 };
 
 void ThreadPool::State::watch(std::unique_lock<std::mutex>& lock) {
   for (;;) {
     if (stopping) return;
-    if (!tasks.empty() && spinning.load(std::memory_order_acquire) == 0 && stalled(Clock::now())) {
-      // Every queued task gets a thread: this one, and as many sleepers as are left.
-      size_t wake = std::min(tasks.size() - 1, static_cast<size_t>(idle));
-      for (size_t i = 0; i < wake; ++i) cv.notify_one();
+    if (needs_thread(Clock::now())) {
+      // Every queued task gets a thread: this one, and sleepers for the rest.
+      wake_sleepers(tasks.size() - 1);
       return;
     }
     watch_timed = !tasks.empty() || Clock::now() - last_deferred < kKeepWatching;
@@ -75,19 +101,18 @@ void ThreadPool::State::run() {
   std::unique_lock<std::mutex> lock(mu);
   for (;;) {
     if (!tasks.empty()) {
-      std::function<void()> task = std::move(tasks.front());
+      std::function<void()> task = std::move(tasks.front().fn);
       tasks.pop_front();
       queued.store(tasks.size(), std::memory_order_release);
-      last_take = Clock::now();
       ++busy;
-      // Tasks still queued (posted while this thread polled, which woke nobody) now
-      // wait behind a busy thread: make sure someone watches them.
-      if (!tasks.empty() && spinning.load(std::memory_order_acquire) == 0) {
-        last_deferred = last_take;
-        if (watching && !watch_timed) {
-          watch_cv.notify_one();
-        } else if (!watching && idle > 0) {
-          cv.notify_one();
+      if (!tasks.empty()) {
+        // The rest (posted while this thread polled, which woke nobody) now wait
+        // behind a busy thread.
+        Clock::time_point now = Clock::now();
+        if (needs_thread(now)) {
+          wake_sleepers(1);
+        } else {
+          watch_them(now);
         }
       }
       lock.unlock();
@@ -123,8 +148,9 @@ void ThreadPool::State::run() {
       watching = false;
     } else {
       ++idle;
-      cv.wait(lock, [this] { return stopping || !tasks.empty(); });
+      cv.wait(lock);  // no predicate: a woken thread always comes back to count itself
       --idle;
+      if (waking > 0) --waking;
     }
     if (polled_since) poll_window.missed_wait(Clock::now() - *polled_since);
   }
@@ -148,28 +174,26 @@ ThreadPool::~ThreadPool() { shutdown(); }
 
 bool ThreadPool::post(std::function<void()> task) {
   State& s = *state_;
-  enum { kNone, kSleeper, kWatcher } wake = kNone;
+  bool wake_watcher = false;
   {
     std::lock_guard<std::mutex> lock(s.mu);
     if (s.stopping) return false;
     if (s.activity) s.activity->enter();
-    s.tasks.push_back(std::move(task));
+    Clock::time_point now = Clock::now();
+    s.tasks.push_back(State::Queued{std::move(task), now});
     s.queued.store(s.tasks.size(), std::memory_order_release);
-    if (s.spinning.load(std::memory_order_acquire) == 0) {
-      Clock::time_point now = s.busy > 0 ? Clock::now() : Clock::time_point();
-      if (s.watching && !s.stalled(now)) {
-        // A busy thread takes it when done; the watcher steps in if it does not.
-        s.last_deferred = now;
-        if (!s.watch_timed) wake = kWatcher;
-      } else if (s.idle > 0) {
-        wake = kSleeper;
-      } else if (s.watching) {
-        wake = kWatcher;  // the only thread asleep
-      }
+    if (!s.needs_thread(now)) {
+      // A polling, woken or busy thread takes it soon; the watcher steps in if not.
+      if (s.busy > 0) s.watch_them(now);
+    } else if (s.idle - s.waking > 0) {
+      s.wake_sleepers(1);
+    } else if (s.watching) {
+      // The only thread asleep: it takes the task itself.
+      wake_watcher = true;
+      s.wakeups.fetch_add(1, std::memory_order_relaxed);
     }
   }
-  if (wake == kSleeper) s.cv.notify_one();
-  if (wake == kWatcher) s.watch_cv.notify_one();
+  if (wake_watcher) s.watch_cv.notify_one();
   return true;
 }
 
@@ -213,6 +237,8 @@ bool ThreadPool::on_pool_thread() const {
   std::lock_guard<std::mutex> lock(state_->mu);
   return std::find(state_->ids.begin(), state_->ids.end(), std::this_thread::get_id()) != state_->ids.end();
 }
+
+uint64_t ThreadPool::wakeups() const { return state_->wakeups.load(std::memory_order_relaxed); }
 
 size_t ThreadPool::queued() const {
   std::lock_guard<std::mutex> lock(state_->mu);

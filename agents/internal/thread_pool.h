@@ -30,15 +30,16 @@ namespace ferry::internal {
 //
 // Hand-off: a task is taken by whichever thread gets there first, and post() wakes a
 // sleeping thread only when none would get there soon: no thread is polling for work,
-// and no thread is running a task that started within kStall. A busy thread takes
-// the next task itself when it is done, so a burst of short tasks costs no wake-ups
-// at all. So that a task that blocks (waiting for a later task, say) cannot hold up
-// the queue, one sleeping thread is the watcher: while tasks wait behind busy
-// threads it looks every kWatchTick, and when none has started a task for kStall it
-// wakes enough threads for every queued task and takes one itself.
+// and either none is busy or the oldest queued task has waited kStall. A busy thread
+// takes the next task itself when it is done, so a stream of short tasks costs no
+// wake-ups, while a queue that keeps growing (tasks too slow for the threads awake)
+// wakes more threads. So that a task that blocks (waiting for a later task, say)
+// cannot hold up the queue when no post follows, one sleeping thread is the watcher:
+// while tasks wait behind busy threads it looks every kWatchTick, and once the oldest
+// has waited kStall it wakes enough threads for every queued task and takes one.
 class ThreadPool final : public Executor {
  public:
-  // A busy thread that has not taken a new task for this long may be blocked.
+  // A queued task that has waited this long gets a thread of its own.
   static constexpr std::chrono::microseconds kStall{50};
   // How often the watcher looks while tasks wait behind busy threads.
   static constexpr std::chrono::microseconds kWatchTick{500};
@@ -63,6 +64,8 @@ class ThreadPool final : public Executor {
   // Whether the calling thread is one of this pool's.
   bool on_pool_thread() const;
   size_t queued() const;
+  // How many times a sleeping thread was woken for work (for debug_info and tests).
+  uint64_t wakeups() const;
 
   struct State;
 

@@ -1,6 +1,10 @@
 #include "agents/internal/thread_pool.h"
 
+#include <sys/resource.h>
+
 #include <atomic>
+#include <mutex>
+#include <set>
 #include <stdexcept>
 #include <thread>
 
@@ -83,6 +87,144 @@ TEST(ThreadPool, ShutdownWithinItsDeadlineJoinsEveryThread) {
   EXPECT_TRUE(pool.shutdown(std::chrono::seconds(10)));
   EXPECT_EQ(ran.load(), 50);
   EXPECT_TRUE(pool.shutdown(std::chrono::seconds(10)));  // idempotent
+}
+
+}  // namespace
+}  // namespace ferry::internal
+
+// The hand-off: a post wakes a sleeping thread only when no busy or polling thread
+// will take the task soon, and the watcher rescues tasks queued behind a blocked one.
+namespace ferry::internal {
+namespace {
+
+void busy_wait(std::chrono::nanoseconds d) {
+  auto until = std::chrono::steady_clock::now() + d;
+  while (std::chrono::steady_clock::now() < until) {
+  }
+}
+
+bool wait_until(const std::atomic<int>& counter, int value, std::chrono::seconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (counter.load() < value) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::yield();
+  }
+  return true;
+}
+
+// Requests arriving a few microseconds apart, each served in about a microsecond: the
+// thread already awake serves them all. Waking a sleeper per request (the old policy)
+// cost a futex call and a context switch each, several per call in flight.
+TEST(ThreadPoolHandOff, ATrickleOfShortTasksWakesAlmostNoThread) {
+  ThreadPool pool(8);
+  constexpr int kTasks = 5000;
+  std::atomic<int> done{0};
+  for (int i = 0; i < kTasks; ++i) {
+    ASSERT_TRUE(pool.post([&] {
+      busy_wait(std::chrono::microseconds(1));
+      done.fetch_add(1);
+    }));
+    busy_wait(std::chrono::microseconds(2));
+  }
+  ASSERT_TRUE(wait_until(done, kTasks, std::chrono::seconds(30)));
+  // A thread preempted for more than kStall (a loaded host) lets a few posts wake a
+  // sleeper each; a wake-up per post would be thousands.
+  EXPECT_LT(pool.wakeups(), uint64_t{kTasks / 10});
+}
+
+// Tasks arriving faster than one thread serves them: the oldest waits kStall, and the
+// next post (or the watcher) brings in another thread, so the queue stops growing.
+TEST(ThreadPoolHandOff, ASteadyOverloadBringsInMoreThreads) {
+  ThreadPool pool(4);
+  constexpr int kTasks = 1000;
+  std::atomic<int> done{0};
+  std::mutex mu;
+  std::set<std::thread::id> threads;
+  for (int i = 0; i < kTasks; ++i) {
+    ASSERT_TRUE(pool.post([&] {
+      busy_wait(std::chrono::microseconds(30));
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        threads.insert(std::this_thread::get_id());
+      }
+      done.fetch_add(1);
+    }));
+    busy_wait(std::chrono::microseconds(10));
+  }
+  ASSERT_TRUE(wait_until(done, kTasks, std::chrono::seconds(30)));
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_GE(threads.size(), 2u) << "one thread served a queue three times faster than it";
+}
+
+class ThreadPoolSizes : public ::testing::TestWithParam<int> {};
+// Sizes where a second task can run while the first waits.
+class ThreadPoolSeveralThreads : public ThreadPoolSizes {};
+
+// A task that waits for one queued behind it: the watcher sees no task start for
+// kStall and hands the queued one to another thread, even when every post found a
+// busy thread (so woke nobody).
+TEST_P(ThreadPoolSeveralThreads, ATaskQueuedBehindABlockedOneStillRuns) {
+  ThreadPool pool(GetParam());
+  for (int round = 0; round < 20; ++round) {
+    std::atomic<int> second_ran{0};
+    std::atomic<int> first_done{0};
+    ASSERT_TRUE(pool.post([&] {
+      auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      while (second_ran.load() == 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+      first_done = 1;
+    }));
+    // Give the first task time to start, so the second finds a busy thread.
+    std::this_thread::sleep_for(std::chrono::microseconds(round % 4 == 0 ? 0 : 200));
+    ASSERT_TRUE(pool.post([&] { second_ran = 1; }));
+    ASSERT_TRUE(wait_until(first_done, 1, std::chrono::seconds(10)));
+    ASSERT_EQ(second_ran.load(), 1) << "round " << round << ": the second task waited for the first";
+  }
+}
+
+// Every queued task gets a thread of its own when the busy ones block: a burst of
+// tasks that all wait for each other completes.
+TEST_P(ThreadPoolSizes, ABurstOfTasksWaitingForEachOtherGetsEveryThread) {
+  const int n = GetParam();
+  ThreadPool pool(n);
+  std::atomic<int> arrived{0};
+  std::atomic<int> done{0};
+  for (int i = 0; i < n; ++i) {
+    ASSERT_TRUE(pool.post([&] {
+      arrived.fetch_add(1);
+      auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      while (arrived.load() < n && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+      done.fetch_add(1);
+    }));
+  }
+  ASSERT_TRUE(wait_until(done, n, std::chrono::seconds(10)));
+  EXPECT_EQ(arrived.load(), n) << "some task never got a thread while the others waited for it";
+}
+
+std::string threads_name(const ::testing::TestParamInfo<int>& info) { return "threads" + std::to_string(info.param); }
+INSTANTIATE_TEST_SUITE_P(Sizes, ThreadPoolSizes, ::testing::Values(1, 2, 4, 16), threads_name);
+INSTANTIATE_TEST_SUITE_P(Sizes, ThreadPoolSeveralThreads, ::testing::Values(2, 4, 16), threads_name);
+
+// Once work stops, the watcher stops looking (after kKeepWatching) and an idle pool
+// sleeps: no thread wakes by itself.
+TEST(ThreadPoolHandOff, AnIdlePoolSleeps) {
+  ThreadPool pool(4);
+  std::atomic<int> done{0};
+  // Tasks queued behind a busy one start the watcher's ticking.
+  for (int i = 0; i < 50; ++i) {
+    ASSERT_TRUE(pool.post([&] {
+      busy_wait(std::chrono::microseconds(20));
+      done.fetch_add(1);
+    }));
+  }
+  ASSERT_TRUE(wait_until(done, 50, std::chrono::seconds(10)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  rusage before{};
+  ASSERT_EQ(getrusage(RUSAGE_SELF, &before), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  rusage after{};
+  ASSERT_EQ(getrusage(RUSAGE_SELF, &after), 0);
+  // Ticking every kWatchTick would be about 600 voluntary switches in 300 ms.
+  EXPECT_LT(after.ru_nvcsw - before.ru_nvcsw, 60);
 }
 
 }  // namespace
