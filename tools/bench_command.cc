@@ -29,7 +29,7 @@ struct BenchRpcFlags {
   std::string device = "cpu";
   int iterations = 0;  // 0: the mode's default
   int repeat = 1;
-  std::string pin = "cores";
+  std::string pin = "none";
 };
 
 // `ferry bench` groups every benchmark; another *_command.cc may have added it first.
@@ -158,8 +158,9 @@ void add_bench_command(CLI::App& app, ExitCode& exit_code) {
                   "Run every measurement this many times in fresh processes and report medians (default 1)")
       ->check(CLI::Range(1, 100));
   rpc->add_option("--pin", flags->pin,
-                  "cores (default): the client process runs on one core and the server on another, for ferry and "
-                  "raw alike, which steadies the figures on a small host; none: wherever the scheduler puts them")
+                  "none (default): the processes run wherever the scheduler puts them; cores: the client process "
+                  "runs on one core and the server on another, ferry and raw alike, which steadies the latencies "
+                  "on a small host but leaves each process a single core for all its threads")
       ->check(CLI::IsMember({"cores", "none"}));
   rpc->add_flag("--require-targets", flags->require_targets, "Exit 1 when a target is missed");
   rpc->callback([flags, &exit_code] { run_bench_rpc(*flags, exit_code); });

@@ -2,6 +2,7 @@
 // processes) and checks that the JSON it prints has every figure, each a positive
 // number, and every target evaluated; and that bad usage exits 2. It checks no speed:
 // speed is for the benchmark's readers, never for a timed test.
+#include <sched.h>
 #include <sys/wait.h>
 
 #include <cstdlib>
@@ -144,6 +145,37 @@ TEST(BenchRpc, DeviceCudaEchoesCudaTensorsOrRefusesNamingCuda) {
     expect_positive(j["transports"]["shm"]["metrics"][key], "ferry", key);
     expect_positive(j["transports"]["shm"]["metrics"][key], "raw", key);
   }
+}
+
+// --pin cores: each process of a pair (ferry's and raw TensorPipe's alike) runs on a
+// single core, which the measuring process reports.
+TEST(BenchRpc, PinCoresLeavesEachProcessOneCore) {
+  ToolRun run = ferry_tool({"bench", "rpc", "--quick", "--json", "--transports", "shm", "--pin", "cores"});
+  ASSERT_EQ(run.exit_code, kOk) << "stderr: " << run.err;
+  json j = json::parse(run.out);
+  EXPECT_TRUE(j.value("pinned", false));
+  const json& cores = j["transports"]["shm"]["client_cores"];
+  EXPECT_EQ(cores.value("ferry", 0), 1) << cores.dump();
+  EXPECT_EQ(cores.value("raw", 0), 1) << cores.dump();
+}
+
+TEST(BenchRpc, UnpinnedByDefault) {
+  ToolRun run = ferry_tool({"bench", "rpc", "--quick", "--json", "--transports", "uv"});
+  ASSERT_EQ(run.exit_code, kOk) << "stderr: " << run.err;
+  json j = json::parse(run.out);
+  EXPECT_FALSE(j.value("pinned", true));
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+  const json& cores = j["transports"]["uv"]["client_cores"];
+  EXPECT_EQ(cores.value("ferry", 0), CPU_COUNT(&set)) << cores.dump();
+  EXPECT_EQ(cores.value("raw", 0), CPU_COUNT(&set)) << cores.dump();
+}
+
+TEST(BenchRpc, UnknownPinIsBadUsage) {
+  ToolRun run = ferry_tool({"bench", "rpc", "--pin", "sideways"});
+  EXPECT_EQ(run.exit_code, kUsage) << run.err;
+  EXPECT_THAT(run.err, HasSubstr("sideways"));
 }
 
 TEST(BenchRpc, HelpNamesNoTrackerIssue) {

@@ -1,6 +1,8 @@
 // Statistics for `ferry bench rpc` (see measure.h).
 #include "tools/bench/measure.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -26,6 +28,13 @@ void set_call_latency(ThroughputResult& r, std::vector<double>& samples) {
   LatencyStats s = latency_stats(samples);
   r.median_us = s.median_us;
   r.p99_us = s.p99_us;
+}
+
+int allowed_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 0;
+  return CPU_COUNT(&set);
 }
 
 }  // namespace ferry::tools::bench

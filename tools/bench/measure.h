@@ -124,10 +124,15 @@ struct SideResult {
   // pinned cudaMemcpy of the same bytes host to device and back, at each echo size.
   std::vector<EchoResult> cuda_echo;
   std::vector<EchoResult> pinned_copy;
+  // The cores the measuring process could run on (1 when the bench pinned it).
+  int client_cores = 0;
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(SideResult, side, transport, channels, small_call, small_call_inline,
                                    small_call_chained, tiny_tensor, throughput, throughput_inline, echo, cuda_echo,
-                                   pinned_copy)
+                                   pinned_copy, client_cores)
+
+// The cores the calling process may run on (its affinity mask).
+int allowed_cores();
 
 // How much each measurement does; the same plan drives both sides.
 struct MeasurePlan {

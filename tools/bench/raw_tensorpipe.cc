@@ -496,6 +496,7 @@ absl::StatusOr<SideResult> run_raw_client(const RawEndpoint& endpoint, const std
 
   SideResult out;
   out.side = "raw";
+  out.client_cores = allowed_cores();
   out.transport = endpoint.transport;
   out.channels = endpoint.channels;
   absl::Status status;

@@ -298,6 +298,7 @@ absl::StatusOr<SideResult> run_ferry_client(const std::string& transport, const 
   FERRY_RETURN_IF_ERROR(init_bench_rpc(kClientName, 0, transport, store_path, cuda));
   SideResult out;
   out.side = "ferry";
+  out.client_cores = allowed_cores();
   out.transport = transport;
   out.channels = channels_for(transport);
   absl::Status measured;
@@ -779,7 +780,9 @@ nlohmann::ordered_json report_json(const RpcBenchReport& report) {
       if (row.outstanding.has_value()) m["outstanding"] = *row.outstanding;
       metrics[row.key] = m;
     }
-    transports[t.transport] = {{"channels", t.channels}, {"metrics", metrics}};
+    transports[t.transport] = {{"channels", t.channels},
+                               {"client_cores", {{"ferry", t.ferry.client_cores}, {"raw", t.raw.client_cores}}},
+                               {"metrics", metrics}};
   }
   j["transports"] = transports;
 

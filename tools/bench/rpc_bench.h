@@ -49,8 +49,11 @@ struct RpcBenchOptions {
   // Pin each phase's client process (with all its threads) to one core and its server
   // to another, ferry and raw alike: on a small host the scheduler otherwise moves the
   // busy-polling transport threads around, and the figures swing from run to run.
-  // Ignored on a single-core host.
-  bool pin = true;
+  // Ignored on a single-core host. Off by default: pinned, each process has one core
+  // for all its threads, which costs ferry's extra threads (the caller beside the
+  // transport loop, the worker pool) more than it costs raw TensorPipe's
+  // (docs/performance.md has both).
+  bool pin = false;
 };
 
 // The channels each transport is measured with: shm with ferry's defaults between
