@@ -62,7 +62,7 @@ struct ThreadPool::State {
   }
   // Wakes `n` sleeping threads (at most the idle ones); under mu.
   void wake_sleepers(size_t n) {
-    n = std::min(n, static_cast<size_t>(idle - waking));
+    n = std::min(n, static_cast<size_t>(std::max(idle - waking, 0)));
     for (size_t i = 0; i < n; ++i) cv.notify_one();
     waking += static_cast<int>(n);
     wakeups.fetch_add(n, std::memory_order_relaxed);
@@ -185,7 +185,7 @@ bool ThreadPool::post(std::function<void()> task) {
     if (!s.needs_thread(now)) {
       // A polling, woken or busy thread takes it soon; the watcher steps in if not.
       if (s.busy > 0) s.watch_them(now);
-    } else if (s.idle - s.waking > 0) {
+    } else if (s.idle > s.waking) {
       s.wake_sleepers(1);
     } else if (s.watching) {
       // The only thread asleep: it takes the task itself.
