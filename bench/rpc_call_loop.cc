@@ -8,17 +8,21 @@
 // A fourth argument sets the worker pool size (default 4); a fifth, "inline", serves the
 // no-op on the transport thread (Serving::kInline) instead of the pool. A sixth, B > 0,
 // echoes a tensor of B bytes instead of the no-op (rpc_sync; where large messages'
-// time goes).
-// Usage: rpc_call_loop [shm|uv] [calls] [outstanding] [pool threads] [pooled|inline] [echo bytes]
+// time goes). A seventh, "callbacks", issues each next call (with N in flight) from the
+// previous reply's then_inline continuation, on the transport thread, as the raw
+// TensorPipe bench does, instead of from the caller's thread.
+// Usage: rpc_call_loop [shm|uv] [calls] [outstanding] [pool threads] [pooled|inline] [echo bytes] [callbacks]
 #include <sched.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -32,6 +36,7 @@ int main(int argc, char** argv) {
   int threads = argc > 4 ? std::max(1, std::atoi(argv[4])) : 4;
   const bool inline_serving = argc > 5 && std::string(argv[5]) == "inline";
   const long echo_bytes = argc > 6 ? std::atol(argv[6]) : 0;
+  const bool from_callbacks = argc > 7 && std::string(argv[7]) == "callbacks";
   std::string store = (std::filesystem::temp_directory_path() / ("ferry-loop-" + std::to_string(getpid()))).string();
   std::vector<pid_t> children;
   for (int rank = 0; rank < 2; ++rank) {
@@ -75,6 +80,40 @@ int main(int argc, char** argv) {
       std::printf("%s: %d echoes of %ld bytes, median %.1f us (%.2f GB/s both ways), p99 %.1f us\n", transport.c_str(),
                   calls, echo_bytes, us[us.size() / 2], 2e-3 * static_cast<double>(echo_bytes) / us[us.size() / 2],
                   us[us.size() * 99 / 100]);
+      std::fflush(stdout);
+    } else if (rank == 0 && outstanding > 1 && from_callbacks) {
+      // Each reply's continuation issues the next call; the last one wakes this thread.
+      // Shared: a continuation may still be running when this thread wakes.
+      struct Chain : std::enable_shared_from_this<Chain> {
+        std::atomic<int> issued{0};
+        std::atomic<int> done{0};
+        int calls = 0;
+        ferry::Promise<int> finished;
+        void issue() {
+          int i = issued.fetch_add(1);
+          if (i >= calls) return;
+          (void)ferry::rpc_async<int64_t>("w1", "noop", int64_t{i})
+              .then_inline([self = shared_from_this()](const absl::StatusOr<int64_t>& r) {
+                if (!r.ok()) {
+                  self->finished.set_error(r.status());
+                  return 0;
+                }
+                bool last = self->done.fetch_add(1) + 1 == self->calls;
+                self->issue();
+                if (last) self->finished.set_value(0);
+                return 0;
+              });
+        }
+      };
+      auto chain = std::make_shared<Chain>();
+      chain->calls = calls;
+      ferry::Future<int> all = chain->finished.get_future();
+      auto t0 = std::chrono::steady_clock::now();
+      for (int k = 0; k < outstanding; ++k) chain->issue();
+      all.wait();
+      double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::printf("%s: %d rpc_async no-op calls, %d outstanding, issued from continuations: %.0f calls/s\n",
+                  transport.c_str(), calls, outstanding, calls / s);
       std::fflush(stdout);
     } else if (rank == 0 && outstanding > 1) {
       std::vector<ferry::Future<int64_t>> ring(static_cast<size_t>(outstanding));
