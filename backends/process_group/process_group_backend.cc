@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "agents/process_group_agent.h"
+#include "agents/process_group/factory.h"
 #include "backends/init_failures.h"
 #include "base/net.h"
 #include "base/status.h"
@@ -65,7 +65,7 @@ void set_error(InitRecord& record, const absl::Status& status) {
 }
 
 // Steps 0-5 of the init.
-absl::StatusOr<std::shared_ptr<ProcessGroupAgent>> init_group(const BackendInitArgs& args,
+absl::StatusOr<std::shared_ptr<Agent>> init_group(const BackendInitArgs& args,
                                                               const ProcessGroupRpcBackendOptions& options,
                                                               internal::InitFailures& failures) {
   // The group's timeout bounds every later wait for a peer to take a message, so it is
@@ -124,14 +124,14 @@ absl::StatusOr<std::shared_ptr<ProcessGroupAgent>> init_group(const BackendInitA
   agent_options.reverse_device_maps = setup->reverse_device_maps;
   agent_options.serves_inline = args.serves_inline;
   ProcessGroup& pg = *group;
-  absl::StatusOr<std::shared_ptr<ProcessGroupAgent>> agent =
+  absl::StatusOr<std::shared_ptr<Agent>> agent =
       ProcessGroupAgent::create(group, args.store, args.name, std::move(agent_options), args.handler);
 
   // Step 5: the barrier, which also tells every worker whether all agents started.
   InitRecord started;
   started.info.name = args.name;
   if (!agent.ok()) set_error(started, agent.status());
-  absl::StatusOr<std::vector<InitRecord>> verdicts = all_gather(agent.ok() ? (*agent)->process_group() : pg, started);
+  absl::StatusOr<std::vector<InitRecord>> verdicts = all_gather(agent.ok() ? *ProcessGroupAgent::process_group(**agent) : pg, started);
   absl::Status failed = verdicts.status();
   if (verdicts.ok()) {
     for (size_t r = 0; r < verdicts->size(); ++r) {
@@ -198,7 +198,7 @@ absl::StatusOr<std::shared_ptr<RpcAgent>> init_process_group_backend(const Backe
   FERRY_ASSIGN_OR_RETURN(int64_t generation,
                          args.store->add(absl::StrCat(kInitPrefix, "count/rank_", args.rank), 1));
   internal::InitFailures failures(args.store, absl::StrCat(kInitPrefix, generation, "/"));
-  absl::StatusOr<std::shared_ptr<ProcessGroupAgent>> agent = init_group(args, *options, failures);
+  absl::StatusOr<std::shared_ptr<Agent>> agent = init_group(args, *options, failures);
   absl::Status status = failures.conclude(args.rank, args.name, agent.status());
   if (!status.ok()) {
     if (agent.ok()) (*agent)->shutdown();

@@ -6,10 +6,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "agents/tensorpipe_agent.h"
+#include "agents/tensorpipe/factory.h"
 #include "backends/init_failures.h"
-#include "backends/tensorpipe/dynamic_group.h"
-#include "backends/tensorpipe/records.h"
+#include "agents/core/dynamic_group.h"
+#include "agents/core/records.h"
 #include "base/logging.h"
 #include "base/status.h"
 #include "cereal/types/string.hpp"
@@ -77,7 +77,7 @@ std::string host_name() {
 
 // Steps 1-7 of a static group's init. Local failures travel in the records, so that
 // every worker fails together; the store waits go through `failures`' watched store.
-absl::StatusOr<std::shared_ptr<TensorPipeAgent>> init_static_group(const BackendInitArgs& args,
+absl::StatusOr<std::shared_ptr<Agent>> init_static_group(const BackendInitArgs& args,
                                                                    const TensorPipeRpcBackendOptions& options,
                                                                    std::chrono::milliseconds init_timeout,
                                                                    const std::string& prefix,
@@ -133,7 +133,7 @@ absl::StatusOr<std::shared_ptr<TensorPipeAgent>> init_static_group(const Backend
   agent_options.devices = setup->devices;
   agent_options.store_host = internal::store_host_of(*args.store);
   agent_options.serves_inline = args.serves_inline;
-  absl::StatusOr<std::shared_ptr<TensorPipeAgent>> agent =
+  absl::StatusOr<std::shared_ptr<Agent>> agent =
       TensorPipeAgent::start(args.store, args.name, args.rank, agent_options, args.handler);
 
   // Step 7: everyone's address, or why their agent did not start; since every worker
@@ -210,7 +210,7 @@ absl::StatusOr<std::shared_ptr<RpcAgent>> init_tensorpipe_backend(const BackendI
   std::chrono::milliseconds init_timeout =
       options->rpc_timeout.count() > 0 ? options->rpc_timeout : std::chrono::milliseconds(std::chrono::minutes(5));
   if (args.world_size <= 0) {
-    // A dynamic group (see backends/tensorpipe/dynamic_group.h).
+    // A dynamic group (see agents/core/dynamic_group.h).
     FERRY_RETURN_IF_ERROR(options->validate());
     TensorPipeAgentOptions agent_options;
     static_cast<TensorPipeAgentSettings&>(agent_options) = *options;
@@ -219,9 +219,14 @@ absl::StatusOr<std::shared_ptr<RpcAgent>> init_tensorpipe_backend(const BackendI
     agent_options.serves_inline = args.serves_inline;
     agent_options.device_maps = options->device_maps();
     agent_options.store_host = internal::store_host_of(*args.store);
-    FERRY_ASSIGN_OR_RETURN(std::shared_ptr<TensorPipeAgent> agent,
+    FERRY_ASSIGN_OR_RETURN(std::shared_ptr<Agent> agent,
                            TensorPipeAgent::start(args.store, args.name, args.rank, agent_options, args.handler));
-    absl::Status joined = internal::join_dynamic_group(agent, args, *options, init_timeout);
+    WorkerDeviceInfo mine;
+    mine.name = args.name;
+    mine.device_count = cuda_runtime()->device_count();
+    mine.device_maps = options->device_maps();
+    mine.devices = options->devices();
+    absl::Status joined = join_dynamic_group(agent, args.store, std::move(mine), init_timeout);
     if (!joined.ok()) {
       agent->shutdown();
       return joined;
@@ -235,7 +240,7 @@ absl::StatusOr<std::shared_ptr<RpcAgent>> init_tensorpipe_backend(const BackendI
   // A failure anywhere is published under the prefix, and every other rank's waits end
   // with it (see backends/init_failures.h).
   internal::InitFailures failures(args.store, prefix);
-  absl::StatusOr<std::shared_ptr<TensorPipeAgent>> agent = init_static_group(args, *options, init_timeout, prefix,
+  absl::StatusOr<std::shared_ptr<Agent>> agent = init_static_group(args, *options, init_timeout, prefix,
                                                                              failures);
   absl::Status status = failures.conclude(args.rank, args.name, agent.status());
   if (!status.ok()) {

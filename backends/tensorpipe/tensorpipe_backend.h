@@ -17,14 +17,14 @@
 #include <string>
 #include <vector>
 
-#include "agents/tensorpipe_agent.h"
+#include "agents/tensorpipe/factory.h"
 #include "backends/backend_registry.h"
 #include "device_maps/options.h"
 
 namespace ferry {
 
 // Thread-compatible. The agent's own settings (num_worker_threads, transports,
-// channels; see agents/tensorpipe_agent.h) are embedded, and checked by their
+// channels; see agents/tensorpipe/factory.h) are embedded, and checked by their
 // validate() when the options are constructed and again at init.
 class TensorPipeRpcBackendOptions final : public RpcBackendOptions, public TensorPipeAgentSettings {
  public:

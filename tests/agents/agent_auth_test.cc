@@ -11,7 +11,7 @@
 #include <sstream>
 #include <string>
 
-#include "agents/tensorpipe_agent.h"
+#include "agents/tensorpipe/factory.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "store/file_store.h"
@@ -54,7 +54,7 @@ TensorPipeAgentOptions options_with(std::optional<std::string> token) {
   return options;
 }
 
-absl::StatusOr<Message> call(TensorPipeAgent& agent, int to, const std::string& text) {
+absl::StatusOr<Message> call(Agent& agent, int to, const std::string& text) {
   Message m(MessageType::kRequest, 0);
   m.buffer() += text;
   return agent.send(to, std::move(m), 20s).result();

@@ -11,8 +11,8 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "agents/process_group_agent.h"
-#include "agents/tensorpipe_agent.h"
+#include "agents/process_group/factory.h"
+#include "agents/tensorpipe/factory.h"
 #include "gtest/gtest.h"
 #include "serialization/error.h"
 #include "store/file_store.h"
@@ -27,25 +27,22 @@ using ::testing::HasSubstr;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
-// How the suite makes agents of one kind. Membership changes go through `start`,
-// `address`, `add` and `remove`; a static group through `create`. `start` gets the
-// number of processes too: a process-group agent's group is fixed-size, so its members
-// come and go among ranks of one group (see agents/process_group_agent.h).
+// How the suite makes agents of one kind: a static group through `create`, a worker
+// with no members yet through `start` (membership then changes through the Agent). It
+// gets the number of processes too: a process-group agent's group is fixed-size, so its
+// members come and go among ranks of one group (see agents/process_group/factory.h).
+using MakeAgent = std::function<absl::StatusOr<std::shared_ptr<Agent>>(std::shared_ptr<Store>, std::string, int,
+                                                                       int, RequestHandler)>;
 struct AgentKind {
   std::string name;
-  std::function<absl::StatusOr<std::shared_ptr<RpcAgent>>(std::shared_ptr<Store>, std::string, int, int,
-                                                          RequestHandler)>
-      create;
-  std::function<absl::StatusOr<std::shared_ptr<RpcAgent>>(std::shared_ptr<Store>, std::string, int, int,
-                                                          RequestHandler)>
-      start;
-  std::function<std::string(RpcAgent&)> address;
-  std::function<absl::Status(RpcAgent&, WorkerInfo, std::string)> add;
-  std::function<absl::Status(RpcAgent&, int, MembershipChange)> remove;
+  MakeAgent create;
+  MakeAgent start;
 };
 
 // For test names and failure messages (gtest would print the bytes).
 void PrintTo(const AgentKind& kind, std::ostream* os) { *os << kind.name; }
+
+Agent& agent_of(RpcAgent& a) { return dynamic_cast<Agent&>(a); }
 
 AgentKind tensorpipe_kind(const std::string& transport) {
   TensorPipeAgentOptions options;
@@ -53,24 +50,14 @@ AgentKind tensorpipe_kind(const std::string& transport) {
   options.init_timeout = seconds(20);
   options.rpc_timeout = seconds(30);
   options.heartbeat_interval = milliseconds(300);
-  auto tp = [](RpcAgent& a) -> TensorPipeAgent& { return dynamic_cast<TensorPipeAgent&>(a); };
   return AgentKind{
       "tensorpipe_" + transport,
-      [options](std::shared_ptr<Store> store, std::string name, int rank, int n, RequestHandler handler)
-          -> absl::StatusOr<std::shared_ptr<RpcAgent>> {
-        FERRY_ASSIGN_OR_RETURN(auto agent, TensorPipeAgent::create(store, name, rank, n, options, handler));
-        return std::shared_ptr<RpcAgent>(agent);
+      [options](std::shared_ptr<Store> store, std::string name, int rank, int n, RequestHandler handler) {
+        return TensorPipeAgent::create(store, name, rank, n, options, handler);
       },
-      [options](std::shared_ptr<Store> store, std::string name, int rank, int /*n*/,
-                RequestHandler handler) -> absl::StatusOr<std::shared_ptr<RpcAgent>> {
-        FERRY_ASSIGN_OR_RETURN(auto agent, TensorPipeAgent::start(store, name, rank, options, handler));
-        return std::shared_ptr<RpcAgent>(agent);
+      [options](std::shared_ptr<Store> store, std::string name, int rank, int /*n*/, RequestHandler handler) {
+        return TensorPipeAgent::start(store, name, rank, options, handler);
       },
-      [tp](RpcAgent& a) { return tp(a).address(); },
-      [tp](RpcAgent& a, WorkerInfo info, std::string address) {
-        return tp(a).add_member(PeerAddress{std::move(info), std::move(address)});
-      },
-      [tp](RpcAgent& a, int id, MembershipChange why) { return tp(a).remove_member(id, why); },
   };
 }
 
@@ -78,34 +65,28 @@ AgentKind process_group_kind() {
   ProcessGroupAgentOptions options;
   options.rpc_timeout = seconds(30);
   options.heartbeat_interval = milliseconds(300);
-  auto pg = [](RpcAgent& a) -> ProcessGroupAgent& { return dynamic_cast<ProcessGroupAgent&>(a); };
   auto group = [](std::shared_ptr<Store> store, int rank, int n) -> absl::StatusOr<std::shared_ptr<ProcessGroup>> {
     FERRY_ASSIGN_OR_RETURN(std::unique_ptr<ProcessGroup> g, ProcessGroup::create(std::move(store), rank, n, seconds(20)));
     return std::shared_ptr<ProcessGroup>(std::move(g));
   };
   return AgentKind{
       "process_group",
-      [options, group](std::shared_ptr<Store> store, std::string name, int rank, int n, RequestHandler handler)
-          -> absl::StatusOr<std::shared_ptr<RpcAgent>> {
+      [options, group](std::shared_ptr<Store> store, std::string name, int rank, int n,
+                       RequestHandler handler) -> absl::StatusOr<std::shared_ptr<Agent>> {
         FERRY_ASSIGN_OR_RETURN(std::shared_ptr<ProcessGroup> g, group(store, rank, n));
-        FERRY_ASSIGN_OR_RETURN(auto agent, ProcessGroupAgent::create(std::move(g), store, name, options, handler));
-        return std::shared_ptr<RpcAgent>(agent);
+        return ProcessGroupAgent::create(std::move(g), store, name, options, handler);
       },
       [options, group](std::shared_ptr<Store> store, std::string name, int rank, int n,
-                       RequestHandler handler) -> absl::StatusOr<std::shared_ptr<RpcAgent>> {
+                       RequestHandler handler) -> absl::StatusOr<std::shared_ptr<Agent>> {
         FERRY_ASSIGN_OR_RETURN(std::shared_ptr<ProcessGroup> g, group(store, rank, n));
-        FERRY_ASSIGN_OR_RETURN(auto agent, ProcessGroupAgent::start(std::move(g), store, name, options, handler));
-        return std::shared_ptr<RpcAgent>(agent);
+        return ProcessGroupAgent::start(std::move(g), store, name, options, handler);
       },
-      [pg](RpcAgent& a) { return pg(a).address(); },
-      [pg](RpcAgent& a, WorkerInfo info, std::string address) {
-        return pg(a).add_member(std::move(info), std::move(address));
-      },
-      [pg](RpcAgent& a, int id, MembershipChange why) { return pg(a).remove_member(id, why); },
   };
 }
 
-std::vector<AgentKind> kinds() { return {tensorpipe_kind("uv"), tensorpipe_kind("shm"), process_group_kind()}; }
+std::vector<AgentKind> kinds() {
+  return {tensorpipe_kind("uv"), tensorpipe_kind("shm"), process_group_kind()};
+}
 
 std::string name_of(int rank) { return absl::StrCat("w", rank); }
 
@@ -421,11 +402,11 @@ TEST_P(AgentConformance, MembersJoinAndLeaveWhileCallsRun) {
     auto started = kind.start(store, name_of(rank), rank, 3, handler_for(name_of(rank)));
     ASSERT_OK(started.status());
     std::shared_ptr<RpcAgent> agent = *started;
-    ASSERT_OK(store->set(absl::StrCat("address/", rank), to_bytes(kind.address(*agent))));
+    ASSERT_OK(store->set(absl::StrCat("address/", rank), to_bytes(agent_of(*agent).address())));
     auto address_of = [&](int r) { return to_string(*store->get(absl::StrCat("address/", r), seconds(20))); };
     if (rank != 0) {
       // Members 1 and 2 know only themselves and 0; they serve until 0 is done.
-      ASSERT_OK(kind.add(*agent, WorkerInfo{name_of(0), 0}, address_of(0)));
+      ASSERT_OK(agent_of(*agent).add_member({WorkerInfo{name_of(0), 0}, address_of(0)}));
       EXPECT_OK(store->wait({"done"}, seconds(30)));
       agent->shutdown();
       return;
@@ -436,17 +417,17 @@ TEST_P(AgentConformance, MembersJoinAndLeaveWhileCallsRun) {
       std::lock_guard<std::mutex> lock(heard_mu);
       heard.emplace_back(w.name, c);
     });
-    ASSERT_OK(kind.add(*agent, WorkerInfo{name_of(1), 1}, address_of(1)));
+    ASSERT_OK(agent_of(*agent).add_member({WorkerInfo{name_of(1), 1}, address_of(1)}));
     EXPECT_THAT(agent->send(2, request("early")).result(), StatusIs(absl::StatusCode::kNotFound));
-    EXPECT_THAT(kind.add(*agent, WorkerInfo{name_of(1), 7}, address_of(1)),
+    EXPECT_THAT(agent_of(*agent).add_member({WorkerInfo{name_of(1), 7}, address_of(1)}),
                 StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("\"w1\"")));
-    ASSERT_OK(kind.add(*agent, WorkerInfo{name_of(2), 2}, address_of(2)));
+    ASSERT_OK(agent_of(*agent).add_member({WorkerInfo{name_of(2), 2}, address_of(2)}));
     EXPECT_EQ(agent->worker_infos().size(), 2u);
     ASSERT_OK(agent->send(2, request("hello")).status());
     // A call in flight to a member that leaves fails at once, saying it left.
     Future<Message> slow = agent->send(2, request("sleep:3000"), milliseconds(0));
     Future<Message> other = agent->send(1, request("sleep:100"));
-    ASSERT_OK(kind.remove(*agent, 2, MembershipChange::kLeft));
+    ASSERT_OK(agent_of(*agent).remove_member(2, MembershipChange::kLeft));
     EXPECT_THAT(slow.result(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("\"w2\" (id 2) left the group")));
     EXPECT_THAT(agent->send(2, request("late")).result(),
                 StatusIs(absl::StatusCode::kUnavailable, HasSubstr("left the group")));
@@ -454,7 +435,7 @@ TEST_P(AgentConformance, MembersJoinAndLeaveWhileCallsRun) {
     EXPECT_OK(other.status());  // the others are untouched
     EXPECT_EQ(agent->worker_infos().size(), 1u);
     // Back again under the same name: calls work once more.
-    ASSERT_OK(kind.add(*agent, WorkerInfo{name_of(2), 2}, address_of(2)));
+    ASSERT_OK(agent_of(*agent).add_member({WorkerInfo{name_of(2), 2}, address_of(2)}));
     EXPECT_OK(agent->send(2, request("again")).status());
     ASSERT_OK(store->set("done", to_bytes("1")));
     for (int i = 0; i < 500; ++i) {

@@ -1,4 +1,4 @@
-#include "agents/internal/buffer_pool.h"
+#include "agents/core/buffer_pool.h"
 
 #include <cstdint>
 

@@ -1,8 +1,8 @@
-#include "agents/internal/call_table.h"
+#include "agents/core/call_table.h"
 
 #include <thread>
 
-#include "agents/internal/membership.h"
+#include "agents/core/membership.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
 

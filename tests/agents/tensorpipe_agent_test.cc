@@ -1,6 +1,6 @@
 // TensorPipeAgent in one process: several agents side by side, and a raw TensorPipe
 // client sending what a ferry worker never would.
-#include "agents/tensorpipe_agent.h"
+#include "agents/tensorpipe/factory.h"
 
 #include <future>
 #include <thread>
@@ -29,16 +29,16 @@ RequestHandler echo_handler(std::string name) {
   };
 }
 
-std::vector<std::shared_ptr<TensorPipeAgent>> start_group(int n, TensorPipeAgentOptions options = {}) {
+std::vector<std::shared_ptr<Agent>> start_group(int n, TensorPipeAgentOptions options = {}) {
   auto store = std::make_shared<HashStore>(std::chrono::seconds(20));
-  std::vector<std::future<absl::StatusOr<std::shared_ptr<TensorPipeAgent>>>> starting;
+  std::vector<std::future<absl::StatusOr<std::shared_ptr<Agent>>>> starting;
   for (int r = 0; r < n; ++r) {
     starting.push_back(std::async(std::launch::async, [=] {
       std::string name = "a" + std::to_string(r);
       return TensorPipeAgent::create(store, name, r, n, options, echo_handler(name));
     }));
   }
-  std::vector<std::shared_ptr<TensorPipeAgent>> agents;
+  std::vector<std::shared_ptr<Agent>> agents;
   for (auto& f : starting) {
     auto agent = f.get();
     EXPECT_TRUE(agent.ok()) << agent.status();
@@ -113,7 +113,7 @@ TEST(TensorPipeAgent, DuplicateNamesAndMissingPeersAreErrors) {
 TEST(TensorPipeAgent, GarbageFromARawClientClosesOnlyThatPipe) {
   auto agents = start_group(1);
   ASSERT_EQ(agents.size(), 1u);
-  std::string url = agents[0]->addresses().at("uv");
+  std::string url = TensorPipeAgent::addresses(*agents[0]).at("uv");
 
   auto context = std::make_shared<tensorpipe::Context>();
   context->registerTransport(0, "uv", tensorpipe::transport::uv::create());
@@ -151,7 +151,7 @@ TEST(TensorPipeAgent, AMessageOverTheLimitClosesThatPipeBeforeAllocating) {
     setenv("FERRY_MAX_MESSAGE_BYTES", "1048576", 1);
     auto agents = start_group(1);
     ASSERT_EQ(agents.size(), 1u);
-    std::string url = agents[0]->addresses().at("uv");
+    std::string url = TensorPipeAgent::addresses(*agents[0]).at("uv");
     auto context = std::make_shared<tensorpipe::Context>();
     context->registerTransport(0, "uv", tensorpipe::transport::uv::create());
     context->registerChannel(0, "basic", tensorpipe::channel::basic::create());

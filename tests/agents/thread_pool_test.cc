@@ -1,4 +1,4 @@
-#include "agents/internal/thread_pool.h"
+#include "agents/core/thread_pool.h"
 
 #include <sys/resource.h>
 

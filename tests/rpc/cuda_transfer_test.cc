@@ -6,7 +6,7 @@
 #include <atomic>
 
 #include "absl/strings/str_cat.h"
-#include "agents/internal/cuda_staging.h"
+#include "agents/core/cuda_staging.h"
 #include "base/future.h"
 #include "gtest/gtest.h"
 #include "rpc/rpc.h"

@@ -1,0 +1,1051 @@
+#include "agents/core/agent.h"
+
+#include <algorithm>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "agents/core/activity.h"
+#include "agents/core/call_table.h"
+#include "agents/core/cuda_staging.h"
+#include "agents/core/handshake.h"
+#include "agents/core/session.h"
+#include "agents/core/thread_pool.h"
+#include "base/auth.h"
+#include "base/logging.h"
+#include "base/status.h"
+#include "serialization/archive.h"
+#include "serialization/error.h"
+
+namespace ferry {
+
+using internal::AuthKind;
+using internal::InlineServingScope;
+using internal::on_agent_thread;
+using internal::run_callback_guarded;
+using internal::run_on_reaper;
+using internal::serving_inline;
+using internal::CallTable;
+using internal::Member;
+using internal::Membership;
+using internal::Session;
+using internal::Stage;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// How long shutdown waits for user functions still running on the pool; a function
+// that never returns must not hang the process's exit.
+constexpr std::chrono::seconds kPoolShutdownDeadline{60};
+
+const DeviceMap* map_towards(const DeviceMaps& maps, const std::string& peer) {
+  auto it = maps.find(peer);
+  return it == maps.end() ? nullptr : &it->second;
+}
+
+// The local devices a worker's maps name, when it listed none itself.
+std::vector<Device> devices_of(const DeviceMaps& maps, const DeviceMaps& reverse) {
+  std::vector<Device> out;
+  auto add = [&](Device d) {
+    if (!d.is_cpu() && std::find(out.begin(), out.end(), d) == out.end()) out.push_back(d);
+  };
+  for (const auto& [peer, map] : maps) {
+    for (const auto& [mine, theirs] : map) add(mine);
+  }
+  // A reverse map is keyed by this worker's devices too: {mine -> the caller's}.
+  for (const auto& [peer, map] : reverse) {
+    for (const auto& [mine, theirs] : map) add(mine);
+  }
+  return out;
+}
+
+std::chrono::milliseconds left_until(Clock::time_point deadline) {
+  return std::max(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()),
+                  std::chrono::milliseconds(1));
+}
+
+std::string describe(const Session& s) {
+  return s.peer_name.empty() ? std::string("an unnamed peer") : absl::StrCat("\"", s.peer_name, "\"");
+}
+
+}  // namespace
+
+Agent::Agent(WorkerInfo self, std::shared_ptr<Store> store, AgentOptions options, RequestHandler handler,
+             std::unique_ptr<Transport> transport)
+    : self_(std::move(self)),
+      store_(std::move(store)),
+      options_(std::move(options)),
+      handler_(std::move(handler)),
+      transport_(std::move(transport)),
+      activity_(std::make_shared<internal::Activity>()),
+      device_maps_(std::make_shared<const DeviceMaps>(options_.device_maps)),
+      reverse_device_maps_(std::make_shared<const DeviceMaps>(options_.reverse_device_maps)) {
+  staging_ = std::make_shared<internal::CudaStaging>(
+      options_.devices.empty() ? devices_of(options_.device_maps, options_.reverse_device_maps) : options_.devices);
+}
+
+absl::StatusOr<std::shared_ptr<Agent>> Agent::start(WorkerInfo self, std::shared_ptr<Store> store,
+                                                    AgentOptions options, RequestHandler handler,
+                                                    std::unique_ptr<Transport> transport) {
+  if (self.name.empty()) return absl::InvalidArgumentError("worker name is empty");
+  if (self.id < 0) return absl::InvalidArgumentError(absl::StrCat("rank must be >= 0, got ", self.id));
+  if (store == nullptr) return absl::InvalidArgumentError("store is null");
+  if (!handler) return absl::InvalidArgumentError("request handler is empty");
+  if (transport == nullptr) return absl::InvalidArgumentError("transport is null");
+  if (options.num_worker_threads < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_worker_threads must be at least 1, got ", options.num_worker_threads));
+  }
+  if (options.handshake_timeout.count() <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("handshake_timeout must be > 0 ms, got ",
+                                                   options.handshake_timeout.count(), " ms"));
+  }
+  std::shared_ptr<Agent> agent(
+      new Agent(std::move(self), std::move(store), std::move(options), std::move(handler), std::move(transport)));
+  agent->pool_ = std::make_shared<internal::ThreadPool>(agent->options_.num_worker_threads, agent->activity_);
+  agent->calls_ = std::make_unique<CallTable>(agent->pool_, agent->activity_);
+  if (agent->options_.heartbeat.count() > 0) {
+    std::weak_ptr<Agent> weak = agent;
+    agent->calls_->set_heartbeat(agent->options_.heartbeat, [weak](int peer) {
+      if (std::shared_ptr<Agent> a = weak.lock()) a->suspect(peer);
+    });
+  }
+  absl::StatusOr<std::string> address = agent->transport_->listen(agent);
+  if (!address.ok()) {
+    agent->shutdown();
+    return address.status();
+  }
+  agent->address_ = *std::move(address);
+  return agent;
+}
+
+Agent::~Agent() {
+  if (shut_down_.exchange(true)) return;
+  if (!on_agent_thread()) {
+    shut_down_.store(false);
+    shutdown();
+    return;
+  }
+  // The last reference went on one of our own threads (a callback dropped it): that
+  // thread cannot join itself, so a thread of its own tears down what is left. The
+  // transport reaches us only through a weak reference, which no longer locks.
+  struct Remains {
+    std::unique_ptr<Transport> transport;
+    std::unique_ptr<CallTable> calls;
+    std::shared_ptr<internal::ThreadPool> pool;
+    std::shared_ptr<internal::Activity> activity;
+  };
+  auto remains = std::make_shared<Remains>(
+      Remains{std::move(transport_), std::move(calls_), std::move(pool_), activity_});
+  run_on_reaper([remains] {
+    if (remains->transport) remains->transport->close();
+    if (remains->calls) {
+      remains->calls->fail_all(absl::CancelledError("the agent was destroyed"));
+      remains->calls->stop();
+    }
+    if (remains->pool) remains->pool->shutdown(kPoolShutdownDeadline);
+  });
+}
+
+uint64_t Agent::membership_version() const { return members_.snapshot()->version; }
+
+absl::Status Agent::set_members(std::vector<PeerAddress> members) {
+  int n = static_cast<int>(members.size());
+  FERRY_RETURN_IF_ERROR(members_.add(std::move(members)));
+  group_size_.store(n);
+  return absl::OkStatus();
+}
+
+void Agent::forget_lost(int id) {
+  std::lock_guard<std::mutex> lock(lost_mu_);
+  lost_.erase(id);
+}
+
+absl::Status Agent::add_member(PeerAddress member) {
+  WorkerInfo info = member.info;
+  FERRY_RETURN_IF_ERROR(members_.add(std::move(member)));
+  forget_lost(info.id);
+  group_size_.fetch_add(1);
+  notify(std::move(info), MembershipChange::kJoined);
+  return absl::OkStatus();
+}
+
+absl::Status Agent::remove_member(int id, MembershipChange why) {
+  FERRY_ASSIGN_OR_RETURN(Member gone, members_.remove(id, why));
+  group_size_.fetch_sub(1);
+  absl::Status status = why == MembershipChange::kLeft
+                            ? absl::UnavailableError(absl::StrCat("worker \"", gone.info.name, "\" (id ", id,
+                                                                  ") left the group"))
+                            : absl::UnavailableError(absl::StrCat("worker \"", gone.info.name, "\" (id ", id,
+                                                                  ") was lost"));
+  calls_->fail_peer(id, status);
+  drop_connection(id);
+  forget_lost(id);
+  notify(gone.info, why);
+  return absl::OkStatus();
+}
+
+absl::Status Agent::retire_member(int id, std::chrono::milliseconds drain) {
+  std::shared_ptr<const Membership::Table> table = members_.snapshot();
+  const Member* m = table->find(id);
+  if (m == nullptr) return table->absent(id);
+  {
+    std::lock_guard<std::mutex> lock(lost_mu_);
+    lost_[id] = absl::UnavailableError(absl::StrCat("worker \"", m->info.name, "\" (id ", id, ") left the group"));
+    any_lost_.store(true, std::memory_order_release);
+  }
+  if (!calls_->wait_peer_idle(id, drain)) {
+    FERRY_LOG(WARNING) << self_.name << ": calls to " << m->info.name << " still pending after " << drain.count()
+                       << " ms; failing them as it leaves";
+  }
+  return remove_member(id, MembershipChange::kLeft);
+}
+
+void Agent::set_control_handler(RequestHandler handler) {
+  std::lock_guard<std::mutex> lock(hooks_mu_);
+  control_handler_ = std::make_shared<const RequestHandler>(std::move(handler));
+}
+
+void Agent::set_join(std::function<absl::Status(std::chrono::milliseconds)> join) {
+  std::lock_guard<std::mutex> lock(hooks_mu_);
+  join_ = std::make_shared<const std::function<absl::Status(std::chrono::milliseconds)>>(std::move(join));
+}
+
+void Agent::set_device_maps(DeviceMaps device_maps, DeviceMaps reverse_device_maps, std::vector<Device> devices) {
+  std::vector<Device> handled = devices.empty() ? devices_of(device_maps, reverse_device_maps) : std::move(devices);
+  for (const std::shared_ptr<DeviceChannel>& channel : options_.device_channels) channel->set_devices(handled);
+  staging_->set_devices(std::move(handled));
+  device_maps_.store(std::make_shared<const DeviceMaps>(std::move(device_maps)));
+  reverse_device_maps_.store(std::make_shared<const DeviceMaps>(std::move(reverse_device_maps)));
+}
+
+DeviceChannel& Agent::channel_for(const PeerAddress& peer) {
+  for (const std::shared_ptr<DeviceChannel>& channel : options_.device_channels) {
+    if (channel->reaches(peer.address)) return *channel;
+  }
+  return *staging_;
+}
+
+absl::Status Agent::land(std::vector<Tensor>& tensors, const std::vector<std::string>& targets) {
+  for (const std::shared_ptr<DeviceChannel>& channel : options_.device_channels) {
+    FERRY_RETURN_IF_ERROR(channel->land_incoming(tensors, targets));
+  }
+  return staging_->land_incoming(tensors, targets);
+}
+
+absl::Status Agent::ping_all(std::chrono::milliseconds timeout) {
+  std::vector<Future<Message>> replies;
+  for (const WorkerInfo& w : worker_infos()) replies.push_back(send(w.id, Message(MessageType::kPing, 0), timeout));
+  for (const Future<Message>& reply : replies) FERRY_RETURN_IF_ERROR(reply.status());
+  return absl::OkStatus();
+}
+
+Future<Message> Agent::send(int to, Message message, std::optional<std::chrono::milliseconds> timeout) {
+  if (shut_down_.load(std::memory_order_relaxed)) {
+    return make_ready_future<Message>(absl::CancelledError("the agent shut down"));
+  }
+  if (serving_inline()) {
+    return make_ready_future<Message>(absl::FailedPreconditionError(absl::StrCat(
+        self_.name, ": a function served inline made a call; inline functions run on the transport thread, "
+                    "which must deliver that call's reply, so they must not make calls or block "
+                    "(register the function to run on the worker pool instead)")));
+  }
+  std::shared_ptr<const Membership::Table> table = members_.snapshot();
+  const Member* peer = table->find(to);
+  if (peer == nullptr) {
+    return make_ready_future<Message>(table->absent(to));
+  }
+  if (any_lost_.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> lock(lost_mu_);
+    auto it = lost_.find(to);
+    if (it != lost_.end()) return make_ready_future<Message>(it->second);
+  }
+  // Device tensors are prepared before the call is registered: a tensor the map cannot
+  // place fails here, and nothing is sent.
+  Wire wire;
+  wire.tensors = std::move(message.tensors());
+  if (!wire.tensors.empty()) {
+    std::shared_ptr<const DeviceMaps> maps = device_maps();
+    absl::Status staged = channel_for(*peer).stage_outgoing(wire.tensors, wire.targets,
+                                                            map_towards(*maps, peer->info.name), peer->info.name);
+    if (!staged.ok()) return make_ready_future<Message>(std::move(staged));
+  }
+  CallTable::Started call = calls_->start(to, peer->info.name, timeout.value_or(options_.rpc_timeout));
+  message.set_id(call.id);
+  wire.metadata = message.seal();
+  write_request(*peer, std::move(wire));
+  // Lost (or shut down) while this call was being registered: on_peer_lost may have
+  // swept the table before the call was in it.
+  if (any_lost_.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> lock(lost_mu_);
+    auto it = lost_.find(to);
+    if (it != lost_.end()) calls_->complete(call.id, it->second);
+  }
+  if (shut_down_.load(std::memory_order_acquire)) calls_->complete(call.id, absl::CancelledError("the agent shut down"));
+  return std::move(call.future);
+}
+
+void Agent::write_request(const PeerAddress& peer, Wire wire) {
+  std::shared_ptr<Connection> connection;
+  {
+    std::lock_guard<std::mutex> lock(links_mu_);
+    auto it = links_.find(peer.info.id);
+    if (it != links_.end()) connection = it->second;
+  }
+  if (connection == nullptr) {
+    // Every connection opens with a hello saying who we are; with a token it starts the
+    // challenge-response, without one requests follow it at once. The transport is
+    // called outside our locks (it may run its callbacks on this thread).
+    const bool token = !options_.auth_token.empty();
+    auto session = std::make_shared<Session>(true, peer.info.id, peer.info.name, token ? Stage::kHello : Stage::kOpen);
+    if (token) session->nonce_c = internal::auth::nonce();
+    session->pending.push_back(std::move(wire));
+    std::shared_ptr<Connection> fresh = transport_->connect(session, peer.info.name, peer.address);
+    bool raced = false;
+    {
+      std::lock_guard<std::mutex> lock(links_mu_);
+      auto [it, inserted] = links_.try_emplace(peer.info.id, fresh);
+      raced = !inserted;
+      connection = it->second;
+    }
+    if (raced) {
+      // Another call opened one first: ours goes on that one instead.
+      wire = std::move(session->pending.front());
+      session->stage = Stage::kRefused;
+      fresh->close();
+    } else {
+      fresh->write(internal::auth_message(AuthKind::kHello, {self_.name, std::to_string(self_.id), session->nonce_c}));
+      if (!token) flush(fresh);
+      if (session->closed.load(std::memory_order_acquire)) {
+        // It ended before it was in the table (a peer we share no transport with).
+        absl::Status why;
+        {
+          std::lock_guard<std::mutex> lock(session->mu);
+          why = session->closed_why;
+        }
+        on_closed(fresh, std::move(why));
+      }
+      return;
+    }
+  }
+  Session& s = *connection->session();
+  if (!s.open.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (!s.open.load(std::memory_order_relaxed)) {
+      s.pending.push_back(std::move(wire));
+      return;
+    }
+  }
+  connection->write(std::move(wire));
+}
+
+void Agent::flush(const std::shared_ptr<Connection>& connection) {
+  Session& s = *connection->session();
+  for (;;) {
+    std::vector<Wire> batch;
+    {
+      std::lock_guard<std::mutex> lock(s.mu);
+      if (s.pending.empty()) {
+        s.open.store(true, std::memory_order_release);
+        return;
+      }
+      batch.swap(s.pending);
+    }
+    for (Wire& w : batch) connection->write(std::move(w));
+  }
+}
+
+void Agent::drop_connection(int peer) {
+  std::shared_ptr<Connection> connection;
+  {
+    std::lock_guard<std::mutex> lock(links_mu_);
+    auto it = links_.find(peer);
+    if (it == links_.end()) return;
+    connection = std::move(it->second);
+    links_.erase(it);
+  }
+  connection->session()->stage = Stage::kRefused;
+  connection->close();
+}
+
+// ---- The transport's events.
+
+void Agent::on_accepted(const std::shared_ptr<Connection>& connection) {
+  auto session = std::make_shared<Session>(false, -1, "", Stage::kAwaitHello);
+  connection->set_session(session);
+  size_t waiting;
+  {
+    std::lock_guard<std::mutex> lock(accepted_mu_);
+    unauthenticated_.insert(connection.get());
+    waiting = unauthenticated_.size();
+  }
+  if (waiting > static_cast<size_t>(internal::kMaxUnauthenticated)) {
+    FERRY_LOG(WARNING) << self_.name << ": " << waiting - 1 << " connections are already waiting for their hello; "
+                       << "closing a new one";
+    handshakes_refused_.fetch_add(1, std::memory_order_relaxed);
+    {
+      std::lock_guard<std::mutex> lock(accepted_mu_);
+      unauthenticated_.erase(connection.get());
+    }
+    session->stage = Stage::kRefused;
+    connection->close();
+    return;
+  }
+  std::weak_ptr<Agent> weak = weak_from_this();
+  std::weak_ptr<Connection> weak_connection = connection;
+  const std::chrono::milliseconds limit = options_.handshake_timeout;
+  calls_->run_at(Clock::now() + limit, [weak, weak_connection, limit] {
+    std::shared_ptr<Agent> agent = weak.lock();
+    std::shared_ptr<Connection> c = weak_connection.lock();
+    if (!agent || !c || c->session()->open.load(std::memory_order_acquire)) return;
+    bool waiting;
+    {
+      std::lock_guard<std::mutex> lock(agent->accepted_mu_);
+      waiting = agent->unauthenticated_.erase(c.get()) > 0;
+    }
+    if (!waiting) return;
+    FERRY_LOG(WARNING) << agent->self_.name << ": closing a connection from " << describe(*c->session())
+                       << " that did not complete its hello within " << limit.count() << " ms";
+    agent->handshakes_refused_.fetch_add(1, std::memory_order_relaxed);
+    c->close();
+  });
+}
+
+absl::Status Agent::on_header(Connection& connection, uint64_t metadata_bytes,
+                              std::span<const uint64_t> tensor_bytes) {
+  Session* s = connection.session();
+  if (s == nullptr) return absl::InternalError("a connection without a session (the transport skipped on_accepted)");
+  if (!s->open.load(std::memory_order_acquire) || (!s->outgoing && s->stage != Stage::kOpen)) {
+    absl::Status small = internal::check_handshake_size(metadata_bytes, tensor_bytes);
+    if (!small.ok()) {
+      handshakes_refused_.fetch_add(1, std::memory_order_relaxed);
+      FERRY_LOG(WARNING) << self_.name << ": closing a connection from " << describe(*s) << ": " << small.message();
+      return small;
+    }
+    return absl::OkStatus();
+  }
+  return check_message_size(metadata_bytes, tensor_bytes);
+}
+
+void Agent::on_message(const std::shared_ptr<Connection>& connection, Wire wire) {
+  Session& s = *connection->session();
+  if (s.outgoing) {
+    switch (s.stage) {
+      case Stage::kHello:
+        on_challenge(connection, wire);
+        return;
+      case Stage::kProved:
+        on_verdict(connection, wire);
+        return;
+      case Stage::kOpen:
+        if (internal::is_auth_message(wire.metadata)) {
+          // A worker with a job token refuses a connection that opened without one.
+          on_verdict(connection, wire);
+          return;
+        }
+        on_reply(s.peer, std::move(wire));
+        return;
+      default:
+        return;
+    }
+  }
+  switch (s.stage) {
+    case Stage::kAwaitHello:
+      on_hello(connection, wire);
+      return;
+    case Stage::kAwaitProof:
+      on_proof(connection, wire);
+      return;
+    case Stage::kOpen:
+      on_request(connection, std::move(wire));
+      return;
+    default:
+      return;
+  }
+}
+
+void Agent::on_closed(const std::shared_ptr<Connection>& connection, absl::Status why) {
+  Session* s = connection->session();
+  if (s == nullptr) return;
+  if (s->outgoing) {
+    {
+      std::lock_guard<std::mutex> lock(s->mu);
+      s->closed_why = why;
+    }
+    s->closed.store(true, std::memory_order_release);
+    {
+      std::lock_guard<std::mutex> lock(links_mu_);
+      auto it = links_.find(s->peer);
+      // A connection already replaced or dropped reports nothing.
+      if (it == links_.end() || it->second != connection) return;
+      links_.erase(it);
+    }
+    if (why.code() == absl::StatusCode::kUnavailable || why.code() == absl::StatusCode::kCancelled) {
+      why = absl::UnavailableError(
+          absl::StrCat("worker \"", s->peer_name, "\" (id ", s->peer, ") is unreachable: ", why.message()));
+    }
+    on_peer_lost(s->peer, std::move(why));
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(accepted_mu_);
+    unauthenticated_.erase(connection.get());
+    if (s->peer >= 0) {
+      auto it = authenticated_.find(s->peer);
+      if (it != authenticated_.end()) {
+        std::shared_ptr<Connection> held = it->second.lock();
+        if (held == nullptr || held == connection) authenticated_.erase(it);
+      }
+    }
+  }
+  // The caller going away (kUnavailable) or our own close is routine; anything else
+  // (a message too large, one that did not parse) is worth a line.
+  if (!shut_down_.load() && why.code() != absl::StatusCode::kUnavailable &&
+      why.code() != absl::StatusCode::kCancelled && s->stage != Stage::kRefused) {
+    FERRY_LOG(WARNING) << self_.name << ": dropping connection from " << describe(*s) << ": " << why;
+  }
+}
+
+// ---- The handshake (agents/core/handshake.h).
+
+void Agent::refuse(const std::shared_ptr<Connection>& connection, std::string_view why, std::string_view tell) {
+  Session& s = *connection->session();
+  FERRY_LOG(WARNING) << self_.name << ": refusing a pipe from " << describe(s) << ": " << why;
+  handshakes_refused_.fetch_add(1, std::memory_order_relaxed);
+  s.stage = Stage::kRefused;
+  {
+    std::lock_guard<std::mutex> lock(accepted_mu_);
+    unauthenticated_.erase(connection.get());
+  }
+  connection->write(internal::auth_message(AuthKind::kRefused, {tell}));
+  connection->close_after_writes();
+}
+
+absl::Status Agent::check_claim(int id, const std::string& claimed) const {
+  // A name or id the table gives someone else is refused. One not in the table yet (a
+  // peer faster than our set_members) passes on the token alone.
+  absl::StatusOr<WorkerInfo> by_id = worker_info(id);
+  if (by_id.ok() && by_id->name != claimed) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("the membership names worker id ", id, " \"", by_id->name, "\", not \"", claimed, "\""));
+  }
+  absl::StatusOr<WorkerInfo> by_name = worker_info(claimed);
+  if (by_name.ok() && by_name->id != id) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("the membership gives worker \"", claimed, "\" id ", by_name->id, ", not ", id));
+  }
+  return absl::OkStatus();
+}
+
+void Agent::on_hello(const std::shared_ptr<Connection>& connection, const Wire& wire) {
+  Session& s = *connection->session();
+  const std::string& token = options_.auth_token;
+  std::optional<std::vector<std::string>> hello = internal::parse_auth(wire, AuthKind::kHello, 3);
+  if (!hello) {
+    if (token.empty()) {
+      refuse(connection, "it sent no hello", "every connection must open with a hello naming its worker");
+    } else {
+      refuse(connection, "it sent no job-token hello (FERRY_AUTH_TOKEN unset on that worker?)",
+             absl::StrCat("worker \"", self_.name, "\" requires the job token and this pipe presented none: ",
+                          "set FERRY_AUTH_TOKEN to the job's secret on every worker"));
+    }
+    return;
+  }
+  std::string claimed = (*hello)[0];
+  const std::string& nonce_c = (*hello)[2];
+  int id = -1;
+  s.peer_name = claimed;
+  if (!absl::SimpleAtoi((*hello)[1], &id) || id < 0 || (!nonce_c.empty() && nonce_c.size() != internal::auth::kNonceBytes)) {
+    refuse(connection, "malformed hello", "malformed hello");
+    return;
+  }
+  if (token.empty()) {
+    if (!nonce_c.empty()) {
+      refuse(connection, "it presents a job token and this worker has none (FERRY_AUTH_TOKEN unset here)",
+             absl::StrCat("worker \"", self_.name, "\" has no job token but this pipe presented one: set ",
+                          "FERRY_AUTH_TOKEN to the same secret on every worker"));
+      return;
+    }
+    // Without a token the claim is taken at its word: it names the caller, nothing more.
+    s.peer = id;
+    authenticated(*connection);
+    return;
+  }
+  if (nonce_c.empty()) {
+    refuse(connection, "it sent no job-token hello (FERRY_AUTH_TOKEN unset on that worker?)",
+           absl::StrCat("worker \"", self_.name, "\" requires the job token and this pipe presented none: ",
+                        "set FERRY_AUTH_TOKEN to the job's secret on every worker"));
+    return;
+  }
+  if (absl::Status member = check_claim(id, claimed); !member.ok()) {
+    refuse(connection, absl::StrCat("it claims to be worker \"", claimed, "\" (id ", id, "): ", member.message()),
+           absl::StrCat("worker \"", self_.name, "\" refused the claim to be worker \"", claimed, "\" (id ", id,
+                        "): ", member.message()));
+    return;
+  }
+  s.peer = id;
+  s.nonce_c = nonce_c;
+  s.nonce_s = internal::auth::nonce();
+  std::string proof_s = internal::pipe_proof(token, "ferry-pipe-server", s.nonce_c, s.nonce_s, claimed, id, self_.name);
+  s.stage = Stage::kAwaitProof;
+  connection->write(internal::auth_message(AuthKind::kChallenge, {s.nonce_s, proof_s}));
+}
+
+void Agent::on_proof(const std::shared_ptr<Connection>& connection, const Wire& wire) {
+  Session& s = *connection->session();
+  std::optional<std::vector<std::string>> proof = internal::parse_auth(wire, AuthKind::kProof, 1);
+  std::string expected = internal::pipe_proof(options_.auth_token, "ferry-pipe-client", s.nonce_c, s.nonce_s,
+                                              s.peer_name, s.peer, self_.name);
+  if (!proof || !internal::auth::same_digest((*proof)[0], expected)) {
+    refuse(connection, "wrong job token (its proof does not match this worker's FERRY_AUTH_TOKEN)",
+           absl::StrCat("the job token differs from worker \"", self_.name,
+                        "\"'s: set FERRY_AUTH_TOKEN to the same secret on every worker"));
+    return;
+  }
+  bool duplicate = false;
+  {
+    std::lock_guard<std::mutex> lock(accepted_mu_);
+    auto [it, fresh] = authenticated_.try_emplace(s.peer, connection);
+    if (!fresh) {
+      if (it->second.expired()) {
+        it->second = connection;
+      } else {
+        duplicate = true;
+      }
+    }
+  }
+  if (duplicate) {
+    int id = s.peer;
+    s.peer = -1;  // the live connection keeps its claim
+    refuse(connection, absl::StrCat("worker id ", id, " already has an open pipe to this worker"),
+           absl::StrCat("worker \"", self_.name, "\" already has an open pipe from worker id ", id,
+                        "; a second one claiming it is refused"));
+    return;
+  }
+  connection->write(internal::auth_message(AuthKind::kAccepted, {}));
+  authenticated(*connection);
+}
+
+void Agent::authenticated(Connection& connection) {
+  Session& s = *connection.session();
+  {
+    std::lock_guard<std::mutex> lock(accepted_mu_);
+    unauthenticated_.erase(&connection);
+  }
+  s.stage = Stage::kOpen;
+  s.open.store(true, std::memory_order_release);
+}
+
+void Agent::on_challenge(const std::shared_ptr<Connection>& connection, const Wire& wire) {
+  Session& s = *connection->session();
+  if (internal::refusal(wire)) {
+    on_verdict(connection, wire);
+    return;
+  }
+  std::optional<std::vector<std::string>> challenge = internal::parse_auth(wire, AuthKind::kChallenge, 2);
+  if (!challenge) {
+    fail_link(connection, absl::UnauthenticatedError(absl::StrCat(
+                              "worker \"", s.peer_name, "\" did not answer the job-token hello with a challenge")));
+    return;
+  }
+  const std::string& token = options_.auth_token;
+  s.nonce_s = (*challenge)[0];
+  s.acceptor_proved = internal::auth::same_digest(
+      (*challenge)[1],
+      internal::pipe_proof(token, "ferry-pipe-server", s.nonce_c, s.nonce_s, self_.name, self_.id, s.peer_name));
+  // Our proof goes even when the acceptor's does not check out, so that it logs why it
+  // refuses us too; our requests follow it only when the acceptor proved the token.
+  connection->write(internal::auth_message(
+      AuthKind::kProof,
+      {internal::pipe_proof(token, "ferry-pipe-client", s.nonce_c, s.nonce_s, self_.name, self_.id, s.peer_name)}));
+  s.stage = Stage::kProved;
+  if (s.acceptor_proved) flush(connection);
+}
+
+void Agent::on_verdict(const std::shared_ptr<Connection>& connection, const Wire& wire) {
+  Session& s = *connection->session();
+  absl::Status failed;
+  if (std::optional<std::string> reason = internal::refusal(wire)) {
+    failed = absl::UnauthenticatedError(
+        absl::StrCat("worker \"", s.peer_name, "\" refused this worker's pipe: ", *reason));
+  } else if (!internal::parse_auth(wire, AuthKind::kAccepted, 0) || s.stage != Stage::kProved) {
+    failed = absl::UnauthenticatedError(
+        absl::StrCat("worker \"", s.peer_name, "\" sent no verdict on the job-token proof"));
+  } else if (!s.acceptor_proved) {
+    failed = absl::UnauthenticatedError(absl::StrCat(
+        "worker \"", s.peer_name, "\" could not prove it knows this worker's job token: ",
+        "FERRY_AUTH_TOKEN differs between the workers; set the same secret on every worker"));
+  } else {
+    s.stage = Stage::kOpen;
+    return;
+  }
+  fail_link(connection, std::move(failed));
+}
+
+// ---- Requests and replies.
+
+void Agent::fail_link(const std::shared_ptr<Connection>& connection, absl::Status why) {
+  Session& s = *connection->session();
+  s.stage = Stage::kRefused;
+  {
+    std::lock_guard<std::mutex> lock(links_mu_);
+    auto it = links_.find(s.peer);
+    if (it == links_.end() || it->second != connection) return;
+    links_.erase(it);
+  }
+  connection->close();
+  on_peer_lost(s.peer, std::move(why));
+}
+
+void Agent::on_request(const std::shared_ptr<Connection>& from, Wire wire) {
+  Session& s = *from->session();
+  absl::StatusOr<Message> request = Message::parse(std::move(wire.metadata), std::move(wire.tensors));
+  if (!request.ok()) {
+    FERRY_LOG(WARNING) << self_.name << ": dropping connection from " << describe(s) << ": " << request.status();
+    s.stage = Stage::kRefused;
+    from->close();
+    return;
+  }
+  if (request->type() == MessageType::kPing) {
+    // Answered here: no user code runs, so the transport thread may do it.
+    Message pong(MessageType::kResponse, request->id());
+    from->write(Wire{pong.seal(), {}, {}});
+    return;
+  }
+  if (request->type() != MessageType::kRequest && request->type() != MessageType::kControl) {
+    FERRY_LOG(WARNING) << self_.name << ": ignoring a " << message_type_name(request->type()) << " message from "
+                       << describe(s) << " on a request pipe";
+    return;
+  }
+  if (request->type() == MessageType::kRequest && !any_device_target(wire.targets) && options_.serves_inline &&
+      options_.serves_inline(*request)) {
+    // No hop: the handler promised not to block. Counted like a pool task, so sync()
+    // and join() see it.
+    activity_->enter();
+    {
+      InlineServingScope scope;
+      serve(from, std::move(wire.targets), *std::move(request));
+    }
+    activity_->exit();
+    return;
+  }
+  std::weak_ptr<Agent> weak = weak_from_this();
+  pool_->post([weak, from, targets = std::move(wire.targets), request = *std::move(request)]() mutable {
+    if (std::shared_ptr<Agent> agent = weak.lock()) agent->serve(from, std::move(targets), std::move(request));
+  });
+}
+
+void Agent::serve(const std::shared_ptr<Connection>& from, std::vector<std::string> targets, Message request) {
+  const Session& s = *from->session();
+  // The table is held for the whole request: the handler gets its entry by reference.
+  std::shared_ptr<const Membership::Table> table = members_.snapshot();
+  const Member* member = table->find(s.peer_name);
+  const WorkerInfo unknown{member == nullptr ? s.peer_name : std::string(), -1};
+  const WorkerInfo& caller = member == nullptr ? unknown : member->info;
+  // Tensors bound for a device land here, on the pool: a device copy must not hold
+  // up the transport.
+  absl::Status landed = targets.empty() ? absl::OkStatus() : land(request.tensors(), targets);
+  Message reply;
+  if (!landed.ok()) {
+    reply = make_error_message(request.id(), self_.name,
+                               absl::Status(landed.code(), absl::StrCat(self_.name, ": ", landed.message())));
+  } else {
+    try {
+      if (request.type() == MessageType::kControl) {
+        std::shared_ptr<const RequestHandler> control;
+        {
+          std::lock_guard<std::mutex> lock(hooks_mu_);
+          control = control_handler_;
+        }
+        reply = control ? (*control)(request, caller)
+                        : make_error_message(request.id(), self_.name,
+                                             absl::UnimplementedError(absl::StrCat(
+                                                 self_.name, ": this agent takes no control messages")));
+      } else {
+        reply = handler_(request, caller);
+      }
+    } catch (const std::exception& e) {
+      reply = make_error_message(
+          request.id(), self_.name,
+          absl::UnknownError(absl::StrCat(self_.name, ": request handler threw: ", e.what())));
+    } catch (...) {
+      reply = make_error_message(request.id(), self_.name,
+                                 absl::UnknownError(absl::StrCat(self_.name, ": request handler threw")));
+    }
+  }
+  reply.set_id(request.id());
+  requests_served_.fetch_add(1, std::memory_order_relaxed);
+  Wire wire;
+  wire.tensors = std::move(reply.tensors());
+  absl::Status staged = absl::OkStatus();
+  if (!wire.tensors.empty()) {
+    // Only device tensors need the reverse maps, through the caller's channel.
+    std::shared_ptr<const DeviceMaps> reverse = reverse_device_maps();
+    DeviceChannel& channel = member == nullptr ? *staging_ : channel_for(*member);
+    staged = channel.stage_outgoing(wire.tensors, wire.targets, map_towards(*reverse, caller.name), caller.name);
+  }
+  if (staged.ok()) {
+    wire.metadata = reply.seal();
+  } else {
+    // The result holds a tensor that cannot travel back: the caller gets why.
+    Message error = make_error_message(
+        request.id(), self_.name,
+        absl::Status(staged.code(), absl::StrCat(self_.name, ": the reply cannot be sent: ", staged.message())));
+    wire = Wire{error.seal(), {}, {}};
+  }
+  from->write(std::move(wire));
+}
+
+void Agent::on_reply(int peer, Wire wire) {
+  if (any_device_target(wire.targets)) {
+    // A device copy must not run on the transport thread: land on the pool. Counted in
+    // before the call is counted out, so sync() never sees zero in between.
+    std::weak_ptr<Agent> weak = weak_from_this();
+    // Refused only while shutting down, when the call fails with kCancelled anyway.
+    (void)pool_->post([weak, peer, wire = std::move(wire)]() mutable {
+      std::shared_ptr<Agent> agent = weak.lock();
+      if (!agent) return;
+      absl::StatusOr<Message> reply = Message::parse(std::move(wire.metadata), std::move(wire.tensors));
+      if (!reply.ok()) {
+        agent->drop_connection(peer);
+        agent->on_peer_lost(peer, absl::DataLossError(absl::StrCat("bad reply from worker id ", peer, ": ",
+                                                                   reply.status().message())));
+        return;
+      }
+      agent->complete_reply(peer, std::move(wire.targets), *std::move(reply));
+    });
+    return;
+  }
+  absl::StatusOr<Message> reply = Message::parse(std::move(wire.metadata), std::move(wire.tensors));
+  if (!reply.ok()) {
+    drop_connection(peer);
+    on_peer_lost(peer, absl::DataLossError(absl::StrCat("bad reply from worker id ", peer, ": ",
+                                                        reply.status().message())));
+    return;
+  }
+  complete_reply(peer, {}, *std::move(reply));
+}
+
+void Agent::complete_reply(int peer, std::vector<std::string> targets, Message reply) {
+  uint64_t id = reply.id();
+  absl::Status landed = targets.empty() ? absl::OkStatus() : land(reply.tensors(), targets);
+  if (!landed.ok()) {
+    calls_->complete(id, landed);
+  } else if (reply.type() == MessageType::kError) {
+    calls_->complete(id, error_from_message(reply));
+  } else if (reply.type() == MessageType::kResponse) {
+    calls_->complete(id, std::move(reply));
+  } else {
+    FERRY_LOG(WARNING) << self_.name << ": ignoring a " << message_type_name(reply.type())
+                       << " message from worker id " << peer << " on a reply pipe";
+  }
+}
+
+absl::StatusOr<WorkerInfo> Agent::worker_info(std::string_view name) const {
+  std::shared_ptr<const Membership::Table> table = members_.snapshot();
+  if (const Member* m = table->find(name)) return m->info;
+  return table->absent(name);
+}
+
+absl::StatusOr<WorkerInfo> Agent::worker_info(int id) const {
+  std::shared_ptr<const Membership::Table> table = members_.snapshot();
+  if (const Member* m = table->find(id)) return m->info;
+  return table->absent(id);
+}
+
+std::vector<WorkerInfo> Agent::worker_infos() const {
+  std::shared_ptr<const Membership::Table> table = members_.snapshot();
+  std::vector<WorkerInfo> out;
+  out.reserve(table->by_id.size());
+  for (const auto& [id, m] : table->by_id) out.push_back(m.info);
+  std::sort(out.begin(), out.end(), [](const WorkerInfo& a, const WorkerInfo& b) { return a.id < b.id; });
+  return out;
+}
+
+void Agent::on_peer_lost(int peer, absl::Status why) {
+  if (shut_down_.load()) {
+    calls_->fail_peer(peer, absl::CancelledError("the agent shut down"));
+    return;
+  }
+  std::shared_ptr<const Membership::Table> table = members_.snapshot();
+  const Member* member = table->find(peer);
+  if (member == nullptr) {
+    calls_->fail_peer(peer, why);
+    return;
+  }
+  WorkerInfo info = member->info;
+  FERRY_LOG(INFO) << self_.name << ": " << why;
+  if (dynamic_.load()) {
+    // A dynamic group forgets a lost member; its calls fail with why it was lost.
+    calls_->fail_peer(peer, why);
+    if (members_.remove(peer, MembershipChange::kLost).ok()) {
+      group_size_.fetch_sub(1);
+      notify(info, MembershipChange::kLost);
+    }
+    return;
+  }
+  bool first = false;
+  {
+    std::lock_guard<std::mutex> lock(lost_mu_);
+    first = lost_.emplace(peer, why).second;
+    any_lost_.store(true, std::memory_order_release);
+  }
+  calls_->fail_peer(peer, why);
+  if (first) notify(info, MembershipChange::kLost);
+}
+
+void Agent::suspect(int peer) {
+  {
+    std::lock_guard<std::mutex> lock(pinging_mu_);
+    if (!pinging_.insert(peer).second) return;  // one ping at a time
+  }
+  std::shared_ptr<const Membership::Table> table = members_.snapshot();
+  const Member* member = table->find(peer);
+  std::string name = member != nullptr ? member->info.name : absl::StrCat("id ", peer);
+  std::weak_ptr<Agent> weak = weak_from_this();
+  std::chrono::milliseconds interval = options_.heartbeat;
+  const Clock::time_point pinged = Clock::now();
+  send(peer, Message(MessageType::kPing, 0), interval)
+      .add_callback([weak, peer, name, interval, pinged](const absl::StatusOr<Message>& pong) {
+        std::shared_ptr<Agent> core = weak.lock();
+        if (!core) return;
+        {
+          std::lock_guard<std::mutex> lock(core->pinging_mu_);
+          core->pinging_.erase(peer);
+        }
+        // A reply to any other call since the ping proves the peer alive: the ping may
+        // only be queued behind a burst of requests.
+        if (pong.status().code() == absl::StatusCode::kDeadlineExceeded && core->calls_->last_heard(peer) < pinged) {
+          core->drop_connection(peer);
+          core->on_peer_lost(peer, absl::UnavailableError(absl::StrCat(
+                                       "worker \"", name, "\" (id ", peer, ") sent nothing for ", 2 * interval.count(),
+                                       " ms and did not answer a heartbeat; declared lost")));
+        }
+      });
+}
+
+void Agent::add_membership_listener(MembershipListener listener) {
+  std::lock_guard<std::mutex> lock(listeners_mu_);
+  listeners_.push_back(std::move(listener));
+}
+
+void Agent::notify(WorkerInfo worker, MembershipChange change) {
+  {
+    std::lock_guard<std::mutex> lock(changes_mu_);
+    changes_.emplace_back(std::move(worker), change);
+    if (delivering_) return;  // the task already running delivers this one too
+    delivering_ = true;
+  }
+  std::weak_ptr<Agent> weak = weak_from_this();
+  bool posted = pool_->post([weak] {
+    if (std::shared_ptr<Agent> core = weak.lock()) core->deliver_changes();
+  });
+  if (!posted) {
+    std::lock_guard<std::mutex> lock(changes_mu_);
+    changes_.clear();  // the pool has shut down: no listener runs any more
+    delivering_ = false;
+  }
+}
+
+void Agent::deliver_changes() {
+  for (;;) {
+    std::pair<WorkerInfo, MembershipChange> next;
+    {
+      std::lock_guard<std::mutex> lock(changes_mu_);
+      if (changes_.empty()) {
+        delivering_ = false;
+        return;
+      }
+      next = std::move(changes_.front());
+      changes_.pop_front();
+    }
+    std::lock_guard<std::mutex> lock(listeners_mu_);
+    for (const MembershipListener& listener : listeners_) {
+      run_callback_guarded([&] { listener(next.first, next.second); });
+    }
+  }
+}
+
+absl::Status Agent::sync(std::chrono::milliseconds timeout) {
+  if (!activity_->wait_idle(timeout)) {
+    return absl::DeadlineExceededError(absl::StrCat(self_.name, ": ", calls_->pending(), " call(s) and ",
+                                                    pool_->queued(), " queued task(s) still unfinished after ",
+                                                    timeout.count(), " ms"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Agent::join(std::chrono::milliseconds timeout) {
+  std::shared_ptr<const std::function<absl::Status(std::chrono::milliseconds)>> custom;
+  {
+    std::lock_guard<std::mutex> lock(hooks_mu_);
+    custom = join_;
+  }
+  if (custom) return (*custom)(timeout);
+  Clock::time_point deadline = Clock::now() + timeout;
+  int n = group_size_.load();
+  std::string prefix = absl::StrCat(options_.store_prefix, "join/", join_generation_.fetch_add(1), "/");
+  // Every call is rooted in some worker's own unfinished work, so once each worker has
+  // drained its own and arrived, the whole group is quiet.
+  FERRY_RETURN_IF_ERROR(sync(timeout));
+  FERRY_ASSIGN_OR_RETURN(int64_t arrived, store_->add(prefix + "arrived", 1));
+  if (arrived == n) FERRY_RETURN_IF_ERROR(store_->set(prefix + "done", to_bytes("1")));
+  absl::Status all = store_->wait({prefix + "done"}, left_until(deadline));
+  if (!all.ok()) {
+    return absl::Status(all.code(), absl::StrCat(self_.name, ": waiting for every worker to join: ", all.message()));
+  }
+  // Worker 0 usually hosts the store: it leaves last, so nobody loses the store while
+  // still reading "done".
+  FERRY_ASSIGN_OR_RETURN(int64_t gone, store_->add(prefix + "left", 1));
+  if (gone == n) FERRY_RETURN_IF_ERROR(store_->set(prefix + "all_left", to_bytes("1")));
+  if (self_.id == 0) {
+    absl::Status left = store_->wait({prefix + "all_left"}, left_until(deadline));
+    if (!left.ok()) {
+      return absl::Status(left.code(), absl::StrCat(self_.name, ": waiting for every worker to finish joining: ",
+                                                    left.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Agent::shutdown() {
+  if (on_agent_thread()) {
+    // Tearing down joins this very thread: refuse rather than deadlock or abort.
+    FERRY_LOG(ERROR) << self_.name
+                     << ": shutdown() called from one of the agent's own threads (a user function or a future "
+                        "callback); call it from a thread of your own";
+    return;
+  }
+  if (shut_down_.exchange(true)) return;
+  if (transport_) transport_->close();
+  if (calls_) {
+    calls_->fail_all(absl::CancelledError("the agent shut down"));
+    calls_->stop();
+  }
+  if (pool_) pool_->shutdown(kPoolShutdownDeadline);
+}
+
+std::map<std::string, std::string> Agent::debug_info() const {
+  std::shared_ptr<const Membership::Table> table = members_.snapshot();
+  std::map<std::string, std::string> info = transport_->debug_info();
+  info["worker"] = self_.name;
+  info["world_size"] = std::to_string(table->by_id.size());
+  info["membership_version"] = std::to_string(table->version);
+  info["calls_in_flight"] = std::to_string(calls_->pending());
+  info["requests_served"] = std::to_string(requests_served_.load());
+  info["num_worker_threads"] = std::to_string(pool_->size());
+  info["queued_requests"] = std::to_string(pool_->queued());
+  info["pool_wakeups"] = std::to_string(pool_->wakeups());
+  info["handshakes_refused"] = std::to_string(handshakes_refused_.load());
+  {
+    std::lock_guard<std::mutex> lock(links_mu_);
+    info["connections_out"] = std::to_string(links_.size());
+  }
+  for (const auto& [key, value] : staging_->debug_info()) info[key] = value;
+  for (const std::shared_ptr<DeviceChannel>& channel : options_.device_channels) {
+    for (const auto& [key, value] : channel->debug_info()) info[key] = value;
+  }
+  return info;
+}
+
+}  // namespace ferry

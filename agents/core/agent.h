@@ -1,0 +1,247 @@
+// File: agents/core/agent.h
+//
+// Agent: the one RpcAgent of ferry, over any Transport (agents/core/transport.h). A
+// transport adapter (agents/tensorpipe/, agents/process_group/, agents/inproc/) only
+// moves bytes; the agent owns every protocol above it:
+//   - the call table: ids, deadlines, a lost peer's calls failed at once;
+//   - the job-token handshake on every connection (agents/core/handshake.h), its size
+//     limits, deadline and cap on unauthenticated connections;
+//   - serving: requests decoded on the transport thread, run on the worker pool,
+//     replies routed back on the connection they came on; pings answered without user
+//     code;
+//   - the membership: a versioned table that can grow and shrink while calls run,
+//     and the dynamic-group protocol over it (agents/core/dynamic_group.h);
+//   - heartbeats on idle peers with calls pending;
+//   - device channels: CUDA tensors through the device maps (requests) and the
+//     reverse maps (replies), one channel per peer (agents/core/device_channel.h);
+//   - shutdown: join() on store counters and waits, teardown safe from any thread.
+//
+//   FERRY_ASSIGN_OR_RETURN(std::shared_ptr<Agent> agent,
+//       Agent::start(WorkerInfo{"worker0", 0}, store, AgentOptions{}, handler, std::move(transport)));
+//   FERRY_RETURN_IF_ERROR(agent->set_members(peers));   // a static group
+//
+// Threads: transport events arrive on transport threads and never block; user code
+// (request handlers, future callbacks, membership listeners) runs on the pool; one
+// timer thread fails calls at their deadline and ends handshakes that ran too long.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/statusor.h"
+#include "agents/core/device_channel.h"
+#include "agents/core/membership.h"
+#include "agents/core/transport.h"
+#include "agents/rpc_agent.h"
+#include "base/shared_slot.h"
+#include "device_maps/device_map.h"
+#include "store/store.h"
+
+namespace ferry {
+
+namespace internal {
+class Activity;
+class CallTable;
+class ThreadPool;
+}  // namespace internal
+
+struct AgentOptions {
+  // Threads running incoming requests, continuations and listeners; at least 1.
+  int num_worker_threads = 16;
+  // Default per-call timeout; zero means none.
+  std::chrono::milliseconds rpc_timeout{std::chrono::seconds(60)};
+  // Where this worker's CUDA tensors land on each peer, and the maps replies travel
+  // back on.
+  DeviceMaps device_maps;
+  DeviceMaps reverse_device_maps;
+  // The CUDA devices this agent handles; empty: those its maps name (the local side of
+  // device_maps and of reverse_device_maps).
+  std::vector<Device> devices;
+  // A peer with calls pending that sends nothing for this long is pinged; one that does
+  // not answer the ping within it too is lost (its calls fail with kUnavailable, even
+  // those with no timeout). Zero: off.
+  std::chrono::milliseconds heartbeat{std::chrono::seconds(5)};
+  // Store keys of this agent's join() rounds start with this.
+  std::string store_prefix = "ferry/rpc/";
+  // Requests served on the transport thread that received them (see InlineFilter);
+  // unset: every request goes to the pool.
+  InlineFilter serves_inline;
+  // The job token (docs/security.md; "" for none; see base/auth.h's job_token() for the
+  // FERRY_AUTH_TOKEN default). With one, every connection starts with a
+  // challenge-response in which the opener proves the token and the worker name and id
+  // it claims; a connection without the token, with another one, or claiming a name or
+  // id the membership gives someone else (or an id that already has an open
+  // connection here) is refused: its calls fail with kUnauthenticated, and the refusing
+  // worker logs why. All workers of a group must agree.
+  std::string auth_token;
+  // With a token: how long a peer's connection may stay unauthenticated before it is
+  // closed.
+  std::chrono::milliseconds handshake_timeout{std::chrono::seconds(5)};
+  // Device channels tried before staging, in order (Agent::channel_for).
+  std::vector<std::shared_ptr<DeviceChannel>> device_channels;
+};
+
+// Thread-safe. Owned by shared_ptr; its own threads hold only weak references, and
+// shutdown() joins them all. Dropping the last reference shuts it down (not
+// gracefully), from any thread — on one of its own, a thread of its own does it.
+class Agent final : public RpcAgent, public TransportEvents, public std::enable_shared_from_this<Agent> {
+ public:
+  // Starts the pool and the timer, then the transport (listening). Members come later
+  // (set_members / add_member). Errors: options out of range; the transport's.
+  static absl::StatusOr<std::shared_ptr<Agent>> start(WorkerInfo self, std::shared_ptr<Store> store,
+                                                      AgentOptions options, RequestHandler handler,
+                                                      std::unique_ptr<Transport> transport);
+  ~Agent() override;
+
+  // The record peers reach this worker by (Transport::listen's).
+  const std::string& address() const { return address_; }
+  // The transport underneath, for its adapter's own queries (agents/<x>/factory.h).
+  Transport& transport() { return *transport_; }
+  const Transport& transport() const { return *transport_; }
+
+  // A static group: the whole table at once, and the number of workers join() waits
+  // for. No connection opens until the first call. Listeners are not told.
+  // kAlreadyExists for a duplicate name or id, naming it.
+  absl::Status set_members(std::vector<PeerAddress> members);
+  // A worker joined: listeners are told.
+  absl::Status add_member(PeerAddress member);
+  // Worker `id` left (kLeft) or was lost (kLost): its pending calls fail at once saying
+  // so, its connections close, later calls to it fail at once, listeners are told.
+  absl::Status remove_member(int id, MembershipChange why);
+  // Dynamic groups: a lost peer is removed from the membership (static: kept, marked).
+  void set_dynamic(bool dynamic) { dynamic_.store(dynamic); }
+  // Dynamic groups: device maps and devices change as workers join.
+  void set_device_maps(DeviceMaps device_maps, DeviceMaps reverse_device_maps, std::vector<Device> devices);
+  const DeviceMaps& initial_device_maps() const { return options_.device_maps; }
+  uint64_t membership_version() const;
+  // A member that is leaving: new calls to it fail at once saying it left, the calls
+  // already in flight to it may finish (at most `drain`), then it is removed as
+  // remove_member(id, kLeft) does. kNotFound if not a member.
+  absl::Status retire_member(int id, std::chrono::milliseconds drain);
+
+  // Serves kControl requests (a membership protocol), on the pool like requests.
+  // Without one, a kControl request gets an error reply.
+  void set_control_handler(RequestHandler handler);
+  // Replaces join() (a dynamic group leaves instead of waiting for everyone).
+  void set_join(std::function<absl::Status(std::chrono::milliseconds)> join);
+
+  // Sends a ping to every member (itself too) and waits for all the replies, opening
+  // every connection. Pings are answered by the agent, never by user code.
+  absl::Status ping_all(std::chrono::milliseconds timeout);
+
+  // The device channel tensors to `peer` take: the first of the options' channels that
+  // reaches it, else staging through host memory.
+  DeviceChannel& channel_for(const PeerAddress& peer);
+
+  // RpcAgent.
+  Future<Message> send(int to, Message message,
+                       std::optional<std::chrono::milliseconds> timeout = std::nullopt) override;
+  const WorkerInfo& self() const override { return self_; }
+  absl::StatusOr<WorkerInfo> worker_info(std::string_view name) const override;
+  absl::StatusOr<WorkerInfo> worker_info(int id) const override;
+  std::vector<WorkerInfo> worker_infos() const override;
+  std::chrono::milliseconds default_timeout() const override { return options_.rpc_timeout; }
+  absl::Status join(std::chrono::milliseconds timeout) override;
+  absl::Status sync(std::chrono::milliseconds timeout) override;
+  void shutdown() override;
+  void add_membership_listener(MembershipListener listener) override;
+  std::map<std::string, std::string> debug_info() const override;
+
+  // TransportEvents.
+  void on_accepted(const std::shared_ptr<Connection>& connection) override;
+  absl::Status on_header(Connection& connection, uint64_t metadata_bytes,
+                         std::span<const uint64_t> tensor_bytes) override;
+  void on_message(const std::shared_ptr<Connection>& connection, Wire wire) override;
+  void on_closed(const std::shared_ptr<Connection>& connection, absl::Status why) override;
+
+ private:
+  Agent(WorkerInfo self, std::shared_ptr<Store> store, AgentOptions options, RequestHandler handler,
+        std::unique_ptr<Transport> transport);
+
+  // Sending: the connection to `peer`, opened (and its handshake begun) on first use.
+  void write_request(const PeerAddress& peer, Wire wire);
+  void flush(const std::shared_ptr<Connection>& connection);
+  void drop_connection(int peer);
+  // Handshake steps (agents/core/handshake.h).
+  void on_hello(const std::shared_ptr<Connection>& connection, const Wire& wire);
+  void on_proof(const std::shared_ptr<Connection>& connection, const Wire& wire);
+  void on_challenge(const std::shared_ptr<Connection>& connection, const Wire& wire);
+  void on_verdict(const std::shared_ptr<Connection>& connection, const Wire& wire);
+  void refuse(const std::shared_ptr<Connection>& connection, std::string_view why, std::string_view tell);
+  // Ends a connection of ours whose handshake failed: its peer's calls fail with `why`.
+  void fail_link(const std::shared_ptr<Connection>& connection, absl::Status why);
+  void authenticated(Connection& connection);
+  absl::Status check_claim(int id, const std::string& name) const;
+
+  void on_request(const std::shared_ptr<Connection>& from, Wire wire);
+  void on_reply(int peer, Wire wire);
+  void on_peer_lost(int peer, absl::Status why);
+  void serve(const std::shared_ptr<Connection>& from, std::vector<std::string> targets, Message request);
+  void forget_lost(int id);
+  void suspect(int peer);
+  void complete_reply(int peer, std::vector<std::string> targets, Message reply);
+  void notify(WorkerInfo worker, MembershipChange change);
+  void deliver_changes();
+  absl::Status land(std::vector<Tensor>& tensors, const std::vector<std::string>& targets);
+  std::shared_ptr<const DeviceMaps> device_maps() const { return device_maps_.load(); }
+  std::shared_ptr<const DeviceMaps> reverse_device_maps() const { return reverse_device_maps_.load(); }
+
+  const WorkerInfo self_;
+  const std::shared_ptr<Store> store_;
+  const AgentOptions options_;
+  const RequestHandler handler_;
+  std::unique_ptr<Transport> transport_;
+  std::string address_;
+
+  const std::shared_ptr<internal::Activity> activity_;
+  std::shared_ptr<internal::ThreadPool> pool_;
+  std::unique_ptr<internal::CallTable> calls_;
+  internal::Membership members_;
+  std::shared_ptr<DeviceChannel> staging_;
+  SharedSlot<const DeviceMaps> device_maps_;
+  SharedSlot<const DeviceMaps> reverse_device_maps_;
+  std::atomic<bool> dynamic_{false};
+  std::atomic<int> group_size_{0};
+  // Lost members of a static group, kept in the table: id -> why.
+  mutable std::mutex lost_mu_;
+  absl::flat_hash_map<int, absl::Status> lost_;  // guarded by lost_mu_
+  std::atomic<bool> any_lost_{false};
+  std::mutex pinging_mu_;
+  absl::flat_hash_set<int> pinging_;  // guarded by pinging_mu_: peers with a heartbeat ping out
+
+  // Connections this worker opened, by peer id.
+  mutable std::mutex links_mu_;
+  absl::flat_hash_map<int, std::shared_ptr<Connection>> links_;  // guarded by links_mu_
+  // Connections peers opened: those still authenticating, and the authenticated ones
+  // by the id they proved (one per id).
+  std::mutex accepted_mu_;
+  absl::flat_hash_set<Connection*> unauthenticated_;                 // guarded by accepted_mu_
+  absl::flat_hash_map<int, std::weak_ptr<Connection>> authenticated_;  // guarded by accepted_mu_
+  std::atomic<uint64_t> handshakes_refused_{0};
+
+  std::mutex hooks_mu_;
+  std::shared_ptr<const RequestHandler> control_handler_;                               // guarded by hooks_mu_
+  std::shared_ptr<const std::function<absl::Status(std::chrono::milliseconds)>> join_;  // guarded by hooks_mu_
+
+  std::mutex listeners_mu_;  // held while listeners run: one change at a time
+  std::vector<MembershipListener> listeners_;
+  // Changes wait here so that listeners hear them in the order they happened,
+  // though the pool has many threads: one pool task at a time delivers them.
+  std::mutex changes_mu_;
+  std::deque<std::pair<WorkerInfo, MembershipChange>> changes_;  // guarded by changes_mu_
+  bool delivering_ = false;                                       // guarded by changes_mu_
+
+  std::atomic<uint64_t> requests_served_{0};
+  std::atomic<bool> shut_down_{false};
+  std::atomic<int> join_generation_{0};
+};
+
+}  // namespace ferry

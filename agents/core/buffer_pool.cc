@@ -1,0 +1,90 @@
+#include "agents/core/buffer_pool.h"
+
+#include <cstdlib>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace ferry::internal {
+namespace {
+
+constexpr size_t kAlignment = 64;
+constexpr size_t kPage = 4096;
+
+// Sizes are rounded up to a page, and to 1/8 of their power of two above 1 MiB, so
+// that similar sizes share buffers without wasting more than 12.5%.
+size_t size_class(size_t bytes) {
+  size_t rounded = (bytes + kPage - 1) / kPage * kPage;
+  if (rounded <= (size_t{1} << 20)) return rounded == 0 ? kPage : rounded;
+  size_t top = size_t{1} << (63 - __builtin_clzll(rounded));
+  size_t step = top / 8;
+  return (rounded + step - 1) / step * step;
+}
+
+}  // namespace
+
+std::shared_ptr<BufferPool> BufferPool::create(size_t max_cached_bytes) {
+  return std::shared_ptr<BufferPool>(new BufferPool(max_cached_bytes));
+}
+
+BufferPool::~BufferPool() {
+  for (auto& [size, ptr] : idle_) std::free(ptr);
+}
+
+absl::StatusOr<std::shared_ptr<void>> BufferPool::get(size_t bytes) {
+  size_t size = size_class(bytes);
+  void* ptr = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = idle_.find(size);
+    if (it != idle_.end()) {
+      ptr = it->second;
+      idle_.erase(it);
+      cached_bytes_ -= size;
+      ++hits_;
+    } else {
+      ++misses_;
+    }
+  }
+  if (ptr == nullptr) {
+    ptr = std::aligned_alloc(kAlignment, size);
+    if (ptr == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrCat("out of memory allocating a ", bytes, "-byte receive buffer"));
+    }
+  }
+  std::weak_ptr<BufferPool> weak = weak_from_this();
+  return std::shared_ptr<void>(ptr, [weak, size](void* p) {
+    if (std::shared_ptr<BufferPool> pool = weak.lock()) {
+      pool->put(p, size);
+    } else {
+      std::free(p);
+    }
+  });
+}
+
+void BufferPool::put(void* ptr, size_t size) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (cached_bytes_ + size <= max_cached_bytes_) {
+      idle_.emplace(size, ptr);
+      cached_bytes_ += size;
+      return;
+    }
+  }
+  std::free(ptr);
+}
+
+size_t BufferPool::cached_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return cached_bytes_;
+}
+uint64_t BufferPool::hits() const {
+  absl::MutexLock lock(&mu_);
+  return hits_;
+}
+uint64_t BufferPool::misses() const {
+  absl::MutexLock lock(&mu_);
+  return misses_;
+}
+
+}  // namespace ferry::internal

@@ -1,0 +1,51 @@
+// File: agents/core/buffer_pool.h
+//
+// BufferPool: receive buffers for large tensors, reused instead of freshly allocated.
+// Memory fresh from the kernel is page-faulted in on first touch, which halves (or
+// worse) the bandwidth of a large receive (PEERS.md: 1.7 GB/s into fresh memory, 7.4
+// GB/s into reused memory). A buffer goes back to the pool when the last Tensor using
+// it is destroyed, wherever that happens.
+//
+//   auto pool = BufferPool::create(256 << 20);
+//   absl::StatusOr<std::shared_ptr<void>> buffer = pool->get(64 << 20);
+#pragma once
+
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+
+namespace ferry::internal {
+
+// Thread-safe. Buffers hold a weak reference to the pool: one that outlives it is
+// simply freed.
+class BufferPool : public std::enable_shared_from_this<BufferPool> {
+ public:
+  // Keeps at most `max_cached_bytes` of idle buffers.
+  static std::shared_ptr<BufferPool> create(size_t max_cached_bytes);
+  ~BufferPool();
+
+  // A 64-byte-aligned CPU buffer of at least `bytes` bytes.
+  absl::StatusOr<std::shared_ptr<void>> get(size_t bytes);
+
+  size_t cached_bytes() const;
+  uint64_t hits() const;
+  uint64_t misses() const;
+
+ private:
+  explicit BufferPool(size_t max_cached_bytes) : max_cached_bytes_(max_cached_bytes) {}
+  void put(void* ptr, size_t size) ABSL_LOCKS_EXCLUDED(mu_);
+
+  const size_t max_cached_bytes_;
+  mutable absl::Mutex mu_;
+  std::multimap<size_t, void*> idle_ ABSL_GUARDED_BY(mu_);  // size class -> buffer
+  size_t cached_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t hits_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t misses_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace ferry::internal

@@ -1,0 +1,227 @@
+#include "agents/core/call_table.h"
+
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace ferry::internal {
+
+CallTable::CallTable(std::weak_ptr<Executor> executor, std::shared_ptr<Activity> activity)
+    : executor_(std::move(executor)), activity_(std::move(activity)), timer_([this] { run_timer(); }) {}
+
+CallTable::~CallTable() { stop(); }
+
+CallTable::Started CallTable::start(int peer, std::string_view peer_name, std::chrono::milliseconds timeout) {
+  Pending pending{Promise<Message>(executor_), peer, Clock::time_point::max(), std::string(peer_name)};
+  Future<Message> future = pending.promise.get_future();
+  if (timeout.count() > 0) pending.deadline = Clock::now() + timeout;
+  activity_->enter();
+  uint64_t id;
+  bool earliest = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    id = next_id_++;
+    if (pending.deadline != Clock::time_point::max()) {
+      auto it = deadlines_.emplace(pending.deadline, id).first;
+      earliest = it == deadlines_.begin();
+    }
+    if (heartbeat_.count() > 0 && !checks_.contains(peer)) {
+      // Silence is measured from now, or from the last reply if that is later.
+      auto heard = heard_.find(peer);
+      Clock::time_point since = heard == heard_.end() ? Clock::now() : std::max(heard->second, Clock::now());
+      schedule_check(peer, since + heartbeat_);
+      earliest = earliest || deadlines_.begin()->second == (kHeartbeatBit | static_cast<uint64_t>(peer));
+    }
+    calls_.emplace(id, std::move(pending));
+  }
+  // Only a new earliest deadline changes when the timer must wake.
+  if (earliest) timer_cv_.notify_one();
+  return Started{id, std::move(future)};
+}
+
+void CallTable::finish(Pending& pending, absl::StatusOr<Message> result) {
+  pending.promise.set_result(std::move(result));
+  activity_->exit();
+  if (peer_waiters_.load(std::memory_order_acquire) > 0) {
+    std::lock_guard<std::mutex> lock(mu_);  // so a waiter between its check and its wait still hears it
+    done_cv_.notify_all();
+  }
+}
+
+bool CallTable::wait_peer_idle(int peer, std::chrono::milliseconds timeout) {
+  auto idle = [&] {
+    for (const auto& [id, p] : calls_) {
+      if (p.peer == peer) return false;
+    }
+    return true;
+  };
+  std::unique_lock<std::mutex> lock(mu_);
+  ++peer_waiters_;
+  bool done = done_cv_.wait_for(lock, timeout, idle);
+  --peer_waiters_;
+  return done;
+}
+
+void CallTable::set_heartbeat(std::chrono::milliseconds interval, std::function<void(int peer)> suspect) {
+  std::lock_guard<std::mutex> lock(mu_);
+  heartbeat_ = interval;
+  suspect_ = std::move(suspect);
+}
+
+void CallTable::schedule_check(int peer, Clock::time_point at) {
+  checks_[peer] = at;
+  deadlines_.emplace(at, kHeartbeatBit | static_cast<uint64_t>(peer));
+}
+
+bool CallTable::complete(uint64_t id, absl::StatusOr<Message> result) {
+  Pending pending;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = calls_.find(id);
+    if (it == calls_.end()) return false;
+    if (heartbeat_.count() > 0) heard_[it->second.peer] = Clock::now();
+    pending = std::move(it->second);
+    calls_.erase(it);
+    if (pending.deadline != Clock::time_point::max()) deadlines_.erase({pending.deadline, id});
+  }
+  finish(pending, std::move(result));
+  return true;
+}
+
+size_t CallTable::fail_peer(int peer, const absl::Status& status) {
+  std::vector<Pending> failed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    heard_.erase(peer);  // a later pipe to it starts unheard
+    for (auto it = calls_.begin(); it != calls_.end();) {
+      if (it->second.peer != peer) {
+        ++it;
+        continue;
+      }
+      if (it->second.deadline != Clock::time_point::max()) deadlines_.erase({it->second.deadline, it->first});
+      failed.push_back(std::move(it->second));
+      calls_.erase(it++);
+    }
+  }
+  for (Pending& p : failed) finish(p, status);
+  return failed.size();
+}
+
+size_t CallTable::fail_all(const absl::Status& status) {
+  absl::flat_hash_map<uint64_t, Pending> failed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    failed.swap(calls_);
+    deadlines_.clear();
+    checks_.clear();
+  }
+  for (auto& [id, p] : failed) finish(p, status);
+  return failed.size();
+}
+
+CallTable::Clock::time_point CallTable::last_heard(int peer) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = heard_.find(peer);
+  return it == heard_.end() ? Clock::time_point() : it->second;
+}
+
+size_t CallTable::pending() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return calls_.size();
+}
+
+void CallTable::run_at(Clock::time_point when, std::function<void()> task) {
+  bool earliest;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    auto it = tasks_.emplace(when, std::move(task));
+    earliest = it == tasks_.begin() && (deadlines_.empty() || when < deadlines_.begin()->first);
+  }
+  if (earliest) timer_cv_.notify_one();
+}
+
+void CallTable::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  timer_cv_.notify_all();
+  if (timer_.joinable()) timer_.join();
+}
+
+void CallTable::run_timer() {
+  // Expired calls' callbacks go to the pool, like a transport thread's.
+  set_on_agent_thread(true);
+  set_on_transport_thread(true);
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    if (deadlines_.empty() && tasks_.empty()) {
+      timer_cv_.wait(lock);
+      continue;
+    }
+    Clock::time_point next = Clock::time_point::max();
+    if (!deadlines_.empty()) next = deadlines_.begin()->first;
+    if (!tasks_.empty()) next = std::min(next, tasks_.begin()->first);
+    if (Clock::now() < next) {
+      timer_cv_.wait_until(lock, next);
+      continue;
+    }
+    std::vector<std::pair<uint64_t, Pending>> expired;
+    std::vector<int> suspects;
+    std::vector<std::function<void()>> due;
+    Clock::time_point now = Clock::now();
+    while (!tasks_.empty() && tasks_.begin()->first <= now) {
+      due.push_back(std::move(tasks_.begin()->second));
+      tasks_.erase(tasks_.begin());
+    }
+    while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
+      uint64_t id = deadlines_.begin()->second;
+      deadlines_.erase(deadlines_.begin());
+      if (id & kHeartbeatBit) {
+        int peer = static_cast<int>(id & ~kHeartbeatBit);
+        checks_.erase(peer);
+        bool waiting = false;
+        for (const auto& [call, p] : calls_) {
+          if (p.peer == peer) {
+            waiting = true;
+            break;
+          }
+        }
+        if (!waiting) continue;  // nothing pending: the next call schedules a check
+        auto heard_it = heard_.find(peer);
+        if (heard_it == heard_.end()) {
+          // Never heard from: its connection may still be coming up (slow on a loaded
+          // host); a failed connection reports itself. Only silence after a reply counts.
+          schedule_check(peer, now + heartbeat_);
+          continue;
+        }
+        Clock::time_point heard = heard_it->second;
+        if (now - heard < heartbeat_) {
+          schedule_check(peer, heard + heartbeat_);
+        } else {
+          suspects.push_back(peer);
+          schedule_check(peer, now + heartbeat_);
+        }
+        continue;
+      }
+      auto it = calls_.find(id);
+      if (it == calls_.end()) continue;
+      expired.emplace_back(id, std::move(it->second));
+      calls_.erase(it);
+    }
+    lock.unlock();
+    for (std::function<void()>& task : due) task();
+    due.clear();
+    for (int peer : suspects) suspect_(peer);
+    for (auto& [id, p] : expired) {
+      absl::Status timed_out = absl::DeadlineExceededError(
+          absl::StrCat("rpc to worker \"", p.peer_name, "\" (call ", id, ") timed out"));
+      finish(p, timed_out);
+    }
+    lock.lock();
+  }
+}
+
+}  // namespace ferry::internal

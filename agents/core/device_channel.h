@@ -1,0 +1,75 @@
+// File: agents/core/device_channel.h
+//
+// DeviceChannel: how a device (CUDA) tensor crosses to one peer. The agent core picks
+// one channel per peer (Agent::channel_for, the one place that choice is made) and
+// runs it on every device tensor of a request (through the device map towards the
+// callee) and of a reply (through the reverse map towards the caller).
+//
+// A channel either replaces a device tensor by host bytes the transport carries (the
+// staging channel, agents/core/cuda_staging.h: pinned host memory, across hosts and as
+// the fallback), or leaves a descriptor in the tensor's target and moves the bytes
+// itself (a CUDA IPC channel on one host). A target is "" for a CPU tensor, the landing
+// device ("cuda:1") for staged bytes, or "<channel>|<descriptor>" for a channel that
+// moves bytes itself, so that the receiver knows which channel lands it.
+//
+//   std::vector<std::string> targets;
+//   FERRY_RETURN_IF_ERROR(channel.stage_outgoing(tensors, targets, &map, "worker1"));
+//   ... the transport carries tensors and targets ...
+//   FERRY_RETURN_IF_ERROR(channel.land_incoming(tensors, targets));   // on the receiver
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "device_maps/device_map.h"
+#include "tensor/device.h"
+#include "tensor/tensor.h"
+
+namespace ferry {
+
+// Thread-safe: calls for different messages run concurrently.
+class DeviceChannel {
+ public:
+  virtual ~DeviceChannel() = default;
+  // Short and unique among a worker's channels: "staging", "cuda_ipc".
+  virtual std::string_view name() const = 0;
+  // Whether this channel can move tensors to the worker at `peer_address` (its
+  // transport's address record): same host, what both sides support, ...
+  virtual bool reaches(const std::string& peer_address) const = 0;
+
+  // Makes every device tensor of `tensors` ready to travel to `peer` and sets
+  // targets[i] (resized to tensors.size(); "" for CPU tensors). `map` (null: none) maps
+  // this worker's devices to the peer's. Called on user or pool threads, never a
+  // transport thread. Errors, before anything is sent: a device tensor with no entry in
+  // the map or on a device this worker does not handle, naming it and the peer.
+  virtual absl::Status stage_outgoing(std::vector<Tensor>& tensors, std::vector<std::string>& targets,
+                                      const DeviceMap* map, std::string_view peer) = 0;
+  // Lands every tensor whose target is this channel's on its device; the tensors are
+  // usable on the device's default stream when it returns. Called on a pool thread.
+  virtual absl::Status land_incoming(std::vector<Tensor>& tensors, const std::vector<std::string>& targets) = 0;
+
+  // Dynamic groups: the devices this worker handles change as workers join.
+  virtual void set_devices(std::vector<Device> devices) = 0;
+  // Counters for debug_info(), each key prefixed with the channel's name.
+  virtual std::map<std::string, std::string> debug_info() const = 0;
+};
+
+// Whether any target names a device (some tensor needs a channel to land).
+inline bool any_device_target(const std::vector<std::string>& targets) {
+  for (const std::string& t : targets) {
+    if (!t.empty()) return true;
+  }
+  return false;
+}
+
+// The channel a target belongs to: the part before '|', or "staging" for a bare device.
+inline std::string_view channel_of_target(std::string_view target) {
+  size_t bar = target.find('|');
+  return bar == std::string_view::npos ? std::string_view("staging") : target.substr(0, bar);
+}
+
+}  // namespace ferry

@@ -1,0 +1,259 @@
+#include "agents/core/dynamic_group.h"
+
+#include <algorithm>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "agents/core/records.h"
+#include "base/logging.h"
+#include "base/status.h"
+#include "cereal/types/string.hpp"
+#include "cereal/types/vector.hpp"
+#include "device_maps/validate.h"
+#include "serialization/archive.h"
+#include "serialization/error.h"
+#include "serialization/types.h"
+#include "store/tcp_store.h"
+
+namespace ferry {
+
+using internal::decode_record;
+using internal::encode_record;
+
+namespace {
+
+constexpr char kPrefix[] = "ferry/rpc/dynamic/";
+constexpr char kMembersKey[] = "ferry/rpc/dynamic/members";
+// How long a member lets its calls to a leaver finish before failing them.
+constexpr std::chrono::seconds kDrain{30};
+
+struct MemberRecord {
+  std::string name;
+  int32_t rank = 0;
+  std::string address;
+  template <class Archive>
+  void serialize(Archive& ar) {
+    ar(name, rank, address);
+  }
+};
+
+// What a member learns when the group changes.
+struct Update {
+  MemberRecord worker;
+  bool join = true;
+  DeviceMaps reverse_device_maps;  // the receiver's new reverse maps
+  std::vector<Device> devices;     // the receiver's new device list
+  template <class Archive>
+  void serialize(Archive& ar) {
+    ar(worker, join, reverse_device_maps, devices);
+  }
+};
+
+absl::StatusOr<std::vector<MemberRecord>> read_members(Store& store) {
+  FERRY_ASSIGN_OR_RETURN(bool present, store.check({kMembersKey}));
+  if (!present) return std::vector<MemberRecord>();
+  FERRY_ASSIGN_OR_RETURN(Bytes bytes, store.get(kMembersKey, std::chrono::seconds(10)));
+  return decode_record<std::vector<MemberRecord>>(bytes, "group member list");
+}
+
+// The membership lock: a ticket queue in the store.
+class Lock {
+ public:
+  static absl::StatusOr<Lock> acquire(Store& store, std::chrono::milliseconds timeout) {
+    FERRY_ASSIGN_OR_RETURN(int64_t ticket, store.add(absl::StrCat(kPrefix, "ticket"), 1));
+    if (ticket > 1) {
+      absl::Status turn = store.wait({absl::StrCat(kPrefix, "released/", ticket - 1)}, timeout);
+      if (!turn.ok()) {
+        // Give the turn on, or everyone behind this ticket would wait for it too.
+        (void)store.set(absl::StrCat(kPrefix, "released/", ticket), to_bytes("1"));
+        return absl::Status(turn.code(), absl::StrCat("waiting for the group-membership lock (ticket ", ticket,
+                                                      ", behind ticket ", ticket - 1, "): ", turn.message()));
+      }
+    }
+    return Lock(store, ticket);
+  }
+  Lock(Lock&& other) noexcept : store_(other.store_), ticket_(other.ticket_) { other.store_ = nullptr; }
+  Lock(const Lock&) = delete;
+  ~Lock() {
+    if (store_ == nullptr) return;
+    absl::Status released = store_->set(absl::StrCat(kPrefix, "released/", ticket_), to_bytes("1"));
+    if (!released.ok()) FERRY_LOG(ERROR) << "releasing the group-membership lock: " << released;
+  }
+
+ private:
+  Lock(Store& store, int64_t ticket) : store_(&store), ticket_(ticket) {}
+  Store* store_;
+  int64_t ticket_;
+};
+
+Message control(std::string_view op, const Bytes& body) {
+  Message m(MessageType::kControl, 0);
+  PayloadWriter w(m);
+  w(std::string(op), body);
+  return m;
+}
+
+Message reply_with(uint64_t id, const Bytes& body) {
+  Message m(MessageType::kResponse, id);
+  PayloadWriter w(m);
+  w(body);
+  return m;
+}
+
+absl::StatusOr<Bytes> call(RpcAgent& agent, int to, std::string_view op, const Bytes& body,
+                           std::chrono::milliseconds timeout) {
+  FERRY_ASSIGN_OR_RETURN(Message reply, agent.send(to, control(op, body), timeout).result());
+  FERRY_ASSIGN_OR_RETURN(auto values, read_payload<Bytes>(reply, "control reply"));
+  return std::get<0>(std::move(values));
+}
+
+// The state a member keeps for the protocol.
+struct Group : std::enable_shared_from_this<Group> {
+  std::weak_ptr<Agent> agent;
+  std::shared_ptr<Store> store;
+  std::string name;
+  int rank = 0;
+  WorkerDeviceInfo mine;
+  bool hosts_store = false;
+
+  Message serve(const Message& request);
+  absl::Status leave(std::chrono::milliseconds timeout);
+};
+
+Message Group::serve(const Message& request) {
+  auto error = [&](absl::Status status) { return make_error_message(request.id(), name, std::move(status)); };
+  absl::StatusOr<std::tuple<std::string, Bytes>> parsed = read_payload<std::string, Bytes>(request, "control request");
+  if (!parsed.ok()) return error(parsed.status());
+  auto& [op, body] = *parsed;
+  std::shared_ptr<Agent> owner = agent.lock();
+  if (owner == nullptr) return error(absl::CancelledError(absl::StrCat(name, ": shutting down")));
+  Agent& core = *owner;
+  if (op == "device_info") return reply_with(request.id(), encode_record(mine));
+  if (op == "update") {
+    absl::StatusOr<Update> update = decode_record<Update>(body, "membership update");
+    if (!update.ok()) return error(update.status());
+    if (update->join) {
+      absl::Status added = core.add_member(PeerAddress{WorkerInfo{update->worker.name, update->worker.rank},
+                                                  update->worker.address});
+      if (!added.ok() && added.code() != absl::StatusCode::kAlreadyExists) return error(added);
+      core.set_device_maps(mine.device_maps, update->reverse_device_maps, update->devices);
+    } else {
+      absl::Status gone = core.retire_member(update->worker.rank, kDrain);
+      // Already gone (it was lost, or told twice): nothing left to do.
+      if (!gone.ok() && gone.code() != absl::StatusCode::kNotFound && gone.code() != absl::StatusCode::kUnavailable) {
+        return error(gone);
+      }
+    }
+    return reply_with(request.id(), {});
+  }
+  return error(absl::InvalidArgumentError(absl::StrCat(name, ": unknown control operation \"", op, "\"")));
+}
+
+absl::Status Group::leave(std::chrono::milliseconds timeout) {
+  std::shared_ptr<Agent> owner = agent.lock();
+  if (owner == nullptr) return absl::OkStatus();
+  FERRY_ASSIGN_OR_RETURN(Lock lock, Lock::acquire(*store, timeout));
+  FERRY_ASSIGN_OR_RETURN(std::vector<MemberRecord> members, read_members(*store));
+  std::erase_if(members, [&](const MemberRecord& m) { return m.name == name; });
+  if (hosts_store && !members.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker \"", name, "\" hosts the store of this dynamic group and ", members.size(),
+        " other worker(s) still use it (first: \"", members.front().name,
+        "\"); it can leave only last. Let the others shut down first, or host the store outside the group "
+        "(ferry store serve, or any reachable tcp:// store). This worker keeps running."));
+  }
+  // My own calls finish first; then every member stops calling me, lets its calls to
+  // me finish, and forgets me.
+  FERRY_RETURN_IF_ERROR(owner->sync(timeout));
+  Update update;
+  update.worker = MemberRecord{name, rank, owner->address()};
+  update.join = false;
+  Bytes body = encode_record(update);
+  for (const MemberRecord& m : members) {
+    absl::StatusOr<Bytes> told = call(*owner, m.rank, "update", body, timeout);
+    if (!told.ok()) FERRY_LOG(INFO) << name << ": leaving, could not tell " << m.name << ": " << told.status();
+  }
+  return store->set(kMembersKey, encode_record(members));
+}
+
+}  // namespace
+
+absl::Status join_dynamic_group(const std::shared_ptr<Agent>& agent, std::shared_ptr<Store> store,
+                                WorkerDeviceInfo mine, std::chrono::milliseconds timeout) {
+  if (!agent->transport().connects_on_demand()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "init_rpc: worker \"", agent->self().name, "\": dynamic groups (no world size) need a transport that ",
+        "connects to workers as they join, and this agent's cannot (a process group's mesh is fixed when it is ",
+        "created); give a world size, or use TENSORPIPE"));
+  }
+  const WorkerInfo& self = agent->self();
+  struct Args {
+    std::shared_ptr<Store> store;
+    std::string name;
+    int rank;
+  } args{std::move(store), self.name, self.id};
+  const DeviceMaps device_maps = mine.device_maps;
+  auto group = std::make_shared<Group>();
+  group->agent = agent;
+  group->store = args.store;
+  group->name = args.name;
+  group->rank = args.rank;
+  group->mine = std::move(mine);
+  if (auto* tcp = dynamic_cast<TCPStore*>(args.store.get())) group->hosts_store = tcp->server() != nullptr;
+  Agent& core = *agent;
+  core.set_dynamic(true);
+  core.set_control_handler([group](const Message& request, const WorkerInfo&) { return group->serve(request); });
+
+  FERRY_ASSIGN_OR_RETURN(Lock lock, Lock::acquire(*args.store, timeout));
+  FERRY_ASSIGN_OR_RETURN(std::vector<MemberRecord> members, read_members(*args.store));
+  for (const MemberRecord& m : members) {
+    if (m.name == args.name) {
+      return absl::AlreadyExistsError(absl::StrCat("init_rpc: worker name \"", args.name,
+                                                   "\" is already used by a member of the group (rank ", m.rank, ")"));
+    }
+    if (m.rank == args.rank) {
+      return absl::AlreadyExistsError(absl::StrCat("init_rpc: rank ", args.rank, " is already used by worker \"",
+                                                   m.name, "\"; every member needs its own rank"));
+    }
+  }
+  std::vector<PeerAddress> peers;
+  for (const MemberRecord& m : members) peers.push_back(PeerAddress{WorkerInfo{m.name, m.rank}, m.address});
+  peers.push_back(PeerAddress{WorkerInfo{args.name, args.rank}, agent->address()});
+  FERRY_RETURN_IF_ERROR(agent->set_members(peers));
+
+  // Every member's device info; one that does not answer is dead: drop it.
+  std::vector<WorkerDeviceInfo> infos;
+  std::vector<MemberRecord> alive;
+  for (const MemberRecord& m : members) {
+    absl::StatusOr<Bytes> info = call(*agent, m.rank, "device_info", {}, timeout);
+    if (!info.ok() && info.status().code() == absl::StatusCode::kUnavailable) {
+      FERRY_LOG(INFO) << args.name << ": joining, member " << m.name << " is gone: " << info.status();
+      (void)core.remove_member(m.rank, MembershipChange::kLost);
+      continue;
+    }
+    FERRY_RETURN_IF_ERROR(info.status());
+    FERRY_ASSIGN_OR_RETURN(WorkerDeviceInfo decoded, decode_record<WorkerDeviceInfo>(*info, "device info"));
+    infos.push_back(std::move(decoded));
+    alive.push_back(m);
+  }
+  infos.push_back(group->mine);
+
+  // Validate the whole group as it will be; nothing has changed anywhere yet.
+  FERRY_ASSIGN_OR_RETURN(DeviceSetup own, setup_devices(args.name, infos, /*is_static_group=*/false));
+  for (size_t i = 0; i < alive.size(); ++i) {
+    FERRY_ASSIGN_OR_RETURN(DeviceSetup setup, setup_devices(alive[i].name, infos, /*is_static_group=*/false));
+    Update update;
+    update.worker = MemberRecord{args.name, args.rank, agent->address()};
+    update.join = true;
+    update.reverse_device_maps = std::move(setup.reverse_device_maps);
+    update.devices = std::move(setup.devices);
+    FERRY_RETURN_IF_ERROR(call(*agent, alive[i].rank, "update", encode_record(update), timeout).status());
+  }
+  core.set_device_maps(device_maps, own.reverse_device_maps, own.devices);
+  alive.push_back(MemberRecord{args.name, args.rank, agent->address()});
+  FERRY_RETURN_IF_ERROR(args.store->set(kMembersKey, encode_record(alive)));
+  core.set_join([group](std::chrono::milliseconds t) { return group->leave(t); });
+  return absl::OkStatus();
+}
+
+}  // namespace ferry

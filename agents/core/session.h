@@ -1,0 +1,64 @@
+// File: agents/core/session.h
+//
+// Session: what the agent core keeps for one connection (agents/core/transport.h):
+// which way it goes, who is at the other end, where the job-token handshake stands
+// (agents/core/handshake.h), and the requests that wait for it. Transports carry a
+// Session without reading it.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "agents/core/transport.h"
+
+namespace ferry::internal {
+
+enum class Stage : uint8_t {
+  // A connection this worker opened:
+  kHello,   // our hello is out; the acceptor's challenge comes next
+  kProved,  // our proof is out and requests follow it; the acceptor's verdict comes next
+  // A connection a peer opened:
+  kAwaitHello,  // its hello comes next
+  kAwaitProof,  // our challenge is out; its proof comes next
+  // Either way:
+  kOpen,     // requests and replies flow (authenticated, or no token in use)
+  kRefused,  // refused or being closed: nothing more is read
+};
+
+struct Session {
+  Session(bool outgoing, int peer, std::string peer_name, Stage stage)
+      : outgoing(outgoing), peer(peer), peer_name(std::move(peer_name)), stage(stage) {}
+
+  const bool outgoing;
+  // Outgoing: the member it goes to. Incoming: the id and name the opener proved with
+  // the job token (-1 and "" without one, or until it has).
+  int peer;
+  std::string peer_name;
+
+  // Written only by the events of this connection, which come one at a time (and, for
+  // an outgoing one, before connect() returns, by the sender that opens it).
+  Stage stage;
+  std::string nonce_c;  // the opener's nonce
+  std::string nonce_s;  // the acceptor's nonce
+  bool acceptor_proved = false;
+  // Why the acceptor refused us, to report when the connection then closes.
+  std::string refusal;
+
+  // Requests may go straight out (outgoing) or be served (incoming); read without a
+  // lock on the hot path, set once under `mu` after `pending` went out.
+  std::atomic<bool> open{false};
+  // Outgoing: requests written while the handshake runs wait here, in order.
+  std::mutex mu;
+  std::vector<Wire> pending;  // guarded by mu
+  // Outgoing: set when the transport reported its end, even before the core had it in
+  // its table (a connect that failed at once).
+  std::atomic<bool> closed{false};
+  absl::Status closed_why;  // guarded by mu
+};
+
+}  // namespace ferry::internal

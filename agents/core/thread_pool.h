@@ -1,0 +1,80 @@
+// File: agents/core/thread_pool.h
+//
+// ThreadPool: a fixed set of threads running queued tasks in FIFO order. Agents run
+// user functions, future callbacks and membership listeners here, never on transport
+// threads.
+//
+//   ThreadPool pool(4);
+//   pool.post([] { work(); });
+//   pool.shutdown(std::chrono::seconds(30));   // runs what is queued, then joins
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "agents/core/activity.h"
+#include "base/future.h"
+
+namespace ferry::internal {
+
+// Thread-safe. The destructor calls shutdown() with no deadline. Futures an agent
+// makes post their callbacks here (see base/future.h), so agents own their pool
+// through a shared_ptr.
+//
+// Hand-off: a task is taken by whichever thread gets there first, and post() wakes a
+// sleeping thread only when none would get there soon: no thread is polling for work,
+// and either none is busy or the oldest queued task has waited kStall. A busy thread
+// takes the next task itself when it is done, so a stream of short tasks costs no
+// wake-ups, while a queue that keeps growing (tasks too slow for the threads awake)
+// wakes more threads. So that a task that blocks (waiting for a later task, say)
+// cannot hold up the queue when no post follows, one sleeping thread is the watcher:
+// while tasks wait behind busy threads it looks every kWatchTick, and once the oldest
+// has waited kStall it wakes enough threads for every queued task and takes one.
+class ThreadPool final : public Executor {
+ public:
+  // A queued task that has waited this long gets a thread of its own.
+  static constexpr std::chrono::microseconds kStall{50};
+  // How often the watcher looks while tasks wait behind busy threads.
+  static constexpr std::chrono::microseconds kWatchTick{500};
+
+  // An idle thread polls for new work for internal::spin_window() (base/future.h),
+  // yielding between polls, before it sleeps (one thread at a time): waking a
+  // sleeping thread costs several microseconds.
+  // Each task is counted in `activity` (may be null) from post() until it has run.
+  explicit ThreadPool(int threads, std::shared_ptr<Activity> activity = nullptr);
+  ~ThreadPool() override;
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  // Queues `task`; returns false (and drops it) after shutdown().
+  bool post(std::function<void()> task) override;
+  // Finishes the queued tasks, then joins the threads. Threads still running a task
+  // when `deadline` passes are left to finish on their own (detached; the pool's state
+  // lives until they do) and false is returned, with a logged error. Idempotent. Must
+  // not be called from a pool thread.
+  bool shutdown(std::chrono::milliseconds deadline = std::chrono::milliseconds::max());
+  int size() const { return size_; }
+  // Whether the calling thread is one of this pool's.
+  bool on_pool_thread() const;
+  size_t queued() const;
+  // How many times a sleeping thread was woken for work (for debug_info and tests).
+  uint64_t wakeups() const;
+
+  struct State;
+
+ private:
+  const int size_;
+  std::shared_ptr<State> state_;
+  std::vector<std::thread> threads_;
+  std::mutex shutdown_mu_;
+  bool shut_down_ = false;  // guarded by shutdown_mu_
+};
+
+}  // namespace ferry::internal

@@ -1,0 +1,123 @@
+// File: agents/core/transport.h
+//
+// The seam between the agent core (agents/core/agent.h) and a transport adapter. An
+// adapter only moves bytes: it listens and hands back an address record to publish,
+// opens a connection to a peer's record, writes messages on a connection in order,
+// delivers what it reads, and reports the end of every connection. The core owns
+// every protocol above that: call ids and deadlines, the job-token handshake,
+// membership and its changes, heartbeats, device channels, shutdown.
+//
+//   class MyTransport final : public ferry::Transport { ... };     // agents/mine/
+//   auto agent = ferry::Agent::start(self, store, options, handler,
+//                                    std::make_unique<MyTransport>(...));
+//
+// docs/extending.md walks through adding one (agents/inproc/ is the worked example).
+//
+// Threads: a transport delivers events on threads of its own ("transport threads",
+// marked with TransportThreadScope), or inline from connect() and write() when it has
+// none. Events of one connection are delivered one at a time, in the order they
+// happened; an event must not block. Methods may be called from any thread, and the
+// core calls them holding none of its locks.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "tensor/tensor.h"
+
+namespace ferry {
+
+namespace internal {
+struct Session;  // the core's state for one connection (agents/core/session.h)
+}  // namespace internal
+
+// One message as it crosses a transport: the sealed Message buffer, its tensors, and
+// for each tensor what the receiver must do with it: "" for a CPU tensor, else what the
+// device channel of that connection wrote there (agents/core/device_channel.h). A
+// transport moves the tensors' bytes as they are and the targets as opaque strings.
+struct Wire {
+  std::string metadata;
+  std::vector<Tensor> tensors;
+  std::vector<std::string> targets;
+};
+
+// One connection: one this worker opened to a peer (its requests out, their replies
+// in), or one a peer opened to us (its requests in, our replies out). Thread-safe.
+// Owned by shared_ptr, by the transport while it is open and by the core.
+class Connection {
+ public:
+  explicit Connection(std::shared_ptr<internal::Session> session = nullptr) : session_(std::move(session)) {}
+  virtual ~Connection() = default;
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+
+  // Queues `wire` behind the messages written before it; the tensors' storage is held
+  // until the bytes are gone. A write that fails ends the connection (on_closed).
+  // Writes after close() are dropped.
+  virtual void write(Wire wire) = 0;
+  // Closes the connection; on_closed follows unless close() came from the transport's
+  // own close(). Idempotent.
+  virtual void close() = 0;
+  // Closes the connection once the messages written before have gone out (so that a
+  // refusal's reason reaches the peer); on_closed follows as for close().
+  virtual void close_after_writes() = 0;
+
+  // The core's state for this connection. A transport passes it to the constructor
+  // (for connections it opens through connect()) and never reads it; the core sets it
+  // on accepted connections in on_accepted, before any other event of theirs.
+  internal::Session* session() const { return session_.get(); }
+  void set_session(std::shared_ptr<internal::Session> session) { session_ = std::move(session); }
+
+ private:
+  std::shared_ptr<internal::Session> session_;
+};
+
+// What a transport tells the core. Implemented by the core; called on transport
+// threads, never blocking.
+class TransportEvents {
+ public:
+  virtual ~TransportEvents() = default;
+  // A peer opened `connection` to us: its first event.
+  virtual void on_accepted(const std::shared_ptr<Connection>& connection) = 0;
+  // A message is coming, of `metadata_bytes` and tensors of `tensor_bytes`: OK to read
+  // it, or why not, before anything is allocated for its tensors. On an error the
+  // transport closes the connection and reports on_closed with that error.
+  virtual absl::Status on_header(Connection& connection, uint64_t metadata_bytes,
+                                 std::span<const uint64_t> tensor_bytes) = 0;
+  // A message arrived whole.
+  virtual void on_message(const std::shared_ptr<Connection>& connection, Wire wire) = 0;
+  // The connection ended (the peer closed it, a read or write failed, or a connect
+  // failed); its last event.
+  virtual void on_closed(const std::shared_ptr<Connection>& connection, absl::Status why) = 0;
+};
+
+// Thread-safe.
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  // Starts listening, delivering events to `events` while it lives (a weak reference,
+  // locked per event, so the core may go away on a transport thread). Returns the
+  // address record peers need to reach this worker.
+  virtual absl::StatusOr<std::string> listen(std::weak_ptr<TransportEvents> events) = 0;
+  // Opens a connection to worker `peer_name` at `address` (its listen() record). It
+  // never fails here: writes queue until it is up, and a connection that cannot be made
+  // ends in on_closed. `session` goes to the Connection's constructor.
+  virtual std::shared_ptr<Connection> connect(std::shared_ptr<internal::Session> session,
+                                              const std::string& peer_name, const std::string& address) = 0;
+  // Whether connect() reaches workers that were not there when this one started:
+  // false for a fixed mesh (a process group), which cannot serve a dynamic group.
+  virtual bool connects_on_demand() const { return true; }
+  // Stops listening and closes every connection; when it returns, no event is being
+  // delivered or will be. Idempotent. Not from a transport thread.
+  virtual void close() = 0;
+  // Counters and settings for debug_info(): "transports", "channels", "pipes", ...
+  virtual std::map<std::string, std::string> debug_info() const = 0;
+};
+
+}  // namespace ferry

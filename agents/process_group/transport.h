@@ -1,0 +1,78 @@
+// File: agents/process_group/transport.h
+//
+// The process-group adapter under ProcessGroupAgent (agents/process_group/factory.h):
+// messages travel as byte messages of a ferry ProcessGroup (process_group.h:
+// send_bytes / recv_bytes, over Gloo's TCP pairs), on a tag of their own. The group's
+// connections are made once, when the group is created, so there is nothing to open
+// on first use; an address record is just "pg:<rank>".
+//
+// A message is one frame (see process_group_transport.cc): a fixed header, the sender's
+// name, a table of tensor lengths and device targets, the sealed Message, then each
+// tensor's bytes at a 64-byte aligned offset. Received tensors are views into the
+// received frame (no copy); sending copies the tensors into the frame once.
+//
+// Threads (all transport threads): one receiver per other rank, which receives from
+// that rank only — Gloo fails a receive posted on one peer's connection when that
+// connection breaks, but never tells a receive from any source, so per-peer receivers
+// are what lets a lost peer fail its calls at once — and, per other rank, a queue and
+// num_send_recv_threads senders that take frames from it and wait until the receiver
+// has them. Sends carry no Gloo timeout (one would break the group for every rank): a
+// rank that stops reading holds up only its own senders, until the core closes its link
+// (its heartbeat declared it lost) or close() gives up on them (ProcessGroup::cancel_sends).
+//
+// Connections: a Link is one way of a rank pair (our requests and its replies, or its
+// requests and our replies) over the group's one connection to that rank; a request
+// frame from a rank with no open incoming Link starts one (on_accepted). The mesh is
+// fixed when the group is created, so connects_on_demand() is false.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "agents/core/transport.h"
+#include "process_group/process_group.h"
+
+namespace ferry::internal {
+
+// The tag the agent's messages use on its process group.
+inline constexpr uint32_t kProcessGroupAgentTag = 0x46525043;  // "FRPC"
+
+// "pg:<rank>" for `rank`, and back. kInvalidArgument for a record that is not one.
+std::string process_group_address(int rank);
+absl::StatusOr<int> rank_of_process_group_address(const std::string& address);
+
+class ProcessGroupTransport final : public Transport {
+ public:
+  // Worker `name` over `group` (shared: close() shuts it down, since that is the only
+  // way to end a Gloo receive). Errors: a null group, a non-member handle,
+  // num_send_recv_threads < 1.
+  static absl::StatusOr<std::unique_ptr<ProcessGroupTransport>> create(std::string name,
+                                                                       std::shared_ptr<ProcessGroup> group,
+                                                                       int num_send_recv_threads);
+  ~ProcessGroupTransport() override;
+
+  absl::StatusOr<std::string> listen(std::weak_ptr<TransportEvents> events) override;
+  // Closing an outgoing Link drops the frames queued for its rank, and the sends to it
+  // in flight return (their messages stay posted in Gloo); the group's connection
+  // outlives it, and a later connect() to the same rank goes out as usual.
+  std::shared_ptr<Connection> connect(std::shared_ptr<Session> session, const std::string& peer_name,
+                                      const std::string& address) override;
+  bool connects_on_demand() const override { return false; }
+  // Sends what is queued, says goodbye to every rank (so a worker that leaves on
+  // purpose is not taken for lost), then shuts the group down and joins its threads.
+  // A rank that does not drain is given up on after the group's timeout (its goodbye
+  // after at most 5 s).
+  void close() override;
+  std::map<std::string, std::string> debug_info() const override;
+
+  ProcessGroup& group();
+
+  struct State;
+
+ private:
+  explicit ProcessGroupTransport(std::shared_ptr<State> state);
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace ferry::internal

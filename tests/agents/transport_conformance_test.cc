@@ -1,0 +1,318 @@
+// The transport conformance suite: what every Transport under the agent core must do
+// (agents/core/transport.h), driven through recording events, and what the core's
+// handshake does over it against a hostile peer. A new transport adds one line to
+// kinds(): a name and a way to make one.
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "agents/core/agent.h"
+#include "agents/core/handshake.h"
+#include "agents/inproc/factory.h"
+#include "agents/tensorpipe/factory.h"
+#include "agents/tensorpipe/transport.h"
+#include "gtest/gtest.h"
+#include "store/hash_store.h"
+#include "tests/testing/status_matchers.h"
+
+namespace ferry {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+using ::testing::HasSubstr;
+
+struct TransportKind {
+  std::string name;
+  std::function<std::unique_ptr<Transport>(const std::string& worker)> make;
+};
+void PrintTo(const TransportKind& kind, std::ostream* os) { *os << kind.name; }
+
+TransportKind tensorpipe_kind(const std::string& transport) {
+  return {"tensorpipe_" + transport, [transport](const std::string& worker) -> std::unique_ptr<Transport> {
+            internal::TensorPipeTransportOptions options;
+            options.transports = std::vector<std::string>{transport};
+            auto made = internal::TensorPipeTransport::create(worker, options);
+            if (!made.ok()) throw std::runtime_error(std::string(made.status().message()));
+            return *std::move(made);
+          }};
+}
+
+std::vector<TransportKind> kinds() {
+  return {tensorpipe_kind("uv"), tensorpipe_kind("shm"), {"inproc", make_inproc_transport}};
+}
+
+// Records every event; the waits end at a deadline so a missing event fails the test.
+class Recorder final : public TransportEvents {
+ public:
+  struct Received {
+    std::shared_ptr<Connection> connection;
+    Wire wire;
+  };
+
+  void on_accepted(const std::shared_ptr<Connection>& connection) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    accepted_.push_back(connection);
+    cv_.notify_all();
+  }
+  absl::Status on_header(Connection&, uint64_t metadata_bytes, std::span<const uint64_t> tensor_bytes) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++headers_;
+    if (admit_) return admit_(metadata_bytes, tensor_bytes);
+    return absl::OkStatus();
+  }
+  void on_message(const std::shared_ptr<Connection>& connection, Wire wire) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    received_.push_back({connection, std::move(wire)});
+    cv_.notify_all();
+  }
+  void on_closed(const std::shared_ptr<Connection>& connection, absl::Status why) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_.emplace_back(connection, std::move(why));
+    cv_.notify_all();
+  }
+
+  void set_admit(std::function<absl::Status(uint64_t, std::span<const uint64_t>)> admit) {
+    std::lock_guard<std::mutex> lock(mu_);
+    admit_ = std::move(admit);
+  }
+  bool wait_for(const std::function<bool()>& done, milliseconds timeout = milliseconds(20000)) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, timeout, done);
+  }
+  size_t messages() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return received_.size();
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::shared_ptr<Connection>> accepted_;
+  std::vector<Received> received_;
+  std::vector<std::pair<std::shared_ptr<Connection>, absl::Status>> closed_;
+  int headers_ = 0;
+  std::function<absl::Status(uint64_t, std::span<const uint64_t>)> admit_;
+};
+
+// A listening transport and its recorder.
+struct Side {
+  std::shared_ptr<Recorder> events = std::make_shared<Recorder>();
+  std::unique_ptr<Transport> transport;
+  std::string address;
+
+  Side(const TransportKind& kind, const std::string& name) : transport(kind.make(name)) {
+    absl::StatusOr<std::string> listening = transport->listen(events);
+    if (!listening.ok()) throw std::runtime_error(std::string(listening.status().message()));
+    address = *listening;
+  }
+  ~Side() { transport->close(); }
+};
+
+Wire text(const std::string& s) { return Wire{s, {}, {}}; }
+
+class TransportConformance : public ::testing::TestWithParam<TransportKind> {};
+
+TEST_P(TransportConformance, ConnectsOnFirstUseAndKeepsOrderBothWays) {
+  Side a(GetParam(), "a");
+  Side b(GetParam(), "b");
+  std::shared_ptr<Connection> out = a.transport->connect(nullptr, "b", b.address);
+  constexpr int kMessages = 200;
+  for (int i = 0; i < kMessages; ++i) out->write(text(absl::StrCat("request ", i)));
+  ASSERT_TRUE(b.events->wait_for([&] { return b.events->received_.size() == kMessages; }));
+  ASSERT_EQ(b.events->accepted_.size(), 1u);
+  std::shared_ptr<Connection> in = b.events->accepted_[0];
+  for (int i = 0; i < kMessages; ++i) {
+    EXPECT_EQ(b.events->received_[static_cast<size_t>(i)].wire.metadata, absl::StrCat("request ", i));
+    EXPECT_EQ(b.events->received_[static_cast<size_t>(i)].connection, in);
+  }
+  for (int i = 0; i < kMessages; ++i) in->write(text(absl::StrCat("reply ", i)));
+  ASSERT_TRUE(a.events->wait_for([&] { return a.events->received_.size() == kMessages; }));
+  for (int i = 0; i < kMessages; ++i) {
+    EXPECT_EQ(a.events->received_[static_cast<size_t>(i)].wire.metadata, absl::StrCat("reply ", i));
+    EXPECT_EQ(a.events->received_[static_cast<size_t>(i)].connection, out);
+  }
+  EXPECT_TRUE(a.events->accepted_.empty());
+}
+
+TEST_P(TransportConformance, LargeTensorsArriveIntactWithTheirTargets) {
+  Side a(GetParam(), "a");
+  Side b(GetParam(), "b");
+  std::vector<int32_t> values(8 << 20);  // 32 MiB
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<int32_t>(i * 2654435761u);
+  Wire wire{"big", {Tensor::from_vector(values), Tensor::from_vector<int32_t>({7})}, {"", "cuda:0"}};
+  std::shared_ptr<Connection> out = a.transport->connect(nullptr, "b", b.address);
+  out->write(std::move(wire));
+  ASSERT_TRUE(b.events->wait_for([&] { return b.events->received_.size() == 1; }));
+  const Wire& got = b.events->received_[0].wire;
+  ASSERT_EQ(got.tensors.size(), 2u);
+  ASSERT_EQ(got.tensors[0].nbytes(), values.size() * sizeof(int32_t));
+  EXPECT_EQ(std::memcmp(got.tensors[0].data(), values.data(), got.tensors[0].nbytes()), 0);
+  EXPECT_EQ(got.targets, (std::vector<std::string>{"", "cuda:0"}));
+}
+
+TEST_P(TransportConformance, ARefusedHeaderAllocatesNothingAndEndsTheConnection) {
+  Side a(GetParam(), "a");
+  Side b(GetParam(), "b");
+  b.events->set_admit([](uint64_t, std::span<const uint64_t> tensors) {
+    return tensors.empty() ? absl::OkStatus() : absl::PermissionDeniedError("no tensors here");
+  });
+  std::shared_ptr<Connection> out = a.transport->connect(nullptr, "b", b.address);
+  out->write(text("fine"));
+  out->write(Wire{"with a tensor", {Tensor::from_vector<float>({1, 2, 3})}, {""}});
+  out->write(text("never read"));
+  ASSERT_TRUE(b.events->wait_for([&] { return !b.events->closed_.empty(); }));
+  EXPECT_THAT(b.events->closed_[0].second, testing::StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("no tensors")));
+  std::this_thread::sleep_for(milliseconds(100));
+  ASSERT_EQ(b.events->messages(), 1u);
+  EXPECT_EQ(b.events->received_[0].wire.metadata, "fine");
+  // The opener hears that its connection ended.
+  EXPECT_TRUE(a.events->wait_for([&] { return !a.events->closed_.empty(); }));
+}
+
+TEST_P(TransportConformance, ALostPeerEndsItsConnections) {
+  Side a(GetParam(), "a");
+  auto b = std::make_unique<Side>(GetParam(), "b");
+  std::shared_ptr<Connection> out = a.transport->connect(nullptr, "b", b->address);
+  out->write(text("hello"));
+  ASSERT_TRUE(b->events->wait_for([&] { return b->events->received_.size() == 1; }));
+  b.reset();  // the peer goes away
+  ASSERT_TRUE(a.events->wait_for([&] { return !a.events->closed_.empty(); }));
+  EXPECT_EQ(a.events->closed_[0].first, out);
+  EXPECT_FALSE(a.events->closed_[0].second.ok());
+}
+
+TEST_P(TransportConformance, AnUnreachableAddressEndsTheConnection) {
+  Side a(GetParam(), "a");
+  std::string address;
+  {
+    Side gone(GetParam(), "gone");
+    address = gone.address;
+  }
+  std::shared_ptr<Connection> out = a.transport->connect(nullptr, "gone", address);
+  out->write(text("anyone?"));
+  ASSERT_TRUE(a.events->wait_for([&] { return !a.events->closed_.empty(); }));
+  EXPECT_FALSE(a.events->closed_[0].second.ok());
+}
+
+TEST_P(TransportConformance, ClosingWhileSendingIsSafe) {
+  Side a(GetParam(), "a");
+  Side b(GetParam(), "b");
+  std::shared_ptr<Connection> out = a.transport->connect(nullptr, "b", b.address);
+  std::thread writer([&] {
+    for (int i = 0; i < 2000; ++i) out->write(Wire{"x", {Tensor::from_vector<float>(std::vector<float>(1024))}, {""}});
+  });
+  std::this_thread::sleep_for(milliseconds(5));
+  out->close();
+  writer.join();
+  out->write(text("after close"));  // dropped, not a crash
+  ASSERT_TRUE(b.events->wait_for([&] { return !b.events->closed_.empty(); }));
+}
+
+// ---- The core's handshake over each transport, against a hostile peer.
+
+std::shared_ptr<Agent> start_agent(const TransportKind& kind, const std::string& token) {
+  AgentOptions options;
+  options.auth_token = token;
+  options.handshake_timeout = milliseconds(300);
+  options.num_worker_threads = 2;
+  auto agent = Agent::start(WorkerInfo{"victim", 0}, std::make_shared<HashStore>(), options,
+                            [](const Message& m, const WorkerInfo&) { return Message(MessageType::kResponse, m.id()); },
+                            kind.make("victim"));
+  if (!agent.ok()) throw std::runtime_error(std::string(agent.status().message()));
+  return *agent;
+}
+
+uint64_t refused(const Agent& agent) { return std::stoull(agent.debug_info().at("handshakes_refused")); }
+
+TEST_P(TransportConformance, AHelloCarryingTensorsIsRefusedBeforeAllocation) {
+  std::shared_ptr<Agent> victim = start_agent(GetParam(), "job-secret");
+  Side attacker(GetParam(), "attacker");
+  std::shared_ptr<Connection> out = attacker.transport->connect(nullptr, "victim", victim->address());
+  Wire hello = internal::auth_message(internal::AuthKind::kHello, {"attacker", "1", std::string(32, 'n')});
+  hello.tensors.push_back(Tensor::from_vector<float>(std::vector<float>(1 << 20)));
+  hello.targets.push_back("");
+  out->write(std::move(hello));
+  ASSERT_TRUE(attacker.events->wait_for([&] { return !attacker.events->closed_.empty(); }));
+  EXPECT_EQ(attacker.events->messages(), 0u);  // not even a challenge
+  EXPECT_GE(refused(*victim), 1u);
+  victim->shutdown();
+}
+
+TEST_P(TransportConformance, AnOversizeHelloIsRefused) {
+  std::shared_ptr<Agent> victim = start_agent(GetParam(), "job-secret");
+  Side attacker(GetParam(), "attacker");
+  std::shared_ptr<Connection> out = attacker.transport->connect(nullptr, "victim", victim->address());
+  out->write(internal::auth_message(internal::AuthKind::kHello,
+                                    {std::string(internal::kMaxHandshakeBytes, 'a'), "1", std::string(32, 'n')}));
+  ASSERT_TRUE(attacker.events->wait_for([&] { return !attacker.events->closed_.empty(); }));
+  EXPECT_EQ(attacker.events->messages(), 0u);
+  EXPECT_GE(refused(*victim), 1u);
+  victim->shutdown();
+}
+
+TEST_P(TransportConformance, ASilentConnectionIsClosedAfterTheHandshakeTimeout) {
+  std::shared_ptr<Agent> victim = start_agent(GetParam(), "job-secret");
+  Side attacker(GetParam(), "attacker");
+  std::shared_ptr<Connection> out = attacker.transport->connect(nullptr, "victim", victim->address());
+  // Connected, and then nothing at all.
+  ASSERT_TRUE(attacker.events->wait_for([&] { return !attacker.events->closed_.empty(); }, milliseconds(10000)));
+  EXPECT_GE(refused(*victim), 1u);
+  victim->shutdown();
+}
+
+TEST_P(TransportConformance, RequestsWithoutTheHandshakeAreRefused) {
+  std::shared_ptr<Agent> victim = start_agent(GetParam(), "job-secret");
+  Side attacker(GetParam(), "attacker");
+  std::shared_ptr<Connection> out = attacker.transport->connect(nullptr, "victim", victim->address());
+  Message request(MessageType::kRequest, 1);
+  out->write(Wire{request.seal(), {}, {}});
+  ASSERT_TRUE(attacker.events->wait_for([&] { return !attacker.events->received_.empty(); }));
+  std::optional<std::string> why = internal::refusal(attacker.events->received_[0].wire);
+  ASSERT_TRUE(why.has_value());
+  EXPECT_THAT(*why, HasSubstr("requires the job token"));
+  victim->shutdown();
+}
+
+TEST_P(TransportConformance, TwoAgentsWithTheTokenServeCallsOverIt) {
+  std::shared_ptr<Agent> a = start_agent(GetParam(), "job-secret");
+  AgentOptions options;
+  options.auth_token = "job-secret";
+  auto b = Agent::start(WorkerInfo{"caller", 1}, std::make_shared<HashStore>(), options,
+                        [](const Message& m, const WorkerInfo&) { return Message(MessageType::kResponse, m.id()); },
+                        GetParam().make("caller"));
+  ASSERT_OK(b.status());
+  ASSERT_OK((*b)->set_members({{WorkerInfo{"victim", 0}, a->address()}, {WorkerInfo{"caller", 1}, (*b)->address()}}));
+  for (int i = 0; i < 20; ++i) EXPECT_OK((*b)->send(0, Message(MessageType::kRequest, 0)).status());
+  EXPECT_EQ(refused(*a), 0u);
+  (*b)->shutdown();
+  a->shutdown();
+}
+
+TEST_P(TransportConformance, AWrongTokenIsRefusedWithBothSidesSayingWhy) {
+  std::shared_ptr<Agent> a = start_agent(GetParam(), "job-secret");
+  AgentOptions options;
+  options.auth_token = "another-secret";
+  auto b = Agent::start(WorkerInfo{"caller", 1}, std::make_shared<HashStore>(), options,
+                        [](const Message& m, const WorkerInfo&) { return Message(MessageType::kResponse, m.id()); },
+                        GetParam().make("caller"));
+  ASSERT_OK(b.status());
+  ASSERT_OK((*b)->set_members({{WorkerInfo{"victim", 0}, a->address()}}));
+  EXPECT_THAT((*b)->send(0, Message(MessageType::kRequest, 0), seconds(20)).result(),
+              testing::StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("job token")));
+  EXPECT_GE(refused(*a), 1u);
+  (*b)->shutdown();
+  a->shutdown();
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, TransportConformance, ::testing::ValuesIn(kinds()),
+                         [](const ::testing::TestParamInfo<TransportKind>& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace ferry
