@@ -1,7 +1,7 @@
 // File: agents/tensorpipe/factory.h
 //
-// TensorPipeAgent: the RpcAgent over TensorPipe — the agent core (call table, serving,
-// membership, shutdown; agents/internal/) over a TensorPipe transport adapter. Each
+// TensorPipeAgent: makes the Agent (agents/core/agent.h) over TensorPipe, the transport
+// adapter in this folder. Each
 // worker listens on every enabled transport and publishes one address record; a pipe
 // to a peer opens on the first call to it and then stays open (replies come back on
 // it). Tensors in the tensor table travel as TensorPipe tensors through the best

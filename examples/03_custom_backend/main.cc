@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "agents/tensorpipe_agent.h"
+#include "agents/tensorpipe/factory.h"
 #include "rpc/ferry.h"
 
 namespace {

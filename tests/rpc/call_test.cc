@@ -6,7 +6,7 @@
 
 #include <thread>
 
-#include "agents/tensorpipe_agent.h"
+#include "agents/tensorpipe/factory.h"
 #include "gtest/gtest.h"
 #include "store/file_store.h"
 #include "tests/testing/multi_process.h"
@@ -18,7 +18,7 @@ namespace {
 using ::ferry::testing::StatusIs;
 using ::testing::HasSubstr;
 
-std::shared_ptr<TensorPipeAgent> make_agent(const std::string& dir, int rank, int world_size,
+std::shared_ptr<Agent> make_agent(const std::string& dir, int rank, int world_size,
                                             TensorPipeAgentOptions options = {}) {
   auto store = FileStore::create(dir + "/store", {});
   if (!store.ok()) throw RpcError(store.status());

@@ -1,4 +1,4 @@
-// CUDA tensors across workers through the agent's staging (agents/internal/
+// CUDA tensors across workers through the agent's staging (agents/core/
 // cuda_staging.h), on two runtimes: HostBackedCudaRuntime everywhere, and the real CUDA
 // runtime where a GPU is present (these cases are labelled gpu and skip, saying why,
 // without one). A watching runtime checks that no copy or wait ever runs on a

@@ -7,7 +7,7 @@
 #include <atomic>
 #include <thread>
 
-#include "agents/tensorpipe_agent.h"
+#include "agents/tensorpipe/factory.h"
 #include "gtest/gtest.h"
 #include "tests/testing/free_port.h"
 #include "tests/testing/multi_process.h"
