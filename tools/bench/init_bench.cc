@@ -2,15 +2,12 @@
 // processes on this host (see init_bench.h).
 #include "tools/bench/init_bench.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -31,6 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "base/net.h"
 #include "rpc/ferry.h"
 #include "tools/bench/children.h"
 #include "tools/bench/report.h"
@@ -108,23 +106,6 @@ double ms_between(Clock::time_point a, Clock::time_point b) {
 double seconds_of(Clock::time_point t) { return std::chrono::duration<double>(t.time_since_epoch()).count(); }
 
 std::string worker_name(int rank) { return absl::StrCat("worker", rank); }
-
-// A loopback port nobody listens on right now. Racy in principle (another process may
-// take it before rank 0 binds it); the rendezvous URL cannot say "pick one".
-absl::StatusOr<uint16_t> free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-            ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
-  int err = errno;
-  ::close(fd);
-  if (!ok) return absl::InternalError(absl::StrCat("finding a free port on 127.0.0.1: ", std::strerror(err)));
-  return ntohs(addr.sin_port);
-}
 
 // ---- In the worker processes -----------------------------------------------------------
 
@@ -366,7 +347,8 @@ std::string describe_exit(int rank, int status, const std::string& dir, int phas
 absl::StatusOr<InitRunFigures> run_once(const InitBenchOptions& o, int run) {
   RunResources res;
   FERRY_RETURN_IF_ERROR(res.prepare(o.workers));
-  FERRY_ASSIGN_OR_RETURN(uint16_t port, free_port());
+  // Rank 0 binds it next (racy in principle); the rendezvous URL cannot say "pick one".
+  FERRY_ASSIGN_OR_RETURN(uint16_t port, ferry::internal::free_port());
 
   std::fflush(stdout);
   std::fflush(stderr);
