@@ -40,6 +40,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "base/status.h"
+#include "base/thread_role.h"
 
 namespace ferry {
 
@@ -55,26 +56,12 @@ namespace internal {
 // thread costs several microseconds. From FERRY_SPIN_US (default 50; 0 turns polling
 // off), and none while the host has more runnable threads than cores.
 
-// Marks the calling thread as one an agent owns (a pool thread, a transport callback),
-// where tearing the agent down would join the thread from itself.
-void set_on_agent_thread(bool on);
-bool on_agent_thread();
-
-// Marks the calling thread as one that must never block or run user code (a transport
-// loop, a timer): futures with an executor post their callbacks there instead.
-void set_on_transport_thread(bool on);
-bool on_transport_thread();
-
 // FERRY_SPIN_US, read once (default 50).
 std::chrono::microseconds configured_spin_window();
 // Whether the host has clearly more runnable threads than cores (over 4 per core,
 // sampled from the run queue every 20 ms at most): polling then takes a core that
 // another thread needs.
 bool host_crowded();
-
-// Runs `work` on a thread of its own that is joined when the process exits: for
-// teardown that the calling thread cannot do itself (it would join itself).
-void run_on_reaper(std::function<void()> work);
 
 // Where a future's callbacks run when the completing thread must not run them.
 class Executor {
@@ -83,48 +70,6 @@ class Executor {
   // Runs `task` later on another thread; false when no longer accepting work (the
   // caller then runs it itself).
   virtual bool post(std::function<void()> task) = 0;
-};
-
-// Marks the calling thread as running a function served inline (on a transport thread,
-// registered as never blocking): agents refuse calls made from it at once.
-void set_serving_inline(bool on);
-bool serving_inline();
-
-// Marks the calling thread as serving an inline function for the scope's duration.
-class InlineServingScope {
- public:
-  InlineServingScope() : previous_(serving_inline()) { set_serving_inline(true); }
-  ~InlineServingScope() { set_serving_inline(previous_); }
-  InlineServingScope(const InlineServingScope&) = delete;
-  InlineServingScope& operator=(const InlineServingScope&) = delete;
-
- private:
-  bool previous_;
-};
-
-// Marks the calling thread as a transport thread for the scope's duration.
-class TransportThreadScope {
- public:
-  TransportThreadScope() : previous_(on_transport_thread()) { set_on_transport_thread(true); }
-  ~TransportThreadScope() { set_on_transport_thread(previous_); }
-  TransportThreadScope(const TransportThreadScope&) = delete;
-  TransportThreadScope& operator=(const TransportThreadScope&) = delete;
-
- private:
-  bool previous_;
-};
-
-// Marks the calling thread as an agent's for the scope's duration (TensorPipe may run
-// a callback inline on the thread that armed it, so the mark must not outlive it).
-class AgentThreadScope {
- public:
-  AgentThreadScope() : previous_(on_agent_thread()) { set_on_agent_thread(true); }
-  ~AgentThreadScope() { set_on_agent_thread(previous_); }
-  AgentThreadScope(const AgentThreadScope&) = delete;
-  AgentThreadScope& operator=(const AgentThreadScope&) = delete;
-
- private:
-  bool previous_;
 };
 
 // Runs a completion callback; an exception from it is logged and dropped, because it

@@ -373,4 +373,23 @@ absl::StatusOr<std::string> interface_address(std::string_view name, std::string
   return interface_address(view.interfaces, name, source);
 }
 
+absl::StatusOr<uint16_t> free_port(PortScope scope) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
+  const bool loopback = scope == PortScope::kLoopback;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(loopback ? INADDR_LOOPBACK : INADDR_ANY);
+  socklen_t len = sizeof(addr);
+  bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+            ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  int err = errno;
+  ::close(fd);
+  if (!ok) {
+    return absl::InternalError(absl::StrCat("finding a free port on ", loopback ? "127.0.0.1" : "0.0.0.0", ": ",
+                                            std::strerror(err)));
+  }
+  return ntohs(addr.sin_port);
+}
+
 }  // namespace ferry::internal

@@ -125,4 +125,17 @@ bool is_loopback_address(std::string_view address);
 // Whether `host` is "0.0.0.0", "::" or empty-bracketed forms of them: every interface.
 bool is_wildcard_address(std::string_view host);
 
+// Where free_port() looks for a port nobody listens on.
+enum class PortScope {
+  kLoopback,      // 127.0.0.1
+  kAnyInterface,  // 0.0.0.0: free on every interface
+};
+
+// A TCP port that nobody listens on right now, for addresses every process must know
+// in advance and so cannot say "pick one" (rendezvous URLs, MASTER_PORT). Found by
+// binding port 0 and closing the socket again, so racy by nature: another process may
+// take the port before the caller binds it. Where a protocol can publish the bound
+// address instead, listen on port 0. kInternal when no socket can be made or bound.
+absl::StatusOr<uint16_t> free_port(PortScope scope = PortScope::kLoopback);
+
 }  // namespace ferry::internal

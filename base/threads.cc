@@ -1,4 +1,5 @@
-// Thread marks, the spin window and detached teardown (declared in base/future.h).
+// The spin window and detached teardown (declared in base/future.h and
+// base/thread_role.h).
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -18,10 +19,6 @@
 
 namespace ferry::internal {
 namespace {
-
-thread_local bool agent_thread = false;
-thread_local bool transport_thread = false;
-thread_local bool inline_serving = false;
 
 // A thread's record of its recent polls: a found poll earns kSpinFound, a missed one
 // costs kSpinMissed, so a thread keeps polling on a crowded host while at least one
@@ -143,13 +140,6 @@ std::chrono::microseconds spin_window(const PollWindow& learned) {
 void note_spin(bool found) {
   spin_credit = found ? std::min(spin_credit + kSpinFound, kSpinCreditMax) : std::max(spin_credit - kSpinMissed, 0);
 }
-
-void set_on_agent_thread(bool on) { agent_thread = on; }
-bool on_agent_thread() { return agent_thread; }
-void set_on_transport_thread(bool on) { transport_thread = on; }
-bool on_transport_thread() { return transport_thread; }
-void set_serving_inline(bool on) { inline_serving = on; }
-bool serving_inline() { return inline_serving; }
 
 void run_callback_guarded(const std::function<void()>& fn) {
   try {

@@ -8,10 +8,7 @@
 // forks one more process that joins and leaves `rounds` times, timing each. So every
 // join and leave measured is that of the N-th member of a group of N. Prints, per N,
 // the median and max of join and of leave in milliseconds.
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -24,24 +21,13 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "base/net.h"
 #include "rpc/ferry.h"
 #include "store/tcp_store.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-uint16_t free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
 
 double ms_since(Clock::time_point start) {
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
@@ -131,7 +117,7 @@ int main(int argc, char** argv) {
   for (int n : sizes) {
     // The store lives in a process of its own (forking after starting its loop thread
     // here would hand the members a half-copied server).
-    uint16_t port = free_port();
+    uint16_t port = ferry::internal::free_port().value_or(0);
     pid_t store_pid = fork();
     if (store_pid == 0) {
       ferry::TCPStoreServerOptions server_options;

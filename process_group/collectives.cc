@@ -2,6 +2,19 @@
 // (see internal/group_impl.h).
 #include "process_group/internal/group_impl.h"
 
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "base/logging.h"
+#include "gloo/allgather.h"
+#include "gloo/allgatherv.h"
+#include "gloo/allreduce.h"
+#include "gloo/broadcast.h"
+#include "gloo/gather.h"
+#include "gloo/reduce.h"
+#include "gloo/scatter.h"
+#include "process_group/internal/reduce.h"
+
 namespace ferry {
 
 // ---- collectives -------------------------------------------------------------------

@@ -2,6 +2,8 @@
 // messages (send_bytes/recv_bytes); see internal/group_impl.h.
 #include "process_group/internal/group_impl.h"
 
+#include "absl/strings/str_cat.h"
+
 namespace ferry {
 
 // ---- point-to-point ----------------------------------------------------------------

@@ -6,6 +6,9 @@
 #include <cstdlib>
 #include <set>
 
+#include "absl/strings/str_cat.h"
+#include "base/logging.h"
+#include "gloo/transport/tcp/device.h"
 #include "process_group/internal/group_impl.h"
 #include "process_group/internal/interface.h"
 #include "store/prefix_store.h"

@@ -1,27 +1,19 @@
 // A free loopback port for rendezvous URLs, which cannot say "pick one": every rank
-// must know the port in advance. (Racy in principle; fine on a test machine.)
+// must know the port in advance. (Racy in principle; fine on a test machine.) Tests
+// call this; the search itself is base/net.h's free_port().
 #pragma once
-
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <cstdint>
 
+#include "absl/status/statusor.h"
+#include "base/net.h"
+
 namespace ferry::testing {
 
+// 0 when no port could be found: the test then fails where it uses the port.
 inline uint16_t free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
+  absl::StatusOr<uint16_t> port = internal::free_port();
+  return port.ok() ? *port : 0;
 }
 
 }  // namespace ferry::testing

@@ -2,15 +2,12 @@
 // processes on this host (see init_bench.h).
 #include "tools/bench/init_bench.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -31,7 +28,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "base/net.h"
 #include "rpc/ferry.h"
+#include "tools/bench/children.h"
+#include "tools/bench/report.h"
 
 namespace ferry::tools::bench {
 namespace {
@@ -106,36 +106,6 @@ double ms_between(Clock::time_point a, Clock::time_point b) {
 double seconds_of(Clock::time_point t) { return std::chrono::duration<double>(t.time_since_epoch()).count(); }
 
 std::string worker_name(int rank) { return absl::StrCat("worker", rank); }
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-std::vector<double> load_average() {
-  double load[3] = {0, 0, 0};
-  if (getloadavg(load, 3) != 3) return {};
-  return {load[0], load[1], load[2]};
-}
-
-// A loopback port nobody listens on right now. Racy in principle (another process may
-// take it before rank 0 binds it); the rendezvous URL cannot say "pick one".
-absl::StatusOr<uint16_t> free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-            ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
-  int err = errno;
-  ::close(fd);
-  if (!ok) return absl::InternalError(absl::StrCat("finding a free port on 127.0.0.1: ", std::strerror(err)));
-  return ntohs(addr.sin_port);
-}
 
 // ---- In the worker processes -----------------------------------------------------------
 
@@ -270,24 +240,11 @@ absl::Status run_worker(const InitBenchOptions& o, int rank, uint16_t port, Shar
   return absl::OkStatus();
 }
 
-// Runs one worker in this (forked) child and never returns. Its stdout goes to stderr:
-// the parent's stdout may be carrying JSON.
-[[noreturn]] void run_child(const InitBenchOptions& o, int rank, uint16_t port, Shared& shared,
-                            const std::string& dir) {
-  dup2(STDERR_FILENO, STDOUT_FILENO);
-  absl::Status status;
-  try {
-    status = run_worker(o, rank, port, shared, absl::StrCat(dir, "/rank", rank, ".json"));
-  } catch (const std::exception& e) {
-    status = absl::InternalError(absl::StrCat("exception: ", e.what()));
-  } catch (...) {
-    status = absl::InternalError("a non-standard exception");
-  }
-  if (!status.ok()) std::ofstream(absl::StrCat(dir, "/rank", rank, ".error")) << status.ToString();
-  std::fflush(stdout);
-  std::fflush(stderr);
-  // _exit: skip the parent's atexit handlers and static destructors.
-  _exit(status.ok() ? 0 : 1);
+// Runs one worker in this (forked) child and never returns (see run_child).
+[[noreturn]] void run_worker_child(const InitBenchOptions& o, int rank, uint16_t port, Shared& shared,
+                                   const std::string& dir) {
+  run_child([&] { return run_worker(o, rank, port, shared, absl::StrCat(dir, "/rank", rank, ".json")); },
+            absl::StrCat(dir, "/rank", rank, ".error"));
 }
 
 // ---- In the parent ---------------------------------------------------------------------
@@ -383,20 +340,15 @@ struct ChildExit {
 };
 
 std::string describe_exit(int rank, int status, const std::string& dir, int phase) {
-  std::string why;
-  if (WIFEXITED(status)) {
-    why = read_text(absl::StrCat(dir, "/rank", rank, ".error"));
-    if (why.empty()) why = absl::StrCat("exited with code ", WEXITSTATUS(status));
-  } else if (WIFSIGNALED(status)) {
-    why = absl::StrCat("killed by signal ", WTERMSIG(status), " (", strsignal(WTERMSIG(status)), ")");
-  }
+  std::string why = exit_reason(status, absl::StrCat(dir, "/rank", rank, ".error"));
   return absl::StrCat("rank ", rank, " (", worker_name(rank), ") failed ", phase_name(phase), ": ", why);
 }
 
 absl::StatusOr<InitRunFigures> run_once(const InitBenchOptions& o, int run) {
   RunResources res;
   FERRY_RETURN_IF_ERROR(res.prepare(o.workers));
-  FERRY_ASSIGN_OR_RETURN(uint16_t port, free_port());
+  // Rank 0 binds it next (racy in principle); the rendezvous URL cannot say "pick one".
+  FERRY_ASSIGN_OR_RETURN(uint16_t port, ferry::internal::free_port());
 
   std::fflush(stdout);
   std::fflush(stderr);
@@ -414,7 +366,7 @@ absl::StatusOr<InitRunFigures> run_once(const InitBenchOptions& o, int run) {
       // A worker never outlives the bench (the parent killed, say).
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (getppid() != parent) _exit(1);
-      run_child(o, rank, port, res.shared(), res.dir());
+      run_worker_child(o, rank, port, res.shared(), res.dir());
     }
     res.alive()[pid] = rank;
   }
@@ -550,26 +502,16 @@ ordered_json run_json(const InitRunFigures& f) {
 // Element-wise median of JSON values of the same shape (numbers: the median; nulls and
 // other values: the first).
 ordered_json median_json(const std::vector<ordered_json>& values) {
-  const ordered_json& first = values.front();
-  if (first.is_number()) {
-    std::vector<double> v;
-    for (const ordered_json& x : values) v.push_back(x.get<double>());
-    std::sort(v.begin(), v.end());
-    size_t n = v.size();
-    double m = n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-    if (first.is_number_integer()) return static_cast<int64_t>(m);
-    return rounded(m);
-  }
-  if (first.is_object()) {
-    ordered_json out = ordered_json::object();
-    for (auto it = first.begin(); it != first.end(); ++it) {
-      std::vector<ordered_json> column;
-      for (const ordered_json& x : values) column.push_back(x.at(it.key()));
-      out[it.key()] = median_json(column);
+  return reduce_by_place(values, [](const std::vector<ordered_json>& column) -> std::optional<ordered_json> {
+    const ordered_json& first = column.front();
+    if (first.is_number()) {
+      double m = median_of_numbers(column);
+      if (first.is_number_integer()) return static_cast<int64_t>(m);
+      return rounded(m);
     }
-    return out;
-  }
-  return first;
+    if (first.is_array()) return first;  // arrays are not figures: they stay whole
+    return std::nullopt;
+  });
 }
 
 ordered_json figures_json(const InitBenchReport& report) {
@@ -588,8 +530,7 @@ Spread spread_of(std::vector<double> values) {
   Spread s;
   if (values.empty()) return s;
   std::sort(values.begin(), values.end());
-  size_t n = values.size();
-  s.median = n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+  s.median = median_of_sorted(values);
   s.max = values.back();
   for (double v : values) s.total += v;
   return s;
@@ -654,9 +595,7 @@ nlohmann::ordered_json init_report_json(const InitBenchReport& report) {
   j["idle_ms"] = o.idle_ms;
   j["repeat"] = o.repeat;
   j["timeout_s"] = o.timeout.count();
-  j["machine"] = {{"nproc", report.nproc},
-                  {"load_average_before", report.load_before},
-                  {"load_average_after", report.load_after}};
+  j["machine"] = machine_json(report.nproc, report.load_before, report.load_after);
   ordered_json figures = figures_json(report);
   for (auto it = figures.begin(); it != figures.end(); ++it) j[it.key()] = it.value();
   ordered_json runs = ordered_json::array();
@@ -668,11 +607,11 @@ nlohmann::ordered_json init_report_json(const InitBenchReport& report) {
 std::string init_report_table(const InitBenchReport& report) {
   const InitBenchOptions& o = report.options;
   ordered_json f = figures_json(report);
-  auto load = [](const std::vector<double>& l) { return l.empty() ? std::string("?") : absl::StrFormat("%.2f", l[0]); };
   std::string out = absl::StrFormat(
       "ferry bench init: %d workers, transports %s, %s, idle %d ms, %d run(s)%s; %d cores, load %s -> %s\n\n",
       o.workers, transports_label(o), o.calls ? "all-to-all calls" : "no calls", o.idle_ms, o.repeat,
-      o.repeat > 1 ? " (medians over runs)" : "", report.nproc, load(report.load_before), load(report.load_after));
+      o.repeat > 1 ? " (medians over runs)" : "", report.nproc, load_label(report.load_before),
+      load_label(report.load_after));
   absl::StrAppend(&out, absl::StrFormat("%-44s %10s %10s %10s\n", "per worker", "median", "max", "total"));
   // One figure: median, max and (where it adds up) total, with `decimals` digits.
   auto row = [&out, &f](const std::string& label, const std::string& key, int decimals) {

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <numeric>
 
+#include "tools/bench/report.h"
+
 namespace ferry::tools::bench {
 
 LatencyStats latency_stats(std::vector<double>& samples) {
@@ -15,7 +17,7 @@ LatencyStats latency_stats(std::vector<double>& samples) {
   std::sort(samples.begin(), samples.end());
   size_t n = samples.size();
   s.samples = static_cast<int>(n);
-  s.median_us = n % 2 == 1 ? samples[n / 2] : (samples[n / 2 - 1] + samples[n / 2]) / 2;
+  s.median_us = median_of_sorted(samples);
   // The nearest-rank p99: with 10,000 samples, the 9,900th smallest.
   size_t rank = static_cast<size_t>(std::ceil(0.99 * static_cast<double>(n)));
   s.p99_us = samples[std::clamp<size_t>(rank, 1, n) - 1];

@@ -26,7 +26,9 @@
 #include "backends/process_group/process_group_backend.h"
 #include "rpc/ferry.h"
 #include "tensor/cuda.h"
+#include "tools/bench/children.h"
 #include "tools/bench/raw_tensorpipe.h"
+#include "tools/bench/report.h"
 
 namespace ferry::tools::bench {
 namespace {
@@ -333,33 +335,7 @@ struct Phase {
   std::string label;  // unique within the run; names its files
 };
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 const char* role_of(int rank) { return rank == 0 ? "client" : "server"; }
-
-// Runs `body` in a fresh child process and never returns there. The child's stdout
-// goes to stderr: the parent's stdout may be carrying JSON.
-[[noreturn]] void run_child(const std::function<absl::Status()>& body, const std::string& error_path) {
-  dup2(STDERR_FILENO, STDOUT_FILENO);
-  absl::Status status;
-  try {
-    status = body();
-  } catch (const std::exception& e) {
-    status = from_exception(e.what());
-  } catch (...) {
-    status = absl::InternalError("a non-standard exception");
-  }
-  if (!status.ok()) std::ofstream(error_path) << status.ToString();
-  std::fflush(stdout);
-  std::fflush(stderr);
-  // _exit: skip the parent's atexit handlers and static destructors.
-  _exit(status.ok() ? 0 : 1);
-}
 
 // Pins the calling process, all its threads to come included, to core `core` of the
 // ones it may run on (counted round); a failure only costs steadiness, so it is logged.
@@ -405,10 +381,7 @@ absl::StatusOr<SideResult> run_phase(const Phase& phase, const std::string& dir,
     pid_t pid = fork();
     if (pid < 0) {
       for (pid_t p : pids) {
-        if (p > 0) {
-          kill(p, SIGKILL);
-          waitpid(p, nullptr, 0);
-        }
+        if (p > 0) kill_and_reap(p);
       }
       return absl::InternalError(absl::StrCat("fork failed: ", std::strerror(errno)));
     }
@@ -431,13 +404,7 @@ absl::StatusOr<SideResult> run_phase(const Phase& phase, const std::string& dir,
       running[rank] = false;
       if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
       if (!failure.empty()) continue;  // the first failure is the cause
-      std::string why;
-      if (WIFEXITED(status)) {
-        why = read_text(absl::StrCat(base, ".rank", rank, ".error"));
-        if (why.empty()) why = absl::StrCat("exited with code ", WEXITSTATUS(status));
-      } else {
-        why = absl::StrCat("killed by signal ", WTERMSIG(status), " (", strsignal(WTERMSIG(status)), ")");
-      }
+      std::string why = exit_reason(status, absl::StrCat(base, ".rank", rank, ".error"));
       failure = absl::StrCat(phase.side, " on ", phase.transport, ", rank ", rank, " (", role_of(rank), "): ", why);
     }
     bool late = Clock::now() > deadline;
@@ -449,8 +416,7 @@ absl::StatusOr<SideResult> run_phase(const Phase& phase, const std::string& dir,
       }
       for (int rank : {0, 1}) {
         if (!running[rank]) continue;
-        kill(pids[rank], SIGKILL);
-        waitpid(pids[rank], nullptr, 0);
+        kill_and_reap(pids[rank]);
         running[rank] = false;
       }
     }
@@ -468,45 +434,16 @@ absl::StatusOr<SideResult> run_phase(const Phase& phase, const std::string& dir,
 // Element-wise median of JSON values of the same shape: floating-point figures take
 // the median, counts and strings the first value.
 json median_json(const std::vector<json>& values) {
-  const json& first = values.front();
-  if (first.is_number_float()) {
-    std::vector<double> v;
-    for (const json& x : values) v.push_back(x.get<double>());
-    std::sort(v.begin(), v.end());
-    size_t n = v.size();
-    return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-  }
-  if (first.is_object()) {
-    json out = json::object();
-    for (auto it = first.begin(); it != first.end(); ++it) {
-      std::vector<json> column;
-      for (const json& x : values) column.push_back(x.at(it.key()));
-      out[it.key()] = median_json(column);
-    }
-    return out;
-  }
-  if (first.is_array()) {
-    json out = json::array();
-    for (size_t i = 0; i < first.size(); ++i) {
-      std::vector<json> column;
-      for (const json& x : values) column.push_back(x.at(i));
-      out.push_back(median_json(column));
-    }
-    return out;
-  }
-  return first;
+  return reduce_by_place(values, [](const std::vector<json>& column) -> std::optional<json> {
+    if (!column.front().is_number_float()) return std::nullopt;
+    return median_of_numbers(column);
+  });
 }
 
 SideResult median_side(const std::vector<SideResult>& runs) {
   if (runs.size() == 1) return runs.front();
   std::vector<json> values(runs.begin(), runs.end());
   return median_json(values).get<SideResult>();
-}
-
-std::vector<double> load_average() {
-  double load[3] = {0, 0, 0};
-  if (getloadavg(load, 3) != 3) return {};
-  return {load[0], load[1], load[2]};
 }
 
 // ---- Reporting ----------------------------------------------------------------------
@@ -743,9 +680,7 @@ nlohmann::ordered_json report_json(const RpcBenchReport& report) {
   ordered_json j;
   j["benchmark"] = "ferry bench rpc";
   j["mode"] = report.options.quick ? "quick" : "full";
-  j["machine"] = {{"nproc", report.nproc},
-                  {"load_average_before", report.load_before},
-                  {"load_average_after", report.load_after}};
+  j["machine"] = machine_json(report.nproc, report.load_before, report.load_after);
   const MeasurePlan& plan = report.plan;
   ordered_json throughput_calls = ordered_json::object();
   for (size_t k = 0; k < plan.outstanding.size(); ++k) {
@@ -805,14 +740,11 @@ nlohmann::ordered_json report_json(const RpcBenchReport& report) {
 
 std::string report_table(const RpcBenchReport& report) {
   std::string out;
-  auto load = [](const std::vector<double>& l) {
-    return l.empty() ? std::string("?") : absl::StrFormat("%.2f", l[0]);
-  };
   absl::StrAppend(&out, absl::StrFormat(
                             "ferry bench rpc (%s): %d cores, load average %s before, %s after; %d latency samples "
                             "per figure, %d run(s), %.1f s%s\n",
-                            report.options.quick ? "quick" : "full", report.nproc, load(report.load_before),
-                            load(report.load_after), report.plan.iterations, report.options.repeat, report.seconds,
+                            report.options.quick ? "quick" : "full", report.nproc, load_label(report.load_before),
+                            load_label(report.load_after), report.plan.iterations, report.options.repeat, report.seconds,
                             report.options.pin ? ", client and server pinned to a core each" : ""));
   absl::StrAppend(&out, "ratio = ferry / raw TensorPipe (latency: lower is better; others: higher is better)\n");
   for (const TransportResult& t : report.transports) {

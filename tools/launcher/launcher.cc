@@ -1,12 +1,9 @@
 #include "tools/launcher/launcher.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/signalfd.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -63,25 +60,6 @@ bool is_loopback(const std::string& host) {
 std::string endpoint_host(const std::string& endpoint) {
   if (endpoint.starts_with("[")) return endpoint.substr(1, endpoint.find(']') - 1);
   return endpoint.substr(0, endpoint.find(':'));
-}
-
-// A port free right now on every interface (the worker of rank 0 binds it next; the
-// window is the same one torchrun has).
-absl::StatusOr<int> free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", strerror(errno)));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_ANY);
-  socklen_t len = sizeof(addr);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    int e = errno;
-    ::close(fd);
-    return absl::InternalError(absl::StrCat("picking a free port for MASTER_PORT: ", strerror(e)));
-  }
-  ::close(fd);
-  return static_cast<int>(ntohs(addr.sin_port));
 }
 
 // What one completed round means for this node.
@@ -270,8 +248,13 @@ class Agent {
     absl::Status set = store.set(absl::StrCat("nproc/", info.rank), to_bytes(absl::StrCat(options_.nproc_per_node)));
     if (!set.ok()) return failed(set);
     if (info.rank == 0) {
-      FERRY_ASSIGN_OR_RETURN(int port, free_port());
-      set = store.set("master", to_bytes(absl::StrCat(master_addr_, " ", port)));
+      // A port free right now on every interface (the worker of rank 0 binds it next;
+      // the window is the same one torchrun has).
+      absl::StatusOr<uint16_t> port = internal::free_port(internal::PortScope::kAnyInterface);
+      if (!port.ok()) {
+        return absl::InternalError(absl::StrCat("picking a free port for MASTER_PORT: ", port.status().message()));
+      }
+      set = store.set("master", to_bytes(absl::StrCat(master_addr_, " ", *port)));
       if (!set.ok()) return failed(set);
     }
     std::vector<std::string> keys;

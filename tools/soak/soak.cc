@@ -24,8 +24,8 @@
 #include <thread>
 #include <vector>
 
+#include "base/net.h"
 #include "rpc/ferry.h"
-#include "tests/testing/free_port.h"
 
 namespace {
 
@@ -164,7 +164,7 @@ int main(int argc, char** argv) {
     std::filesystem::remove_all(dir, ec);
   }
   if (mode == "tcp" || mode == "both") {
-    ok = soak("tcp://127.0.0.1:" + std::to_string(ferry::testing::free_port()), cycles, deadline) && ok;
+    ok = soak("tcp://127.0.0.1:" + std::to_string(ferry::internal::free_port().value_or(0)), cycles, deadline) && ok;
   }
   return ok ? 0 : 1;
 }

@@ -1,0 +1,354 @@
+// ProcessGroup::Impl's point-to-point messages: tensors (post_send/post_recv) and byte
+// messages (send_bytes/recv_bytes, recv_bytes_stream), on Gloo slots apart from every
+// collective's (see group_impl.h).
+#include "process_group/internal/group_impl.h"
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace ferry {
+
+namespace internal::pg {
+namespace {
+
+// Point-to-point messages use slots of their own, apart from every Gloo collective
+// prefix (1..8): [prefix:8][tag:32][sequence:24]. A send is a header on the tag's
+// header slot, then the data on a slot that carries the sender's sequence number for
+// (receiver, tag), so the receiver takes exactly the data its header announced even
+// when several receives from one peer are pending.
+constexpr uint64_t kP2PHeaderPrefix = 0x40;
+constexpr uint64_t kP2PDataPrefix = 0x41;
+// The header's kind for a point-to-point message (not a collective).
+constexpr uint8_t kP2PKind = 0x20;
+
+// Byte messages (send_bytes/recv_bytes) use two slot prefixes of their own, laid out
+// like the tensor messages' ones. A message up to kBytesInline bytes rides behind its
+// header in one Gloo message; a larger one follows on its data slot.
+constexpr uint64_t kBytesHeaderPrefix = 0x42;
+constexpr uint64_t kBytesDataPrefix = 0x43;
+struct BytesHeader {
+  uint32_t magic;
+  uint32_t seq;
+  uint64_t size;
+};
+constexpr uint32_t kBytesMagic = 0x314d4246;  // "FBM1"
+constexpr size_t kBytesInline = 64 * 1024 - sizeof(BytesHeader);
+
+inline uint64_t bytes_header_slot(uint32_t tag) { return (kBytesHeaderPrefix << 56) | (static_cast<uint64_t>(tag) << 24); }
+inline uint64_t bytes_data_slot(uint32_t tag, uint32_t seq) {
+  return (kBytesDataPrefix << 56) | (static_cast<uint64_t>(tag) << 24) | (seq & 0xffffffu);
+}
+
+inline uint64_t p2p_header_slot(uint32_t tag) { return (kP2PHeaderPrefix << 56) | (static_cast<uint64_t>(tag) << 24); }
+inline uint64_t p2p_data_slot(uint32_t tag, uint32_t seq) {
+  return (kP2PDataPrefix << 56) | (static_cast<uint64_t>(tag) << 24) | (seq & 0xffffffu);
+}
+
+}  // namespace
+}  // namespace internal::pg
+
+absl::StatusOr<std::function<absl::Status()>> ProcessGroup::Impl::post_send(const std::string& name,
+                                                                            const Tensor& tensor, int dst,
+                                                                            uint32_t tag) {
+  FERRY_ASSIGN_OR_RETURN(Tensor host, host_input(tensor));
+  auto op = std::make_shared<P2POp>();
+  op->host = host;
+  {
+    absl::MutexLock lock(&mu_);
+    op->seq = send_seq_[{dst, tag}]++;
+  }
+  op->header = internal::make_header(CollectiveKind::kBroadcast, &host, static_cast<int>(op->seq), ReduceOp::kSum,
+                                     absl::OkStatus());
+  op->header.kind = kP2PKind;
+  absl::Status posted = guarded(name, [&] {
+    op->header_buf = context_->createUnboundBuffer(&op->header, sizeof(CollectiveHeader));
+    if (!register_buffer(op->header_buf.get())) return cancelled(name);
+    op->header_buf->send(dst, p2p_header_slot(tag));
+    if (host.nbytes() > 0) {
+      op->data_buf = context_->createUnboundBuffer(host.data(), host.nbytes());
+      if (!register_buffer(op->data_buf.get())) return cancelled(name);
+      op->data_buf->send(dst, p2p_data_slot(tag, op->seq));
+    }
+    return absl::OkStatus();
+  });
+  if (!posted.ok()) {
+    op->release(*this);
+    return posted;
+  }
+  return [this, op, name]() -> absl::Status {
+    absl::Status s = guarded(name, [&] {
+      FERRY_RETURN_IF_ERROR(wait_send(name, op->header_buf.get()));
+      if (op->data_buf) FERRY_RETURN_IF_ERROR(wait_send(name, op->data_buf.get()));
+      return absl::OkStatus();
+    });
+    op->release(*this);
+    return s;
+  };
+}
+
+absl::StatusOr<std::function<absl::StatusOr<int>()>> ProcessGroup::Impl::post_recv(const std::string& name,
+                                                                                   const Tensor& tensor,
+                                                                                   std::optional<int> src,
+                                                                                   uint32_t tag) {
+  auto op = std::make_shared<P2POp>();
+  absl::Status posted = guarded(name, [&] {
+    op->header_buf = context_->createUnboundBuffer(&op->header, sizeof(CollectiveHeader));
+    if (!register_buffer(op->header_buf.get())) return cancelled(name);
+    if (src.has_value()) {
+      op->header_buf->recv(*src, p2p_header_slot(tag));
+    } else {
+      std::vector<int> others;
+      for (int r = 0; r < size_; ++r) {
+        if (r != rank_) others.push_back(r);
+      }
+      op->header_buf->recv(others, p2p_header_slot(tag));
+    }
+    return absl::OkStatus();
+  });
+  if (!posted.ok()) {
+    op->release(*this);
+    return posted;
+  }
+  return [this, op, name, tensor, tag]() -> absl::StatusOr<int> {
+    int sender = -1;
+    absl::Status s = guarded(name, [&] { return finish_recv(name, *op, tensor, tag, &sender); });
+    op->release(*this);
+    if (!s.ok()) return s;
+    return sender;
+  };
+}
+
+absl::Status ProcessGroup::Impl::send_bytes(const std::string& name, const Bytes& data, int dst, uint32_t tag,
+                                            std::chrono::milliseconds timeout) {
+  return send_bytes(name, data.data(), data.size(), nullptr, dst, tag, timeout);
+}
+
+absl::Status ProcessGroup::Impl::send_bytes(const std::string& name, const uint8_t* data, size_t size,
+                                            std::shared_ptr<const Bytes> keep, int dst, uint32_t tag,
+                                            std::chrono::milliseconds timeout) {
+  auto op = std::make_shared<PendingSend>();
+  const bool cancellable = keep != nullptr;
+  op->keep = std::move(keep);
+  uint32_t seq = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    seq = bytes_send_seq_[{dst, tag}]++;
+    if (cancellable) cancellable_[dst].insert(op);
+  }
+  const bool inline_data = size <= kBytesInline;
+  const BytesHeader header{kBytesMagic, seq, static_cast<uint64_t>(size)};
+  op->head.resize(sizeof(BytesHeader) + (inline_data ? size : 0));
+  std::memcpy(op->head.data(), &header, sizeof(header));
+  if (inline_data && size > 0) std::memcpy(op->head.data() + sizeof(header), data, size);
+  // cancel_sends() reads the buffers under mu_: they are stored under it, and one
+  // made after a cancel is aborted at once (its wait then ends at once).
+  auto store = [&](std::unique_ptr<gloo::transport::UnboundBuffer>& slot,
+                  std::unique_ptr<gloo::transport::UnboundBuffer> buffer) {
+    absl::MutexLock lock(&mu_);
+    slot = std::move(buffer);
+    if (!op->why.ok()) slot->abortWaitSend();
+    return slot.get();
+  };
+  absl::Status s = guarded_p2p(name, [&]() -> absl::Status {
+    gloo::transport::UnboundBuffer* head =
+        store(op->head_buf, context_->createUnboundBuffer(op->head.data(), op->head.size()));
+    if (!register_buffer(head)) return cancelled(name);
+    head->send(dst, bytes_header_slot(tag));
+    if (!inline_data) {
+      // Gloo only reads from it.
+      gloo::transport::UnboundBuffer* body =
+          store(op->data_buf, context_->createUnboundBuffer(const_cast<uint8_t*>(data), size));
+      if (!register_buffer(body)) return cancelled(name);
+      body->send(dst, bytes_data_slot(tag, seq));
+    }
+    if (!op->head_buf->waitSend(timeout)) return cancelled(name);
+    if (op->data_buf && !op->data_buf->waitSend(timeout)) return cancelled(name);
+    return absl::OkStatus();
+  });
+  unregister_buffer(op->head_buf.get());
+  unregister_buffer(op->data_buf.get());
+  absl::MutexLock lock(&mu_);
+  if (cancellable) {
+    auto it = cancellable_.find(dst);
+    if (it != cancellable_.end()) {
+      it->second.erase(op);
+      if (it->second.empty()) cancellable_.erase(it);
+    }
+  }
+  if (!s.ok() && !op->why.ok()) {
+    // Cancelled: Gloo may still read the buffers, until the peer takes the message
+    // or the context goes.
+    parked_.push_back(op);
+    return op->why;
+  }
+  return s;
+}
+
+void ProcessGroup::Impl::cancel_sends(int dst, const absl::Status& why) {
+  absl::MutexLock lock(&mu_);
+  auto it = cancellable_.find(dst);
+  if (it == cancellable_.end()) return;
+  for (const std::shared_ptr<PendingSend>& op : it->second) {
+    if (op->why.ok()) op->why = why;
+    if (op->head_buf) op->head_buf->abortWaitSend();
+    if (op->data_buf) op->data_buf->abortWaitSend();
+  }
+}
+
+absl::StatusOr<ProcessGroup::ReceivedBytes> ProcessGroup::Impl::recv_bytes_stream(const std::string& name, int src,
+                                                                                  uint32_t tag,
+                                                                                  std::chrono::milliseconds timeout) {
+  std::shared_ptr<PostedRing> ring;
+  {
+    absl::MutexLock lock(&mu_);
+    std::shared_ptr<PostedRing>& slot = rings_[{src, tag}];
+    if (slot == nullptr) slot = std::make_shared<PostedRing>();
+    ring = slot;
+  }
+  std::lock_guard<std::mutex> consumer(ring->mu);
+  ReceivedBytes out;
+  std::unique_ptr<gloo::transport::UnboundBuffer> data_buf;
+  absl::Status s = guarded_p2p(name, [&]() -> absl::Status {
+    if (ring->bufs.empty()) {
+      ring->storage.resize(PostedRing::kDepth);
+      for (std::vector<uint8_t>& bytes : ring->storage) {
+        bytes.resize(sizeof(BytesHeader) + kBytesInline);
+        ring->bufs.push_back(context_->createUnboundBuffer(bytes.data(), bytes.size()));
+        if (!register_buffer(ring->bufs.back().get())) return cancelled(name);
+        ring->bufs.back()->recv(src, bytes_header_slot(tag));
+      }
+    }
+    if (!ring->failed.ok()) return ring->failed;
+    const size_t i = ring->next;
+    gloo::transport::UnboundBuffer* buf = ring->bufs[i].get();
+    int sender = -1;
+    if (!buf->waitRecv(&sender, timeout)) return cancelled(name);
+    const std::vector<uint8_t>& head = ring->storage[i];
+    BytesHeader header;
+    std::memcpy(&header, head.data(), sizeof(header));
+    if (header.magic != kBytesMagic) {
+      return absl::DataLossError(absl::StrCat(name, ": the message header from rank ", sender, " is corrupt"));
+    }
+    out.source_rank = sender;
+    const bool inline_data = header.size <= kBytesInline;
+    if (inline_data) {
+      out.data.assign(head.begin() + sizeof(BytesHeader),
+                      head.begin() + static_cast<std::ptrdiff_t>(sizeof(BytesHeader) + header.size));
+    }
+    // Taken out: post it again, then move on to the next one. A peer lost just now
+    // fails the re-post: this message still goes out, and the next call says why.
+    absl::Status reposted = catch_gloo(name, description_, [&] {
+      buf->recv(src, bytes_header_slot(tag));
+      return absl::OkStatus();
+    });
+    if (!reposted.ok()) ring->failed = reposted;
+    ring->next = (i + 1) % PostedRing::kDepth;
+    if (inline_data) return absl::OkStatus();
+    out.data.resize(header.size);
+    data_buf = context_->createUnboundBuffer(out.data.data(), out.data.size());
+    if (!register_buffer(data_buf.get())) return cancelled(name);
+    data_buf->recv(sender, bytes_data_slot(tag, header.seq));
+    if (!data_buf->waitRecv(nullptr, timeout_)) return cancelled(name);
+    return absl::OkStatus();
+  });
+  unregister_buffer(data_buf.get());
+  if (!s.ok()) return s;
+  return out;
+}
+
+absl::StatusOr<ProcessGroup::ReceivedBytes> ProcessGroup::Impl::recv_bytes(const std::string& name,
+                                                                           std::optional<int> src, uint32_t tag,
+                                                                           std::chrono::milliseconds timeout) {
+  std::vector<uint8_t> head(sizeof(BytesHeader) + kBytesInline);
+  std::unique_ptr<gloo::transport::UnboundBuffer> head_buf;
+  std::unique_ptr<gloo::transport::UnboundBuffer> data_buf;
+  ReceivedBytes out;
+  absl::Status s = guarded_p2p(name, [&]() -> absl::Status {
+    head_buf = context_->createUnboundBuffer(head.data(), head.size());
+    if (!register_buffer(head_buf.get())) return cancelled(name);
+    if (src.has_value()) {
+      head_buf->recv(*src, bytes_header_slot(tag));
+    } else {
+      std::vector<int> others;
+      for (int r = 0; r < size_; ++r) {
+        if (r != rank_) others.push_back(r);
+      }
+      head_buf->recv(others, bytes_header_slot(tag));
+    }
+    int sender = -1;
+    if (!head_buf->waitRecv(&sender, timeout)) return cancelled(name);
+    BytesHeader header;
+    std::memcpy(&header, head.data(), sizeof(header));
+    if (header.magic != kBytesMagic) {
+      return absl::DataLossError(absl::StrCat(name, ": the message header from rank ", sender, " is corrupt"));
+    }
+    out.source_rank = sender;
+    if (header.size <= kBytesInline) {
+      out.data.assign(head.begin() + sizeof(BytesHeader),
+                      head.begin() + static_cast<std::ptrdiff_t>(sizeof(BytesHeader) + header.size));
+      return absl::OkStatus();
+    }
+    out.data.resize(header.size);
+    data_buf = context_->createUnboundBuffer(out.data.data(), out.data.size());
+    if (!register_buffer(data_buf.get())) return cancelled(name);
+    data_buf->recv(sender, bytes_data_slot(tag, header.seq));
+    // The sender has posted the data already: only the transfer is left to wait for.
+    if (!data_buf->waitRecv(nullptr, timeout_)) return cancelled(name);
+    return absl::OkStatus();
+  });
+  unregister_buffer(head_buf.get());
+  unregister_buffer(data_buf.get());
+  if (!s.ok()) return s;
+  return out;
+}
+
+absl::Status ProcessGroup::Impl::wait_send(std::string_view name, gloo::transport::UnboundBuffer* buf) {
+  if (!buf->waitSend(timeout_)) return cancelled(name);
+  return absl::OkStatus();
+}
+
+absl::Status ProcessGroup::Impl::wait_recv(std::string_view name, gloo::transport::UnboundBuffer* buf, int* sender) {
+  if (!buf->waitRecv(sender, timeout_)) return cancelled(name);
+  return absl::OkStatus();
+}
+
+absl::Status ProcessGroup::Impl::finish_recv(const std::string& name, P2POp& op, const Tensor& tensor, uint32_t tag,
+                                             int* sender) {
+  FERRY_RETURN_IF_ERROR(wait_recv(name, op.header_buf.get(), sender));
+  const CollectiveHeader& h = op.header;
+  FERRY_RETURN_IF_ERROR(internal::validate_p2p_header(h, kP2PKind, *sender, name));
+  const size_t incoming = static_cast<size_t>(h.numel) * dtype_size(static_cast<DType>(h.dtype));
+  const CollectiveHeader mine =
+      internal::make_header(CollectiveKind::kBroadcast, &tensor, 0, ReduceOp::kSum, absl::OkStatus());
+  const bool matches = h.dtype == mine.dtype && h.ndim == mine.ndim && h.numel == mine.numel &&
+                       h.shape_hash == mine.shape_hash;
+  Tensor host;
+  void* target = nullptr;
+  if (matches) {
+    FERRY_ASSIGN_OR_RETURN(host, host_output(tensor));
+    target = host.data();
+  } else {
+    // Take the data anyway, so the sender completes and the next message from it
+    // is not stuck behind this one.
+    op.drain.resize(std::max<size_t>(incoming, 1));
+    target = op.drain.data();
+  }
+  if (incoming > 0) {
+    op.data_buf = context_->createUnboundBuffer(target, incoming);
+    if (!register_buffer(op.data_buf.get())) return cancelled(name);
+    op.data_buf->recv(*sender, p2p_data_slot(tag, static_cast<uint32_t>(h.root)));
+    FERRY_RETURN_IF_ERROR(wait_recv(name, op.data_buf.get(), nullptr));
+  }
+  if (!matches) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, ": the tensor from rank ", *sender, " is ", dtype_name(static_cast<DType>(h.dtype)), " ",
+        internal::header_shape_string(h), " but the receiving tensor is ", dtype_name(tensor.dtype()), " ",
+        internal::shape_string(tensor.shape())));
+  }
+  return write_back(tensor, host);
+}
+
+}  // namespace ferry
