@@ -1036,6 +1036,7 @@ std::map<std::string, std::string> Agent::debug_info() const {
   info["num_worker_threads"] = std::to_string(pool_->size());
   info["queued_requests"] = std::to_string(pool_->queued());
   info["pool_wakeups"] = std::to_string(pool_->wakeups());
+  info["auth"] = options_.auth_token.empty() ? "none" : "job token";
   info["handshakes_refused"] = std::to_string(handshakes_refused_.load());
   {
     std::lock_guard<std::mutex> lock(links_mu_);

@@ -44,7 +44,9 @@ struct TensorEntry {
 
 size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
-Bytes encode_frame(FrameKind kind, const std::string& sender, const Wire& wire) {
+// `opens`: the first frame of a new outgoing link (reserved[0] = 1), so the receiver
+// starts a new incoming link for it.
+Bytes encode_frame(FrameKind kind, const std::string& sender, const Wire& wire, bool opens = false) {
   size_t table = sizeof(FrameHead) + sender.size();
   for (size_t i = 0; i < wire.tensors.size(); ++i) {
     table += sizeof(TensorEntry) + (i < wire.targets.size() ? wire.targets[i].size() : 0);
@@ -53,7 +55,8 @@ Bytes encode_frame(FrameKind kind, const std::string& sender, const Wire& wire) 
   for (const Tensor& t : wire.tensors) total += align_up(t.nbytes());
   Bytes frame(total);
   uint8_t* p = frame.data();
-  FrameHead head{kFrameMagic, static_cast<uint8_t>(kind), {0, 0, 0}, static_cast<uint32_t>(sender.size()),
+  FrameHead head{kFrameMagic, static_cast<uint8_t>(kind), {static_cast<uint8_t>(opens ? 1 : 0), 0, 0},
+                 static_cast<uint32_t>(sender.size()),
                  static_cast<uint32_t>(wire.tensors.size()), static_cast<uint64_t>(wire.metadata.size())};
   std::memcpy(p, &head, sizeof(head));
   p += sizeof(head);
@@ -79,6 +82,7 @@ Bytes encode_frame(FrameKind kind, const std::string& sender, const Wire& wire) 
 
 struct Frame {
   FrameKind kind;
+  bool opens = false;
   std::string sender;
   Wire wire;
 };
@@ -103,6 +107,7 @@ absl::StatusOr<Frame> decode_frame(std::shared_ptr<Bytes> bytes) {
   if (head.kind < 1 || head.kind > 3) return absl::DataLossError(absl::StrCat("unknown frame kind ", head.kind));
   Frame frame;
   frame.kind = static_cast<FrameKind>(head.kind);
+  frame.opens = head.reserved[0] == 1;
   if (head.name_bytes > size - at) return absl::DataLossError("frame is cut short in the sender's name");
   frame.sender.assign(reinterpret_cast<const char*>(base + at), head.name_bytes);
   at += head.name_bytes;
@@ -176,7 +181,8 @@ struct ProcessGroupTransport::State : std::enable_shared_from_this<State> {
         s->loop_back(*this, wire);
         return;
       }
-      s->enqueue(rank, outgoing ? FrameKind::kRequest : FrameKind::kReply, wire);
+      s->enqueue(rank, outgoing ? FrameKind::kRequest : FrameKind::kReply, wire,
+                 outgoing && !opened.exchange(true));
     }
     void close() override {
       if (closed.exchange(true)) return;
@@ -192,6 +198,7 @@ struct ProcessGroupTransport::State : std::enable_shared_from_this<State> {
     const bool outgoing;
     std::atomic<bool> closed{false};
     std::atomic<bool> reported{false};
+    std::atomic<bool> opened{false};  // its first frame is queued
   };
   struct Outgoing {
     FrameKind kind;
@@ -231,8 +238,8 @@ struct ProcessGroupTransport::State : std::enable_shared_from_this<State> {
   std::atomic<uint64_t> bytes_sent{0};
   std::atomic<uint64_t> bytes_received{0};
 
-  void enqueue(int to_rank, FrameKind kind, const Wire& wire) ABSL_LOCKS_EXCLUDED(mu) {
-    auto frame = std::make_shared<const Bytes>(encode_frame(kind, name, wire));
+  void enqueue(int to_rank, FrameKind kind, const Wire& wire, bool opens = false) ABSL_LOCKS_EXCLUDED(mu) {
+    auto frame = std::make_shared<const Bytes>(encode_frame(kind, name, wire, opens));
     absl::MutexLock lock(&mu);
     if (closing) return;  // the core fails what is pending when it shuts down
     queues[static_cast<size_t>(to_rank)].push_back(Outgoing{kind, std::move(frame)});
@@ -387,17 +394,23 @@ struct ProcessGroupTransport::State : std::enable_shared_from_this<State> {
       return false;
     }
     const bool request = frame->kind == FrameKind::kRequest;
+    std::shared_ptr<Link> previous;
     std::shared_ptr<Link> link;
     bool fresh = false;
     {
       absl::MutexLock lock(&mu);
       std::shared_ptr<Link>& slot = request ? in_links[static_cast<size_t>(r)] : out_links[static_cast<size_t>(r)];
+      if (request && frame->opens && slot != nullptr) {
+        // The rank opened a new link (it reconnected): the old one is over.
+        previous = std::move(slot);
+      }
       if (slot == nullptr && request) {
         slot = std::make_shared<Link>(nullptr, weak_from_this(), r, /*outgoing=*/false);
         fresh = true;
       }
       link = slot;
     }
+    if (previous) report(previous, absl::UnavailableError("the peer opened a new connection"));
     if (link == nullptr) return true;  // a reply on a link the core closed
     if (fresh) e->on_accepted(link);
     std::vector<uint64_t> lengths;
@@ -451,7 +464,9 @@ absl::StatusOr<std::string> ProcessGroupTransport::listen(std::weak_ptr<Transpor
   s.events = std::move(events);
   for (int r = 0; r < s.world; ++r) {
     if (r == s.rank) continue;
-    for (int i = 0; i < s.num_threads; ++i) s.senders.emplace_back([state = state_, r] { state->send_loop(r); });
+    // One sender per rank: frames to a rank must arrive in the order written (the
+    // core's hello comes first), and Gloo keeps the order of one sender's messages.
+    s.senders.emplace_back([state = state_, r] { state->send_loop(r); });
     s.receivers.emplace_back([state = state_, r] { state->receive_loop(r); });
   }
   return process_group_address(s.rank);

@@ -2,6 +2,7 @@
 // client sending what a ferry worker never would.
 #include "agents/tensorpipe/factory.h"
 
+#include <functional>
 #include <future>
 #include <thread>
 
@@ -123,7 +124,19 @@ TEST(TensorPipeAgent, GarbageFromARawClientClosesOnlyThatPipe) {
   garbage.metadata = "this is not a ferry message at all";
   std::promise<bool> closed;
   pipe->write(std::move(garbage), [](const tensorpipe::Error&) {});
-  pipe->readDescriptor([&](const tensorpipe::Error& error, tensorpipe::Descriptor) { closed.set_value(bool(error)); });
+  // The agent answers with a refusal (metadata only), then closes the pipe.
+  std::function<void()> read_until_closed = [&] {
+    pipe->readDescriptor([&](const tensorpipe::Error& error, tensorpipe::Descriptor descriptor) {
+      if (error) {
+        closed.set_value(true);
+      } else if (!descriptor.tensors.empty()) {
+        closed.set_value(false);
+      } else {
+        pipe->read(tensorpipe::Allocation{}, [&](const tensorpipe::Error&) { read_until_closed(); });
+      }
+    });
+  };
+  read_until_closed();
   auto verdict = closed.get_future();
   ASSERT_EQ(verdict.wait_for(std::chrono::seconds(10)), std::future_status::ready);
   EXPECT_TRUE(verdict.get()) << "the agent should close a pipe that sends garbage";
@@ -165,7 +178,19 @@ TEST(TensorPipeAgent, AMessageOverTheLimitClosesThatPipeBeforeAllocating) {
     m.tensors.push_back(std::move(tensor));
     pipe->write(std::move(m), [](const tensorpipe::Error&) {});
     std::promise<bool> closed;
-    pipe->readDescriptor([&](const tensorpipe::Error& error, tensorpipe::Descriptor) { closed.set_value(bool(error)); });
+    // The agent answers with a refusal (metadata only), then closes the pipe.
+  std::function<void()> read_until_closed = [&] {
+    pipe->readDescriptor([&](const tensorpipe::Error& error, tensorpipe::Descriptor descriptor) {
+      if (error) {
+        closed.set_value(true);
+      } else if (!descriptor.tensors.empty()) {
+        closed.set_value(false);
+      } else {
+        pipe->read(tensorpipe::Allocation{}, [&](const tensorpipe::Error&) { read_until_closed(); });
+      }
+    });
+  };
+  read_until_closed();
     auto verdict = closed.get_future();
     ASSERT_EQ(verdict.wait_for(std::chrono::seconds(10)), std::future_status::ready);
     EXPECT_TRUE(verdict.get()) << "the agent should close a pipe that announces too many bytes";
