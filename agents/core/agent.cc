@@ -622,8 +622,8 @@ void Agent::on_proof(const std::shared_ptr<Connection>& connection, const Wire& 
                         "; a second one claiming it is refused"));
     return;
   }
-  connection->write(internal::auth_message(AuthKind::kAccepted, {}));
   authenticated(*connection);
+  connection->write(internal::auth_message(AuthKind::kAccepted, {}));
 }
 
 void Agent::authenticated(Connection& connection) {
@@ -654,11 +654,12 @@ void Agent::on_challenge(const std::shared_ptr<Connection>& connection, const Wi
       (*challenge)[1],
       internal::pipe_proof(token, "ferry-pipe-server", s.nonce_c, s.nonce_s, self_.name, self_.id, s.peer_name));
   // Our proof goes even when the acceptor's does not check out, so that it logs why it
-  // refuses us too; our requests follow it only when the acceptor proved the token.
+  // refuses us too; our requests follow it only when the acceptor proved the token. The
+  // stage moves first: a transport may deliver the verdict inside write().
+  s.stage = Stage::kProved;
   connection->write(internal::auth_message(
       AuthKind::kProof,
       {internal::pipe_proof(token, "ferry-pipe-client", s.nonce_c, s.nonce_s, self_.name, self_.id, s.peer_name)}));
-  s.stage = Stage::kProved;
   if (s.acceptor_proved) flush(connection);
 }
 

@@ -212,7 +212,10 @@ TEST_P(TransportConformance, ClosingWhileSendingIsSafe) {
   out->close();
   writer.join();
   out->write(text("after close"));  // dropped, not a crash
-  ASSERT_TRUE(b.events->wait_for([&] { return !b.events->closed_.empty(); }));
+  // A peer that saw the connection at all sees it end.
+  std::this_thread::sleep_for(milliseconds(200));
+  bool accepted = b.events->wait_for([&] { return !b.events->accepted_.empty(); }, milliseconds(0));
+  if (accepted) ASSERT_TRUE(b.events->wait_for([&] { return !b.events->closed_.empty(); }));
 }
 
 // ---- The core's handshake over each transport, against a hostile peer.
