@@ -286,57 +286,70 @@ Future<Message> Agent::send(int to, Message message, std::optional<std::chrono::
 }
 
 void Agent::write_request(const PeerAddress& peer, Wire wire) {
-  std::shared_ptr<Connection> connection;
+  Link link;
+  bool opens = false;
   {
     std::lock_guard<std::mutex> lock(links_mu_);
-    auto it = links_.find(peer.info.id);
-    if (it != links_.end()) connection = it->second;
-  }
-  if (connection == nullptr) {
-    // Every connection opens with a hello saying who we are; with a token it starts the
-    // challenge-response, without one requests follow it at once. The transport is
-    // called outside our locks (it may run its callbacks on this thread).
-    const bool token = !options_.auth_token.empty();
-    auto session = std::make_shared<Session>(true, peer.info.id, peer.info.name, token ? Stage::kHello : Stage::kOpen);
-    if (token) session->nonce_c = internal::auth::nonce();
-    session->pending.push_back(std::move(wire));
-    std::shared_ptr<Connection> fresh = transport_->connect(session, peer.info.name, peer.address);
-    bool raced = false;
-    {
-      std::lock_guard<std::mutex> lock(links_mu_);
-      auto [it, inserted] = links_.try_emplace(peer.info.id, fresh);
-      raced = !inserted;
-      connection = it->second;
+    auto [it, inserted] = links_.try_emplace(peer.info.id);
+    if (inserted) {
+      // Every connection opens with a hello saying who we are; with a token it starts
+      // the challenge-response, without one requests follow it at once.
+      const bool token = !options_.auth_token.empty();
+      it->second.session =
+          std::make_shared<Session>(true, peer.info.id, peer.info.name, token ? Stage::kHello : Stage::kOpen);
+      if (token) it->second.session->nonce_c = internal::auth::nonce();
+      opens = true;
     }
-    if (raced) {
-      // Another call opened one first: ours goes on that one instead.
-      wire = std::move(session->pending.front());
-      session->stage = Stage::kRefused;
-      fresh->close();
-    } else {
-      fresh->write(internal::auth_message(AuthKind::kHello, {self_.name, std::to_string(self_.id), session->nonce_c}));
-      if (!token) flush(fresh);
-      if (session->closed.load(std::memory_order_acquire)) {
-        // It ended before it was in the table (a peer we share no transport with).
-        absl::Status why;
-        {
-          std::lock_guard<std::mutex> lock(session->mu);
-          why = session->closed_why;
-        }
-        on_closed(fresh, std::move(why));
-      }
-      return;
-    }
+    link = it->second;
   }
-  Session& s = *connection->session();
+  Session& s = *link.session;
   if (!s.open.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(s.mu);
     if (!s.open.load(std::memory_order_relaxed)) {
       s.pending.push_back(std::move(wire));
-      return;
+      if (!opens) return;
     }
   }
-  connection->write(std::move(wire));
+  if (opens) {
+    open_link(peer, std::move(link.session));
+    return;
+  }
+  if (link.connection == nullptr) {
+    // Opened since we looked: the connection is in the table now.
+    std::lock_guard<std::mutex> lock(links_mu_);
+    auto it = links_.find(peer.info.id);
+    if (it == links_.end() || it->second.session != link.session) return;  // dropped meanwhile
+    link.connection = it->second.connection;
+  }
+  link.connection->write(std::move(wire));
+}
+
+void Agent::open_link(const PeerAddress& peer, std::shared_ptr<Session> session) {
+  // The transport is called outside our locks: it may run its callbacks on this thread.
+  std::shared_ptr<Connection> connection = transport_->connect(session, peer.info.name, peer.address);
+  bool current;
+  {
+    std::lock_guard<std::mutex> lock(links_mu_);
+    auto it = links_.find(peer.info.id);
+    current = it != links_.end() && it->second.session == session;
+    if (current) it->second.connection = connection;
+  }
+  if (!current) {
+    // Dropped while connecting (the peer was removed or lost): its calls failed already.
+    connection->close();
+    return;
+  }
+  connection->write(internal::auth_message(AuthKind::kHello, {self_.name, std::to_string(self_.id), session->nonce_c}));
+  if (session->stage == Stage::kOpen) flush(connection);
+  if (session->closed.load(std::memory_order_acquire)) {
+    // It ended before it was in the table (a peer we share no transport with).
+    absl::Status why;
+    {
+      std::lock_guard<std::mutex> lock(session->mu);
+      why = session->closed_why;
+    }
+    on_closed(connection, std::move(why));
+  }
 }
 
 void Agent::flush(const std::shared_ptr<Connection>& connection) {
@@ -361,11 +374,12 @@ void Agent::drop_connection(int peer) {
     std::lock_guard<std::mutex> lock(links_mu_);
     auto it = links_.find(peer);
     if (it == links_.end()) return;
-    connection = std::move(it->second);
+    connection = std::move(it->second.connection);
     links_.erase(it);
   }
-  connection->session()->stage = Stage::kRefused;
-  connection->close();
+  // Out of the table, its late events report nothing (on_closed checks the table); one
+  // still connecting is closed by open_link.
+  if (connection != nullptr) connection->close();
 }
 
 // ---- The transport's events.
@@ -477,7 +491,7 @@ void Agent::on_closed(const std::shared_ptr<Connection>& connection, absl::Statu
       std::lock_guard<std::mutex> lock(links_mu_);
       auto it = links_.find(s->peer);
       // A connection already replaced or dropped reports nothing.
-      if (it == links_.end() || it->second != connection) return;
+      if (it == links_.end() || it->second.connection != connection) return;
       links_.erase(it);
     }
     if (why.code() == absl::StatusCode::kUnavailable || why.code() == absl::StatusCode::kCancelled) {
@@ -691,7 +705,7 @@ void Agent::fail_link(const std::shared_ptr<Connection>& connection, absl::Statu
   {
     std::lock_guard<std::mutex> lock(links_mu_);
     auto it = links_.find(s.peer);
-    if (it == links_.end() || it->second != connection) return;
+    if (it == links_.end() || it->second.connection != connection) return;
     links_.erase(it);
   }
   connection->close();

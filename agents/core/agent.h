@@ -120,7 +120,6 @@ class Agent final : public RpcAgent, public TransportEvents, public std::enable_
   void set_dynamic(bool dynamic) { dynamic_.store(dynamic); }
   // Dynamic groups: device maps and devices change as workers join.
   void set_device_maps(DeviceMaps device_maps, DeviceMaps reverse_device_maps, std::vector<Device> devices);
-  const DeviceMaps& initial_device_maps() const { return options_.device_maps; }
   uint64_t membership_version() const;
   // A member that is leaving: new calls to it fail at once saying it left, the calls
   // already in flight to it may finish (at most `drain`), then it is removed as
@@ -168,6 +167,9 @@ class Agent final : public RpcAgent, public TransportEvents, public std::enable_
 
   // Sending: the connection to `peer`, opened (and its handshake begun) on first use.
   void write_request(const PeerAddress& peer, Wire wire);
+  // Connects the link whose first send this was, writes the hello, and (without a
+  // token) lets the waiting requests follow.
+  void open_link(const PeerAddress& peer, std::shared_ptr<internal::Session> session);
   void flush(const std::shared_ptr<Connection>& connection);
   void drop_connection(int peer);
   // Handshake steps (agents/core/handshake.h).
@@ -217,9 +219,15 @@ class Agent final : public RpcAgent, public TransportEvents, public std::enable_
   std::mutex pinging_mu_;
   absl::flat_hash_set<int> pinging_;  // guarded by pinging_mu_: peers with a heartbeat ping out
 
-  // Connections this worker opened, by peer id.
+  // Connections this worker opened, by peer id. A link's session exists from the first
+  // send on; its connection is null while connect() runs (outside the lock), and the
+  // sends meanwhile wait in the session, so one peer never gets two connections.
+  struct Link {
+    std::shared_ptr<internal::Session> session;
+    std::shared_ptr<Connection> connection;
+  };
   mutable std::mutex links_mu_;
-  absl::flat_hash_map<int, std::shared_ptr<Connection>> links_;  // guarded by links_mu_
+  absl::flat_hash_map<int, Link> links_;  // guarded by links_mu_
   // Connections peers opened: those still authenticating, and the authenticated ones
   // by the id they proved (one per id).
   std::mutex accepted_mu_;

@@ -111,6 +111,20 @@ TEST(TensorPipeAgent, DuplicateNamesAndMissingPeersAreErrors) {
   EXPECT_THAT(first.get(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("used by both")));
 }
 
+// Resolves `closed` with true once the pipe closes, false if a message with tensors
+// comes first; metadata-only messages (the agent's refusal) are read past.
+void read_until_closed(const std::shared_ptr<tensorpipe::Pipe>& pipe, std::shared_ptr<std::promise<bool>> closed) {
+  pipe->readDescriptor([pipe, closed](const tensorpipe::Error& error, tensorpipe::Descriptor descriptor) {
+    if (error) {
+      closed->set_value(true);
+    } else if (!descriptor.tensors.empty()) {
+      closed->set_value(false);
+    } else {
+      pipe->read(tensorpipe::Allocation{}, [pipe, closed](const tensorpipe::Error&) { read_until_closed(pipe, closed); });
+    }
+  });
+}
+
 TEST(TensorPipeAgent, GarbageFromARawClientClosesOnlyThatPipe) {
   auto agents = start_group(1);
   ASSERT_EQ(agents.size(), 1u);
@@ -122,22 +136,11 @@ TEST(TensorPipeAgent, GarbageFromARawClientClosesOnlyThatPipe) {
   std::shared_ptr<tensorpipe::Pipe> pipe = context->connect(url);
   tensorpipe::Message garbage;
   garbage.metadata = "this is not a ferry message at all";
-  std::promise<bool> closed;
+  auto closed = std::make_shared<std::promise<bool>>();
   pipe->write(std::move(garbage), [](const tensorpipe::Error&) {});
-  // The agent answers with a refusal (metadata only), then closes the pipe.
-  std::function<void()> read_until_closed = [&] {
-    pipe->readDescriptor([&](const tensorpipe::Error& error, tensorpipe::Descriptor descriptor) {
-      if (error) {
-        closed.set_value(true);
-      } else if (!descriptor.tensors.empty()) {
-        closed.set_value(false);
-      } else {
-        pipe->read(tensorpipe::Allocation{}, [&](const tensorpipe::Error&) { read_until_closed(); });
-      }
-    });
-  };
-  read_until_closed();
-  auto verdict = closed.get_future();
+  // The agent answers with a refusal, then closes the pipe.
+  read_until_closed(pipe, closed);
+  auto verdict = closed->get_future();
   ASSERT_EQ(verdict.wait_for(std::chrono::seconds(10)), std::future_status::ready);
   EXPECT_TRUE(verdict.get()) << "the agent should close a pipe that sends garbage";
 
@@ -177,21 +180,9 @@ TEST(TensorPipeAgent, AMessageOverTheLimitClosesThatPipeBeforeAllocating) {
     tensor.length = big.size();
     m.tensors.push_back(std::move(tensor));
     pipe->write(std::move(m), [](const tensorpipe::Error&) {});
-    std::promise<bool> closed;
-    // The agent answers with a refusal (metadata only), then closes the pipe.
-  std::function<void()> read_until_closed = [&] {
-    pipe->readDescriptor([&](const tensorpipe::Error& error, tensorpipe::Descriptor descriptor) {
-      if (error) {
-        closed.set_value(true);
-      } else if (!descriptor.tensors.empty()) {
-        closed.set_value(false);
-      } else {
-        pipe->read(tensorpipe::Allocation{}, [&](const tensorpipe::Error&) { read_until_closed(); });
-      }
-    });
-  };
-  read_until_closed();
-    auto verdict = closed.get_future();
+    auto closed = std::make_shared<std::promise<bool>>();
+    read_until_closed(pipe, closed);
+    auto verdict = closed->get_future();
     ASSERT_EQ(verdict.wait_for(std::chrono::seconds(10)), std::future_status::ready);
     EXPECT_TRUE(verdict.get()) << "the agent should close a pipe that announces too many bytes";
     // Everyone else is still served.

@@ -222,14 +222,20 @@ TEST_P(TransportConformance, ClosingWhileSendingIsSafe) {
 
 // ---- The core's handshake over each transport, against a hostile peer.
 
-std::shared_ptr<Agent> start_agent(const TransportKind& kind, const std::string& token) {
+// An agent that answers every request with an empty reply.
+absl::StatusOr<std::shared_ptr<Agent>> start_agent(const TransportKind& kind, const std::string& token,
+                                                   const WorkerInfo& self) {
   AgentOptions options;
   options.auth_token = token;
   options.handshake_timeout = milliseconds(300);
   options.num_worker_threads = 2;
-  auto agent = Agent::start(WorkerInfo{"victim", 0}, std::make_shared<HashStore>(), options,
-                            [](const Message& m, const WorkerInfo&) { return Message(MessageType::kResponse, m.id()); },
-                            kind.make("victim"));
+  return Agent::start(self, std::make_shared<HashStore>(), options,
+                      [](const Message& m, const WorkerInfo&) { return Message(MessageType::kResponse, m.id()); },
+                      kind.make(self.name));
+}
+
+std::shared_ptr<Agent> start_agent(const TransportKind& kind, const std::string& token) {
+  auto agent = start_agent(kind, token, WorkerInfo{"victim", 0});
   if (!agent.ok()) throw std::runtime_error(std::string(agent.status().message()));
   return *agent;
 }
@@ -287,11 +293,7 @@ TEST_P(TransportConformance, RequestsWithoutTheHandshakeAreRefused) {
 
 TEST_P(TransportConformance, TwoAgentsWithTheTokenServeCallsOverIt) {
   std::shared_ptr<Agent> a = start_agent(GetParam(), "job-secret");
-  AgentOptions options;
-  options.auth_token = "job-secret";
-  auto b = Agent::start(WorkerInfo{"caller", 1}, std::make_shared<HashStore>(), options,
-                        [](const Message& m, const WorkerInfo&) { return Message(MessageType::kResponse, m.id()); },
-                        GetParam().make("caller"));
+  auto b = start_agent(GetParam(), "job-secret", WorkerInfo{"caller", 1});
   ASSERT_OK(b.status());
   ASSERT_OK((*b)->set_members({{WorkerInfo{"victim", 0}, a->address()}, {WorkerInfo{"caller", 1}, (*b)->address()}}));
   for (int i = 0; i < 20; ++i) EXPECT_OK((*b)->send(0, Message(MessageType::kRequest, 0)).status());
@@ -302,11 +304,7 @@ TEST_P(TransportConformance, TwoAgentsWithTheTokenServeCallsOverIt) {
 
 TEST_P(TransportConformance, AWrongTokenIsRefusedWithBothSidesSayingWhy) {
   std::shared_ptr<Agent> a = start_agent(GetParam(), "job-secret");
-  AgentOptions options;
-  options.auth_token = "another-secret";
-  auto b = Agent::start(WorkerInfo{"caller", 1}, std::make_shared<HashStore>(), options,
-                        [](const Message& m, const WorkerInfo&) { return Message(MessageType::kResponse, m.id()); },
-                        GetParam().make("caller"));
+  auto b = start_agent(GetParam(), "another-secret", WorkerInfo{"caller", 1});
   ASSERT_OK(b.status());
   ASSERT_OK((*b)->set_members({{WorkerInfo{"victim", 0}, a->address()}}));
   EXPECT_THAT((*b)->send(0, Message(MessageType::kRequest, 0), seconds(20)).result(),
