@@ -3,8 +3,6 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "backends/process_group/process_group_backend.h"
-#include "backends/tensorpipe/tensorpipe_backend.h"
 #include "base/status.h"
 
 namespace ferry {
@@ -77,20 +75,6 @@ absl::StatusOr<std::shared_ptr<RpcAgent>> init_backend(const BackendType& backen
                                                    "construct_rpc_backend_options(", backend.name, ", ...)"));
   }
   return b.handler(args);
-}
-
-void register_builtin_backends() {
-  static const bool done = [] {
-    absl::StatusOr<BackendType> tp = register_backend(BackendType::TENSORPIPE.name, &construct_tensorpipe_options,
-                                                      &init_tensorpipe_backend);
-    absl::StatusOr<BackendType> pg = register_backend(BackendType::PROCESS_GROUP.name,
-                                                      &construct_process_group_options, &init_process_group_backend);
-    // Only a user registering one of these names first can make this fail; the user's wins.
-    (void)tp;
-    (void)pg;
-    return true;
-  }();
-  (void)done;
 }
 
 const char* kwarg_type_name(const KwargValue& value) {

@@ -97,42 +97,23 @@ bool backend_registered(const std::string& name);
 [[nodiscard]] absl::StatusOr<std::shared_ptr<RpcAgent>> init_backend(const BackendType& backend,
                                                                      const BackendInitArgs& args);
 
-// Registers TENSORPIPE and PROCESS_GROUP (once; later calls do nothing). init_rpc calls it; call it
-// yourself before using the registry directly. Explicit, because a static library's
-// self-registering initializers are dropped by the linker.
+// Registers the built-in backends, TENSORPIPE and PROCESS_GROUP (once; later calls do
+// nothing; backends/builtin.cc lists them). init_rpc calls it; call it yourself before
+// using the registry directly. Explicit, because a static library's self-registering
+// initializers are dropped by the linker.
 void register_builtin_backends();
 
 // The name of a KwargValue's type ("int64", "string", ...), for error messages.
 const char* kwarg_type_name(const KwargValue& value);
 
 // Keyword argument `key` of backend `backend` ("TENSORPIPE") as a T; kInvalidArgument
-// saying it must be `expected` otherwise.
+// saying it must be `expected` otherwise. (backends/kwargs.h does this for a whole table.)
 template <typename T>
 absl::StatusOr<T> kwarg_as(const char* backend, const std::string& key, const KwargValue& value,
                            const char* expected) {
   if (const T* v = std::get_if<T>(&value)) return *v;
   return absl::InvalidArgumentError(absl::StrCat(backend, " option \"", key, "\" must be ", expected, ", got ",
                                                  kwarg_type_name(value)));
-}
-
-// Applies the keyword arguments every backend with device maps shares ("device_maps",
-// "devices") to `options` (anything with set_device_map and set_devices). Returns
-// whether `key` was one of them.
-template <typename Options>
-absl::StatusOr<bool> apply_device_kwarg(const char* backend, const std::string& key, const KwargValue& value,
-                                        Options& options) {
-  if (key == "device_maps") {
-    FERRY_ASSIGN_OR_RETURN(DeviceMaps maps, kwarg_as<DeviceMaps>(backend, key, value, "device maps"));
-    for (const auto& [worker, map] : maps) FERRY_RETURN_IF_ERROR(options.set_device_map(worker, map));
-    return true;
-  }
-  if (key == "devices") {
-    FERRY_ASSIGN_OR_RETURN(std::vector<Device> devices,
-                           kwarg_as<std::vector<Device>>(backend, key, value, "vector<Device>"));
-    FERRY_RETURN_IF_ERROR(options.set_devices(std::vector<DeviceSpec>(devices.begin(), devices.end())));
-    return true;
-  }
-  return false;
 }
 
 }  // namespace ferry

@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "base/status.h"
-#include "rendezvous/store_handler.h"
+#include "rendezvous/builtin.h"
 
 namespace ferry {
 
@@ -218,7 +218,7 @@ RendezvousHandlerRegistry& rendezvous_handler_registry() {
   // before anyone can see the registry, so it cannot collide with a user's.
   static RendezvousHandlerRegistry* registry = [] {
     auto* r = new RendezvousHandlerRegistry;
-    (void)r->register_handler(StoreRendezvousHandler::kBackend, &StoreRendezvousHandler::from_parameters);
+    for (auto& [backend, creator] : internal::builtin_elastic_handlers()) (void)r->register_handler(backend, creator);
     return r;
   }();
   return *registry;

@@ -1,7 +1,7 @@
 // The agent conformance suite: what every RpcAgent must do, run with real processes
 // (one agent each) against every agent kind and, for TensorPipe, every transport.
 // A new backend adds its AgentKind to kinds() and must pass all of it: TensorPipe (uv,
-// shm) and the process-group agent do.
+// shm), the process-group agent and the in-process agent (as threads) do.
 #include <signal.h>
 #include <unistd.h>
 
@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "agents/inproc/factory.h"
 #include "agents/process_group/factory.h"
 #include "agents/tensorpipe/factory.h"
 #include "gtest/gtest.h"
@@ -37,6 +38,9 @@ struct AgentKind {
   std::string name;
   MakeAgent create;
   MakeAgent start;
+  // Its workers must share a process (the in-process transport): they run as threads,
+  // and the tests that kill or stop a worker's process skip it.
+  bool in_process = false;
 };
 
 // For test names and failure messages (gtest would print the bytes).
@@ -84,9 +88,41 @@ AgentKind process_group_kind() {
   };
 }
 
-std::vector<AgentKind> kinds() {
-  return {tensorpipe_kind("uv"), tensorpipe_kind("shm"), process_group_kind()};
+AgentKind inproc_kind() {
+  InprocAgentOptions options;
+  options.agent.rpc_timeout = seconds(30);
+  options.agent.heartbeat = milliseconds(300);
+  options.init_timeout = seconds(20);
+  return AgentKind{
+      "inproc",
+      [options](std::shared_ptr<Store> store, std::string name, int rank, int n, RequestHandler handler) {
+        return InprocAgent::create(store, name, rank, n, options, handler);
+      },
+      [options](std::shared_ptr<Store> store, std::string name, int rank, int /*n*/, RequestHandler handler) {
+        return InprocAgent::start(store, name, rank, options, handler);
+      },
+      /*in_process=*/true,
+  };
 }
+
+std::vector<AgentKind> kinds() {
+  return {tensorpipe_kind("uv"), tensorpipe_kind("shm"), process_group_kind(), inproc_kind()};
+}
+
+// Runs body(rank) as `n` workers of `kind`: processes, or threads for an in-process kind.
+std::vector<ferry::testing::ProcessResult> run_workers(const AgentKind& kind, int n,
+                                                       const std::function<void(int rank)>& body,
+                                                       std::chrono::milliseconds timeout = seconds(60)) {
+  return kind.in_process ? ferry::testing::run_threads(n, body, timeout)
+                         : ferry::testing::run_processes(n, body, timeout);
+}
+
+#define SKIP_IF_IN_PROCESS(what)                                                                    \
+  if (GetParam().in_process) {                                                                      \
+    GTEST_SKIP() << GetParam().name << "'s workers are threads of one process: " what               \
+                 << " needs a process to kill or stop (tests/agents/transport_conformance_test.cc " \
+                    "covers its lost connections)";                                                 \
+  }
 
 std::string name_of(int rank) { return absl::StrCat("w", rank); }
 
@@ -130,7 +166,7 @@ class AgentConformance : public ::testing::TestWithParam<AgentKind> {};
 TEST_P(AgentConformance, CallsAmongAllPairsAndToSelf) {
   ferry::testing::TempDir dir;
   constexpr int kWorld = 3;
-  ferry::testing::expect_all_succeed(ferry::testing::run_processes(kWorld, [&](int rank) {
+  ferry::testing::expect_all_succeed(run_workers(GetParam(), kWorld, [&](int rank) {
     auto agent = make(GetParam(), dir.path(), rank, kWorld);
     EXPECT_EQ(agent->worker_infos().size(), size_t{kWorld});
     for (int to = 0; to < kWorld; ++to) {
@@ -146,7 +182,7 @@ TEST_P(AgentConformance, CallsAmongAllPairsAndToSelf) {
 
 TEST_P(AgentConformance, TensorsArriveIntact) {
   ferry::testing::TempDir dir;
-  ferry::testing::expect_all_succeed(ferry::testing::run_processes(2, [&](int rank) {
+  ferry::testing::expect_all_succeed(run_workers(GetParam(), 2, [&](int rank) {
     auto agent = make(GetParam(), dir.path(), rank, 2);
     for (int64_t n : {int64_t{0}, int64_t{3}, int64_t{4096}, int64_t{1} << 20}) {
       Message m = request("t");
@@ -167,7 +203,7 @@ TEST_P(AgentConformance, TensorsArriveIntact) {
 
 TEST_P(AgentConformance, RemoteErrorsNameTheirWorker) {
   ferry::testing::TempDir dir;
-  ferry::testing::expect_all_succeed(ferry::testing::run_processes(2, [&](int rank) {
+  ferry::testing::expect_all_succeed(run_workers(GetParam(), 2, [&](int rank) {
     auto agent = make(GetParam(), dir.path(), rank, 2);
     int peer = 1 - rank;
     EXPECT_THAT(agent->send(peer, request("throw")).result(),
@@ -181,7 +217,7 @@ TEST_P(AgentConformance, RemoteErrorsNameTheirWorker) {
 
 TEST_P(AgentConformance, TimeoutsFireAndZeroMeansNone) {
   ferry::testing::TempDir dir;
-  ferry::testing::expect_all_succeed(ferry::testing::run_processes(2, [&](int rank) {
+  ferry::testing::expect_all_succeed(run_workers(GetParam(), 2, [&](int rank) {
     auto agent = make(GetParam(), dir.path(), rank, 2);
     if (rank == 0) {
       Future<Message> quick = agent->send(1, request("sleep:600"), milliseconds(50));
@@ -195,8 +231,9 @@ TEST_P(AgentConformance, TimeoutsFireAndZeroMeansNone) {
 }
 
 TEST_P(AgentConformance, ALostPeerFailsItsCallsAtOnce) {
+  SKIP_IF_IN_PROCESS("a peer that dies");
   ferry::testing::TempDir dir;
-  std::vector<ferry::testing::ProcessResult> results = ferry::testing::run_processes(2, [&](int rank) {
+  std::vector<ferry::testing::ProcessResult> results = run_workers(GetParam(), 2, [&](int rank) {
     auto agent = make(GetParam(), dir.path(), rank, 2);
     if (rank == 1) {
       std::this_thread::sleep_for(seconds(30));  // until the call to "die" kills us
@@ -224,8 +261,9 @@ TEST_P(AgentConformance, ALostPeerFailsItsCallsAtOnce) {
 }
 
 TEST_P(AgentConformance, ASilentPeerIsDeclaredLostByTheHeartbeat) {
+  SKIP_IF_IN_PROCESS("a silent peer");
   ferry::testing::TempDir dir;
-  std::vector<ferry::testing::ProcessResult> results = ferry::testing::run_processes(2, [&](int rank) {
+  std::vector<ferry::testing::ProcessResult> results = run_workers(GetParam(), 2, [&](int rank) {
     auto agent = make(GetParam(), dir.path(), rank, 2);
     std::shared_ptr<Store> store = file_store(dir.path());
     if (rank == 1) {
@@ -267,8 +305,9 @@ bool is_stopped(pid_t pid) {
 // itself: calls to the third worker keep completing while large messages to the
 // stopped one are stuck, and those fail with kUnavailable once the heartbeat gives up.
 TEST_P(AgentConformance, AStoppedPeerDoesNotHoldUpCallsToOthers) {
+  SKIP_IF_IN_PROCESS("a stopped peer");
   ferry::testing::TempDir dir;
-  std::vector<ferry::testing::ProcessResult> results = ferry::testing::run_processes(3, [&](int rank) {
+  std::vector<ferry::testing::ProcessResult> results = run_workers(GetParam(), 3, [&](int rank) {
     auto agent = make(GetParam(), dir.path(), rank, 3);
     std::shared_ptr<Store> store = file_store(dir.path());
     if (rank == 1) {
@@ -320,7 +359,7 @@ TEST_P(AgentConformance, AStoppedPeerDoesNotHoldUpCallsToOthers) {
 
 TEST_P(AgentConformance, GracefulShutdownFinishesCallsInFlight) {
   ferry::testing::TempDir dir;
-  ferry::testing::expect_all_succeed(ferry::testing::run_processes(3, [&](int rank) {
+  ferry::testing::expect_all_succeed(run_workers(GetParam(), 3, [&](int rank) {
     auto agent = make(GetParam(), dir.path(), rank, 3);
     std::vector<Future<Message>> calls;
     for (int i = 0; i < 20; ++i) calls.push_back(agent->send((rank + 1) % 3, request("sleep:50")));
@@ -335,7 +374,7 @@ TEST_P(AgentConformance, GracefulShutdownFinishesCallsInFlight) {
 
 TEST_P(AgentConformance, AThousandConcurrentCalls) {
   ferry::testing::TempDir dir;
-  ferry::testing::expect_all_succeed(ferry::testing::run_processes(2, [&](int rank) {
+  ferry::testing::expect_all_succeed(run_workers(GetParam(), 2, [&](int rank) {
     auto agent = make(GetParam(), dir.path(), rank, 2);
     std::vector<Future<Message>> calls;
     for (int i = 0; i < 1000; ++i) calls.push_back(agent->send(1 - rank, request(absl::StrCat(i))));
@@ -351,7 +390,7 @@ TEST_P(AgentConformance, AThousandConcurrentCalls) {
 
 TEST_P(AgentConformance, AContinuationMayBlockOnAnotherCall) {
   ferry::testing::TempDir dir;
-  ferry::testing::expect_all_succeed(ferry::testing::run_processes(2, [&](int rank) {
+  ferry::testing::expect_all_succeed(run_workers(GetParam(), 2, [&](int rank) {
     auto agent = make(GetParam(), dir.path(), rank, 2);
     int peer = 1 - rank;
     // The continuation waits for a second reply: on a transport thread it would block
@@ -372,7 +411,7 @@ TEST_P(AgentConformance, AContinuationMayBlockOnAnotherCall) {
 
 TEST_P(AgentConformance, DroppingTheLastReferenceInACallbackExitsCleanly) {
   ferry::testing::TempDir dir;
-  ferry::testing::expect_all_succeed(ferry::testing::run_processes(2, [&](int rank) {
+  ferry::testing::expect_all_succeed(run_workers(GetParam(), 2, [&](int rank) {
     auto agent = make(GetParam(), dir.path(), rank, 2);
     if (rank == 1) {
       // Serve rank 0's call, then leave once it is done with us.
@@ -396,7 +435,7 @@ TEST_P(AgentConformance, DroppingTheLastReferenceInACallbackExitsCleanly) {
 
 TEST_P(AgentConformance, MembersJoinAndLeaveWhileCallsRun) {
   ferry::testing::TempDir dir;
-  ferry::testing::expect_all_succeed(ferry::testing::run_processes(3, [&](int rank) {
+  ferry::testing::expect_all_succeed(run_workers(GetParam(), 3, [&](int rank) {
     const AgentKind& kind = GetParam();
     std::shared_ptr<Store> store = file_store(dir.path());
     auto started = kind.start(store, name_of(rank), rank, 3, handler_for(name_of(rank)));

@@ -224,10 +224,11 @@ TEST_P(TransportConformance, ClosingWhileSendingIsSafe) {
 
 // An agent that answers every request with an empty reply.
 absl::StatusOr<std::shared_ptr<Agent>> start_agent(const TransportKind& kind, const std::string& token,
-                                                   const WorkerInfo& self) {
+                                                   const WorkerInfo& self,
+                                                   milliseconds handshake_timeout = milliseconds(300)) {
   AgentOptions options;
   options.auth_token = token;
-  options.handshake_timeout = milliseconds(300);
+  options.handshake_timeout = handshake_timeout;
   options.num_worker_threads = 2;
   return Agent::start(self, std::make_shared<HashStore>(), options,
                       [](const Message& m, const WorkerInfo&) { return Message(MessageType::kResponse, m.id()); },
@@ -276,6 +277,27 @@ TEST_P(TransportConformance, ASilentConnectionIsClosedAfterTheHandshakeTimeout) 
   ASSERT_TRUE(attacker.events->wait_for([&] { return !attacker.events->closed_.empty(); }, milliseconds(10000)));
   EXPECT_GE(refused(*victim), 1u);
   victim->shutdown();
+}
+
+TEST_P(TransportConformance, UnauthenticatedConnectionsAreCapped) {
+  // Long enough that the first connections are all still waiting when the last arrive.
+  auto victim = start_agent(GetParam(), "job-secret", WorkerInfo{"victim", 0}, seconds(60));
+  ASSERT_OK(victim.status());
+  Side attacker(GetParam(), "attacker");
+  constexpr int kOver = 4;
+  std::vector<std::shared_ptr<Connection>> silent;
+  for (int i = 0; i < internal::kMaxUnauthenticated + kOver; ++i) {
+    silent.push_back(attacker.transport->connect(nullptr, "victim", (*victim)->address()));
+  }
+  // Those over the cap are closed at once; the others wait for their hello.
+  ASSERT_TRUE(attacker.events->wait_for([&] { return attacker.events->closed_.size() >= size_t{kOver}; }));
+  std::this_thread::sleep_for(milliseconds(300));
+  EXPECT_EQ(refused(**victim), uint64_t{kOver});
+  {
+    std::lock_guard<std::mutex> lock(attacker.events->mu_);
+    EXPECT_EQ(attacker.events->closed_.size(), size_t{kOver});
+  }
+  (*victim)->shutdown();
 }
 
 TEST_P(TransportConformance, RequestsWithoutTheHandshakeAreRefused) {

@@ -94,8 +94,9 @@ TEST(TensorPipeOptions, KwargsAreTypedAndChecked) {
                                             {{"num_worker_thread", int64_t{3}}}),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("TENSORPIPE backend has no option \"num_worker_thread\" (expected one of: "
-                                 "num_worker_threads, transports, channels, device_maps, devices, "
-                                 "heartbeat_interval_ms, auth_token)")));
+                                 "num_worker_threads (int64), transports (vector<string>), channels "
+                                 "(vector<string>), heartbeat_interval_ms (int64), auth_token (string), "
+                                 "device_maps (device maps), devices (vector<Device>))")));
   EXPECT_THAT(construct_rpc_backend_options(BackendType::TENSORPIPE, kDefaultRpcTimeout, "env://",
                                             {{"num_worker_threads", std::string("four")}}),
               StatusIs(absl::StatusCode::kInvalidArgument,

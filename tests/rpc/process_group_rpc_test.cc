@@ -141,7 +141,7 @@ TEST(ProcessGroupRpcOptions, KwargsAreCheckedByName) {
                                             {{"num_worker_threads", int64_t{4}}}),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        "PROCESS_GROUP backend has no option \"num_worker_threads\" (expected one of: "
-                       "num_send_recv_threads, device_maps, devices)"));
+                       "num_send_recv_threads (int64), device_maps (device maps), devices (vector<Device>))"));
   EXPECT_THAT(construct_rpc_backend_options(BackendType::PROCESS_GROUP, kDefaultRpcTimeout, "env://",
                                             {{"num_send_recv_threads", std::string("4")}}),
               StatusIs(absl::StatusCode::kInvalidArgument,

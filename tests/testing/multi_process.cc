@@ -4,10 +4,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
+#include <memory>
+#include <mutex>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -88,6 +91,55 @@ std::vector<ProcessResult> run_processes(int n, const std::function<void(int ran
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   return results;
+}
+
+std::vector<ProcessResult> run_threads(int n, const std::function<void(int rank)>& body,
+                                       std::chrono::milliseconds timeout) {
+  struct Shared {
+    std::mutex mu;
+    std::condition_variable cv;
+    int running = 0;
+    std::vector<ProcessResult> results;
+  };
+  auto shared = std::make_shared<Shared>();
+  shared->running = n;
+  shared->results.resize(static_cast<size_t>(n));
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < n; ++rank) {
+    threads.emplace_back([shared, &body, rank] {
+      int code = 0;
+      try {
+        body(rank);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "rank %d: uncaught exception: %s\n", rank, e.what());
+        code = 2;
+      } catch (...) {
+        std::fprintf(stderr, "rank %d: uncaught non-standard exception\n", rank);
+        code = 2;
+      }
+      std::lock_guard<std::mutex> lock(shared->mu);
+      ProcessResult& r = shared->results[static_cast<size_t>(rank)];
+      r.rank = rank;
+      r.exited = true;
+      r.exit_code = code;
+      --shared->running;
+      shared->cv.notify_all();
+    });
+  }
+  {
+    std::unique_lock<std::mutex> lock(shared->mu);
+    if (!shared->cv.wait_for(lock, timeout, [&] { return shared->running == 0; })) {
+      for (size_t rank = 0; rank < shared->results.size(); ++rank) {
+        if (shared->results[rank].exited) continue;
+        std::fprintf(stderr, "run_threads: rank %zu still runs after %lld ms\n", rank,
+                     static_cast<long long>(timeout.count()));
+      }
+      std::fflush(stderr);
+      std::abort();
+    }
+  }
+  for (std::thread& t : threads) t.join();
+  return shared->results;
 }
 
 void expect_all_succeed(const std::vector<ProcessResult>& results) {

@@ -31,6 +31,13 @@ struct ProcessResult {
 std::vector<ProcessResult> run_processes(int n, const std::function<void(int rank)>& body,
                                          std::chrono::milliseconds timeout = std::chrono::seconds(60));
 
+// The same with `n` threads of this process, for workers that must share one (the
+// in-process transport's). A rank's result is exit 0, or 2 when body threw; its gtest
+// failures are the test's. A thread cannot be killed, so a hang past `timeout` prints
+// the ranks still running and aborts the test binary: a failure, never a stuck CI.
+std::vector<ProcessResult> run_threads(int n, const std::function<void(int rank)>& body,
+                                       std::chrono::milliseconds timeout = std::chrono::seconds(60));
+
 // Adds a gtest failure for every process that did not exit 0.
 void expect_all_succeed(const std::vector<ProcessResult>& results);
 

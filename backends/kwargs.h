@@ -1,0 +1,116 @@
+// File: backends/kwargs.h
+//
+// A backend's keyword arguments as a table: each key, the type its value must have,
+// and what it sets. One table gives the options constructor its parsing and its
+// errors (an unknown key names the known ones; a value of the wrong type names the
+// key and both types).
+//
+//   const KwargTable<MyOptions>& table() {
+//     static const auto* t = new KwargTable<MyOptions>(
+//         "MINE", {kwarg<MyOptions, int64_t>("threads", [](MyOptions& o, int64_t n) {
+//                    o.threads = n;
+//                    return absl::OkStatus();
+//                  })},
+//         /*device_kwargs=*/true);
+//     return *t;
+//   }
+//   FERRY_RETURN_IF_ERROR(table().apply(kwargs, options));
+#pragma once
+
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "backends/backend_registry.h"
+#include "base/status.h"
+
+namespace ferry {
+
+// The name kwarg_type_name gives values of type T ("int64", "vector<string>", ...).
+template <typename T>
+const char* kwarg_type_name_of() {
+  static const KwargValue sample{std::in_place_type<T>};
+  return kwarg_type_name(sample);
+}
+
+// One key of a table: its name, its value's type, and how it sets Options.
+template <typename Options>
+struct KwargEntry {
+  std::string key;
+  const char* type = "";
+  std::function<absl::Status(Options&, const KwargValue&)> apply;
+};
+
+// An entry for key `key` whose value must be a T; `set(options, value)` applies it and
+// may refuse it with an error that says what was expected.
+template <typename Options, typename T, typename Set>
+KwargEntry<Options> kwarg(std::string key, Set set) {
+  const char* type = kwarg_type_name_of<T>();
+  return KwargEntry<Options>{std::move(key), type,
+                             [set = std::move(set)](Options& options, const KwargValue& value) -> absl::Status {
+                               return set(options, std::get<T>(value));
+                             }};
+}
+
+// A backend's table. Immutable once built, so thread-safe.
+template <typename Options>
+class KwargTable {
+ public:
+  // `backend` names the backend in errors. With `device_kwargs`, the table also has
+  // "device_maps" (DeviceMaps) and "devices" (vector<Device>), applied through
+  // Options::set_device_map and Options::set_devices.
+  KwargTable(std::string backend, std::vector<KwargEntry<Options>> entries, bool device_kwargs)
+      : backend_(std::move(backend)), entries_(std::move(entries)) {
+    if (device_kwargs) {
+      entries_.push_back(kwarg<Options, DeviceMaps>("device_maps", [](Options& o, const DeviceMaps& maps) {
+        for (const auto& [worker, map] : maps) FERRY_RETURN_IF_ERROR(o.set_device_map(worker, map));
+        return absl::OkStatus();
+      }));
+      entries_.push_back(kwarg<Options, std::vector<Device>>("devices", [](Options& o, const std::vector<Device>& d) {
+        return o.set_devices(std::vector<DeviceSpec>(d.begin(), d.end()));
+      }));
+    }
+  }
+
+  // Applies every keyword argument to `options`. Errors (kInvalidArgument): an unknown
+  // key, a value of the wrong type, and what an entry refuses.
+  absl::Status apply(const Kwargs& kwargs, Options& options) const {
+    for (const auto& [key, value] : kwargs) {
+      const KwargEntry<Options>* entry = find(key);
+      if (entry == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat(backend_, " backend has no option \"", key,
+                                                       "\" (expected one of: ", known(), ")"));
+      }
+      if (kwarg_type_name(value) != std::string_view(entry->type)) {
+        return absl::InvalidArgumentError(absl::StrCat(backend_, " option \"", key, "\" must be ", entry->type,
+                                                       ", got ", kwarg_type_name(value)));
+      }
+      FERRY_RETURN_IF_ERROR(entry->apply(options, value));
+    }
+    return absl::OkStatus();
+  }
+
+  // "key (type), ...": for documentation and errors.
+  std::string known() const {
+    return absl::StrJoin(entries_, ", ", [](std::string* out, const KwargEntry<Options>& e) {
+      absl::StrAppend(out, e.key, " (", e.type, ")");
+    });
+  }
+
+ private:
+  const KwargEntry<Options>* find(const std::string& key) const {
+    for (const KwargEntry<Options>& e : entries_) {
+      if (e.key == key) return &e;
+    }
+    return nullptr;
+  }
+
+  std::string backend_;
+  std::vector<KwargEntry<Options>> entries_;
+};
+
+}  // namespace ferry
