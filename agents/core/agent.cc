@@ -4,6 +4,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "agents/core/activity.h"
 #include "agents/core/call_table.h"
 #include "agents/core/cuda_staging.h"
@@ -58,6 +59,11 @@ std::vector<Device> devices_of(const DeviceMaps& maps, const DeviceMaps& reverse
   }
   return out;
 }
+
+// join(): how often a worker waiting for the others looks for losses to account, and
+// when it first probes the workers that have not arrived.
+constexpr std::chrono::milliseconds kBarrierPoll{100};
+constexpr std::chrono::milliseconds kFirstProbe{300};
 
 std::chrono::milliseconds left_until(Clock::time_point deadline) {
   return std::max(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()),
@@ -199,6 +205,16 @@ absl::Status Agent::retire_member(int id, std::chrono::milliseconds drain) {
                        << " ms; failing them as it leaves";
   }
   return remove_member(id, MembershipChange::kLeft);
+}
+
+void Agent::begin_leave() { leaving_.store(std::max(leaving_.load(), 1)); }
+
+void Agent::refuse_requests() { leaving_.store(2); }
+
+bool Agent::linked_to(int peer) const {
+  std::lock_guard<std::mutex> lock(links_mu_);
+  auto it = links_.find(peer);
+  return it != links_.end() && !it->second.session->closed.load(std::memory_order_acquire);
 }
 
 void Agent::set_control_handler(RequestHandler handler) {
@@ -429,7 +445,10 @@ absl::Status Agent::on_header(Connection& connection, uint64_t metadata_bytes,
                               std::span<const uint64_t> tensor_bytes) {
   Session* s = connection.session();
   if (s == nullptr) return absl::InternalError("a connection without a session (the transport skipped on_accepted)");
-  if (!s->open.load(std::memory_order_acquire) || (!s->outgoing && s->stage != Stage::kOpen)) {
+  // The stage, not `open`: an outgoing session turns open only once its queued
+  // requests are written, and a fast peer's reply to the first of them may already be
+  // here. Events of one connection run one at a time, so the stage is current.
+  if (s->stage != Stage::kOpen) {
     absl::Status small = internal::check_handshake_size(metadata_bytes, tensor_bytes);
     if (!small.ok()) {
       handshakes_refused_.fetch_add(1, std::memory_order_relaxed);
@@ -501,6 +520,7 @@ void Agent::on_closed(const std::shared_ptr<Connection>& connection, absl::Statu
     on_peer_lost(s->peer, std::move(why));
     return;
   }
+  bool current = false;  // the peer's one authenticated connection here
   {
     std::lock_guard<std::mutex> lock(accepted_mu_);
     unauthenticated_.erase(connection.get());
@@ -508,9 +528,20 @@ void Agent::on_closed(const std::shared_ptr<Connection>& connection, absl::Statu
       auto it = authenticated_.find(s->peer);
       if (it != authenticated_.end()) {
         std::shared_ptr<Connection> held = it->second.lock();
+        current = held == connection;
         if (held == nullptr || held == connection) authenticated_.erase(it);
       }
     }
+  }
+  // A peer that only ever called us (an RRef holder calling its owner) is lost when its
+  // connection goes: nothing else would tell. One we have a connection to is judged by
+  // that connection, which fails too if the peer died; a peer may close its side for
+  // other reasons (it retired us, or suspects us).
+  if (current && s->stage == Stage::kOpen && !shut_down_.load() && leaving_.load() == 0 && !linked_to(s->peer)) {
+    on_peer_lost(s->peer, absl::UnavailableError(absl::StrCat("worker \"", s->peer_name, "\" (id ", s->peer,
+                                                              ") is unreachable: its connection here ended: ",
+                                                              why.message())));
+    return;
   }
   // The caller going away (kUnavailable) or our own close is routine; anything else
   // (a message too large, one that did not parse) is worth a line.
@@ -582,6 +613,11 @@ void Agent::on_hello(const std::shared_ptr<Connection>& connection, const Wire& 
     }
     // Without a token the claim is taken at its word: it names the caller, nothing more.
     s.peer = id;
+    {
+      // The latest connection from an id speaks for it (on_closed reports its loss).
+      std::lock_guard<std::mutex> lock(accepted_mu_);
+      authenticated_[id] = connection;
+    }
     authenticated(*connection);
     return;
   }
@@ -730,6 +766,14 @@ void Agent::on_request(const std::shared_ptr<Connection>& from, Wire wire) {
   if (request->type() != MessageType::kRequest && request->type() != MessageType::kControl) {
     FERRY_LOG(WARNING) << self_.name << ": ignoring a " << message_type_name(request->type()) << " message from "
                        << describe(s) << " on a request pipe";
+    return;
+  }
+  if (request->type() == MessageType::kRequest && leaving_.load(std::memory_order_acquire) == 2) {
+    Message refused = make_error_message(
+        request->id(), self_.name,
+        absl::UnavailableError(absl::StrCat("worker \"", self_.name, "\" (id ", self_.id,
+                                            ") is leaving the group and takes no new calls")));
+    from->write(Wire{refused.seal(), {}, {}});
     return;
   }
   if (request->type() == MessageType::kRequest && !any_device_target(wire.targets) && options_.serves_inline &&
@@ -889,13 +933,15 @@ void Agent::on_peer_lost(int peer, absl::Status why) {
     return;
   }
   WorkerInfo info = member->info;
-  FERRY_LOG(INFO) << self_.name << ": " << why;
+  // Once join() saw everyone arrive, the group is shutting down: peers going now left.
+  const MembershipChange change = departing_.load() ? MembershipChange::kLeft : MembershipChange::kLost;
+  if (change == MembershipChange::kLost) FERRY_LOG(INFO) << self_.name << ": " << why;
   if (dynamic_.load()) {
     // A dynamic group forgets a lost member; its calls fail with why it was lost.
     calls_->fail_peer(peer, why);
-    if (members_.remove(peer, MembershipChange::kLost).ok()) {
+    if (members_.remove(peer, change).ok()) {
       group_size_.fetch_sub(1);
-      notify(info, MembershipChange::kLost);
+      notify(info, change);
     }
     return;
   }
@@ -906,7 +952,16 @@ void Agent::on_peer_lost(int peer, absl::Status why) {
     any_lost_.store(true, std::memory_order_release);
   }
   calls_->fail_peer(peer, why);
-  if (first) notify(info, MembershipChange::kLost);
+  if (!first) return;
+  {
+    std::lock_guard<std::mutex> lock(lost_mu_);
+    if (in_barrier_.load()) {
+      // Waiting in join(): whether it left or was lost shows once everyone is accounted.
+      deferred_.push_back(info);
+      return;
+    }
+  }
+  notify(info, change);
 }
 
 void Agent::suspect(int peer) {
@@ -990,6 +1045,19 @@ absl::Status Agent::sync(std::chrono::milliseconds timeout) {
   return absl::OkStatus();
 }
 
+absl::Status Agent::account(const std::string& prefix, int id, bool arrived, int n) {
+  // A unique claim value, so a claimer knows whether it won (compare_set returns what
+  // the key holds afterwards).
+  const Bytes mine = to_bytes(arrived ? std::string("arrived") : absl::StrCat("lost:", self_.id));
+  FERRY_ASSIGN_OR_RETURN(Bytes holds, store_->compare_set(absl::StrCat(prefix, "fate/", id), {}, mine));
+  if (holds != mine) return absl::OkStatus();  // accounted for already
+  // "arrived" counts before "accounted", so it is final once "done" is set.
+  if (arrived) FERRY_RETURN_IF_ERROR(store_->add(prefix + "arrived", 1).status());
+  FERRY_ASSIGN_OR_RETURN(int64_t accounted, store_->add(prefix + "accounted", 1));
+  if (accounted == n) FERRY_RETURN_IF_ERROR(store_->set(prefix + "done", to_bytes("1")));
+  return absl::OkStatus();
+}
+
 absl::Status Agent::join(std::chrono::milliseconds timeout) {
   std::shared_ptr<const std::function<absl::Status(std::chrono::milliseconds)>> custom;
   {
@@ -1003,21 +1071,92 @@ absl::Status Agent::join(std::chrono::milliseconds timeout) {
   // Every call is rooted in some worker's own unfinished work, so once each worker has
   // drained its own and arrived, the whole group is quiet.
   FERRY_RETURN_IF_ERROR(sync(timeout));
-  FERRY_ASSIGN_OR_RETURN(int64_t arrived, store_->add(prefix + "arrived", 1));
-  if (arrived == n) FERRY_RETURN_IF_ERROR(store_->set(prefix + "done", to_bytes("1")));
-  absl::Status all = store_->wait({prefix + "done"}, left_until(deadline));
-  if (!all.ok()) {
-    return absl::Status(all.code(), absl::StrCat(self_.name, ": waiting for every worker to join: ", all.message()));
+  // Every worker is accounted for once: by itself when it arrives, or by any worker
+  // that saw it lost. A worker that never arrives and that nobody has a connection to
+  // is probed, so a dead one is found within a probe.
+  in_barrier_.store(true);
+  absl::Status barrier = wait_in_barrier(prefix, n, deadline);
+  std::vector<WorkerInfo> deferred;
+  {
+    std::lock_guard<std::mutex> lock(lost_mu_);
+    in_barrier_.store(false);
+    // Everyone arrived or was lost: whoever goes now leaves.
+    if (barrier.ok()) departing_.store(true);
+    deferred.swap(deferred_);
   }
+  for (const WorkerInfo& w : deferred) {
+    absl::StatusOr<Bytes> fate = store_->get(absl::StrCat(prefix, "fate/", w.id), std::chrono::milliseconds(0));
+    bool left = barrier.ok() && fate.ok() && to_string(*fate) == "arrived";
+    notify(w, left ? MembershipChange::kLeft : MembershipChange::kLost);
+  }
+  FERRY_RETURN_IF_ERROR(barrier);
+  FERRY_ASSIGN_OR_RETURN(int64_t arrived, store_->add(prefix + "arrived", 0));
   // Worker 0 usually hosts the store: it leaves last, so nobody loses the store while
   // still reading "done".
   FERRY_ASSIGN_OR_RETURN(int64_t gone, store_->add(prefix + "left", 1));
-  if (gone == n) FERRY_RETURN_IF_ERROR(store_->set(prefix + "all_left", to_bytes("1")));
+  if (gone == arrived) FERRY_RETURN_IF_ERROR(store_->set(prefix + "all_left", to_bytes("1")));
   if (self_.id == 0) {
     absl::Status left = store_->wait({prefix + "all_left"}, left_until(deadline));
     if (!left.ok()) {
       return absl::Status(left.code(), absl::StrCat(self_.name, ": waiting for every worker to finish joining: ",
                                                     left.message()));
+    }
+  }
+  if (arrived == n) return absl::OkStatus();
+  // Some worker was lost: say which, wherever it was seen.
+  std::vector<std::string> keys;
+  std::vector<WorkerInfo> members = worker_infos();
+  for (const WorkerInfo& w : members) keys.push_back(absl::StrCat(prefix, "fate/", w.id));
+  FERRY_ASSIGN_OR_RETURN(std::vector<Bytes> fates, store_->multi_get(keys, left_until(deadline)));
+  std::vector<std::string> names;
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (to_string(fates[i]) == "arrived") continue;
+    std::string why;
+    {
+      std::lock_guard<std::mutex> lock(lost_mu_);
+      auto it = lost_.find(members[i].id);
+      if (it != lost_.end()) why = absl::StrCat(": ", it->second.message());
+    }
+    names.push_back(absl::StrCat("\"", members[i].name, "\" (id ", members[i].id, ")", why));
+  }
+  return absl::UnavailableError(absl::StrCat(self_.name, ": joined the rest of the group, but ", n - arrived,
+                                             " worker(s) were lost: ", absl::StrJoin(names, "; ")));
+}
+
+absl::Status Agent::wait_in_barrier(const std::string& prefix, int n, Clock::time_point deadline) {
+  FERRY_RETURN_IF_ERROR(account(prefix, self_.id, /*arrived=*/true, n));
+  const Clock::time_point arrived_at = Clock::now();
+  Clock::time_point next_probe = arrived_at + kFirstProbe;
+  absl::flat_hash_set<int> claimed;
+  for (;;) {
+    std::vector<int> lost;
+    {
+      std::lock_guard<std::mutex> lock(lost_mu_);
+      for (const auto& [id, why] : lost_) {
+        if (!claimed.contains(id)) lost.push_back(id);
+      }
+    }
+    for (int id : lost) {
+      FERRY_RETURN_IF_ERROR(account(prefix, id, /*arrived=*/false, n));
+      claimed.insert(id);
+    }
+    absl::Status all = store_->wait({prefix + "done"}, std::min(kBarrierPoll, left_until(deadline)));
+    if (all.ok()) break;
+    if (all.code() != absl::StatusCode::kDeadlineExceeded || Clock::now() >= deadline) {
+      return absl::Status(all.code(), absl::StrCat(self_.name, ": waiting for every worker to join: ", all.message()));
+    }
+    if (Clock::now() >= next_probe) {
+      for (const WorkerInfo& w : worker_infos()) {
+        if (w.id == self_.id || claimed.contains(w.id)) continue;
+        absl::StatusOr<bool> accounted = store_->check({absl::StrCat(prefix, "fate/", w.id)});
+        if (!accounted.ok() || *accounted) continue;
+        if (options_.heartbeat.count() > 0) {
+          suspect(w.id);
+        } else {
+          (void)send(w.id, Message(MessageType::kPing, 0), kFirstProbe);
+        }
+      }
+      next_probe = Clock::now() + std::max(options_.heartbeat, kFirstProbe);
     }
   }
   return absl::OkStatus();

@@ -126,6 +126,14 @@ class Agent final : public RpcAgent, public TransportEvents, public std::enable_
   // remove_member(id, kLeft) does. kNotFound if not a member.
   absl::Status retire_member(int id, std::chrono::milliseconds drain);
 
+  // A dynamic group's leave (agents/core/dynamic_group.cc), in two steps. After
+  // begin_leave(), a connection a peer closes is no loss: the members close theirs as
+  // they retire this worker. After refuse_requests() (every member was told, so no
+  // member calls any more), new requests get kUnavailable saying this worker is
+  // leaving; those already taken are served.
+  void begin_leave();
+  void refuse_requests();
+
   // Serves kControl requests (a membership protocol), on the pool like requests.
   // Without one, a kControl request gets an error reply.
   void set_control_handler(RequestHandler handler);
@@ -164,6 +172,15 @@ class Agent final : public RpcAgent, public TransportEvents, public std::enable_
  private:
   Agent(WorkerInfo self, std::shared_ptr<Store> store, AgentOptions options, RequestHandler handler,
         std::unique_ptr<Transport> transport);
+
+  // join()'s barrier: claims the fate of worker `id` ("arrived" for itself, else
+  // "lost") under `prefix`, once per worker; the claim that accounts for the last
+  // worker sets "<prefix>done".
+  absl::Status account(const std::string& prefix, int id, bool arrived, int n);
+  // Waits until every worker is accounted for, accounting the losses this worker sees.
+  absl::Status wait_in_barrier(const std::string& prefix, int n, std::chrono::steady_clock::time_point deadline);
+  // Whether a connection this worker opened to `peer` is up.
+  bool linked_to(int peer) const;
 
   // Sending: the connection to `peer`, opened (and its handshake begun) on first use.
   void write_request(const PeerAddress& peer, Wire wire);
@@ -216,6 +233,10 @@ class Agent final : public RpcAgent, public TransportEvents, public std::enable_
   mutable std::mutex lost_mu_;
   absl::flat_hash_map<int, absl::Status> lost_;  // guarded by lost_mu_
   std::atomic<bool> any_lost_{false};
+  // Between arriving in join() and everyone being accounted for, losses are told once
+  // it is known whether the peer left (it arrived too) or was lost.
+  std::atomic<bool> in_barrier_{false};
+  std::vector<WorkerInfo> deferred_;  // guarded by lost_mu_
   std::mutex pinging_mu_;
   absl::flat_hash_set<int> pinging_;  // guarded by pinging_mu_: peers with a heartbeat ping out
 
@@ -247,6 +268,10 @@ class Agent final : public RpcAgent, public TransportEvents, public std::enable_
   std::deque<std::pair<WorkerInfo, MembershipChange>> changes_;  // guarded by changes_mu_
   bool delivering_ = false;                                       // guarded by changes_mu_
 
+  // 0: a member; 1: leaving (begin_leave); 2: refusing requests (refuse_requests).
+  std::atomic<int> leaving_{0};
+  // join() saw every worker arrive: a peer that goes from now on left; it was not lost.
+  std::atomic<bool> departing_{false};
   std::atomic<uint64_t> requests_served_{0};
   std::atomic<bool> shut_down_{false};
   std::atomic<int> join_generation_{0};

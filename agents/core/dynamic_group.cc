@@ -162,18 +162,30 @@ absl::Status Group::leave(std::chrono::milliseconds timeout) {
         "\"); it can leave only last. Let the others shut down first, or host the store outside the group "
         "(ferry store serve, or any reachable tcp:// store). This worker keeps running."));
   }
-  // My own calls finish first; then every member stops calling me, lets its calls to
-  // me finish, and forgets me.
-  FERRY_RETURN_IF_ERROR(owner->sync(timeout));
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  // Every member at once: each stops calling me, lets its calls in flight to me finish
+  // (I serve them meanwhile), forgets me, and answers. Until then a member's call may
+  // still be on its way, so requests are taken as usual.
+  owner->begin_leave();
   Update update;
   update.worker = MemberRecord{name, rank, owner->address()};
   update.join = false;
-  Bytes body = encode_record(update);
-  for (const MemberRecord& m : members) {
-    absl::StatusOr<Bytes> told = call(*owner, m.rank, "update", body, timeout);
-    if (!told.ok()) FERRY_LOG(INFO) << name << ": leaving, could not tell " << m.name << ": " << told.status();
+  const Bytes body = encode_record(update);
+  std::vector<Future<Message>> told;
+  told.reserve(members.size());
+  for (const MemberRecord& m : members) told.push_back(owner->send(m.rank, control("update", body), timeout));
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (absl::Status s = told[i].status(); !s.ok()) {
+      FERRY_LOG(INFO) << name << ": leaving, could not tell " << members[i].name << ": " << s;
+    }
   }
-  return store->set(kMembersKey, encode_record(members));
+  // No member calls me any more: a stray request is refused, and what I serve and my
+  // own calls finish.
+  owner->refuse_requests();
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+  absl::Status drained = owner->sync(std::max(left, std::chrono::milliseconds(0)));
+  FERRY_RETURN_IF_ERROR(store->set(kMembersKey, encode_record(members)));
+  return drained;
 }
 
 }  // namespace

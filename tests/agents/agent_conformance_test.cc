@@ -5,9 +5,12 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <fstream>
 #include <functional>
+#include <mutex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -369,6 +372,76 @@ TEST_P(AgentConformance, GracefulShutdownFinishesCallsInFlight) {
     agent->shutdown();
     for (const Future<Message>& f : calls) EXPECT_OK(f.status());
     EXPECT_THAT(agent->send(0, request("late")).result(), StatusIs(absl::StatusCode::kCancelled));
+  }));
+}
+
+TEST_P(AgentConformance, GracefulShutdownAfterAWorkerDiedReturnsPromptlyNamingIt) {
+  SKIP_IF_IN_PROCESS("a worker that dies");
+  ferry::testing::TempDir dir;
+  constexpr int kWorld = 4;
+  std::vector<ferry::testing::ProcessResult> results = run_workers(GetParam(), kWorld, [&](int rank) {
+    auto agent = make(GetParam(), dir.path(), rank, kWorld);
+    std::shared_ptr<Store> store = file_store(dir.path());
+    // A ring of calls: w2 calls w3 and w3 calls w0; w1 has no connection to w3.
+    EXPECT_OK(agent->send((rank + 1) % kWorld, request("hi")).status());
+    ASSERT_OK(store->add("called", 1).status());
+    ASSERT_OK(store->wait({"called"}, seconds(20)));
+    for (int i = 0; i < 2000 && *store->add("called", 0) < kWorld; ++i) std::this_thread::sleep_for(milliseconds(5));
+    if (rank == 3) raise(SIGKILL);
+    auto start = std::chrono::steady_clock::now();
+    absl::Status joined = agent->join(seconds(60));
+    auto took = std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - start);
+    std::printf("w%d: join returned after %lld ms: %s\n", rank, static_cast<long long>(took.count()),
+                joined.ToString().c_str());
+    EXPECT_THAT(joined, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("\"w3\" (id 3)")));
+    EXPECT_LT(took, seconds(10));
+    agent->shutdown();
+  }, seconds(90));
+  ASSERT_EQ(results.size(), size_t{kWorld});
+  for (int r = 0; r < 3; ++r) EXPECT_TRUE(results[r].exited && results[r].exit_code == 0) << results[r].describe();
+  EXPECT_EQ(results[3].term_signal, SIGKILL) << results[3].describe();
+}
+
+TEST_P(AgentConformance, ACleanGracefulShutdownTellsTheOthersLeftNeverLost) {
+  ferry::testing::TempDir dir;
+  constexpr int kWorld = 3;
+  ferry::testing::expect_all_succeed(run_workers(GetParam(), kWorld, [&](int rank) {
+    auto agent = make(GetParam(), dir.path(), rank, kWorld);
+    std::shared_ptr<Store> store = file_store(dir.path());
+    std::mutex mu;
+    std::vector<std::pair<std::string, MembershipChange>> heard;
+    agent->add_membership_listener([&](const WorkerInfo& w, MembershipChange c) {
+      std::lock_guard<std::mutex> lock(mu);
+      heard.emplace_back(w.name, c);
+    });
+    for (int to = 0; to < kWorld; ++to) EXPECT_OK(agent->send(to, request("hi")).status());
+    EXPECT_OK(agent->join(seconds(30)));
+    if (rank != 0) {
+      agent->shutdown();
+      ASSERT_OK(store->set(absl::StrCat("shut/", rank), to_bytes("1")));
+      return;
+    }
+    // Worker 0 watches the others go.
+    ASSERT_OK(store->wait({"shut/1", "shut/2"}, seconds(30)));
+    for (int i = 0; i < 100; ++i) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (heard.size() >= 2) break;
+      }
+      std::this_thread::sleep_for(milliseconds(10));
+    }
+    std::this_thread::sleep_for(milliseconds(100));
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      std::sort(heard.begin(), heard.end());
+      std::vector<std::pair<std::string, MembershipChange>> expected = {{"w1", MembershipChange::kLeft},
+                                                                        {"w2", MembershipChange::kLeft}};
+      // A process group's fixed mesh reports no departures at all: it says nothing, and
+      // never that a worker was lost.
+      if (!agent_of(*agent).transport().connects_on_demand()) expected.clear();
+      EXPECT_EQ(heard, expected);
+    }
+    agent->shutdown();
   }));
 }
 

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
+#include <mutex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -32,6 +34,7 @@ void register_functions() {
     std::this_thread::sleep_for(milliseconds(ms));
     return ms;
   });
+  (void)register_function("echo", [](Tensor t) { return t; });
   (void)register_function("die", [](int32_t) -> int32_t {
     raise(SIGKILL);
     return 0;
@@ -155,6 +158,113 @@ TEST(DynamicGroup, CallsInFlightToAndFromALeaverFinishAndLaterCallsSayItLeft) {
     ASSERT_OK(coord->wait({"checked/0", "checked/1"}, seconds(30)));
     ASSERT_OK(shutdown());
   }, seconds(90)));
+}
+
+// Calls every current member in a loop until `stop`: small calls with a tensor, and
+// 150 ms calls kept in flight beside them. A call to `leaver` may fail saying it left
+// or is leaving; any other failure is the test's.
+class Traffic {
+ public:
+  Traffic(int rank, std::string leaver) : rank_(rank), leaver_(std::move(leaver)) {
+    threads_.emplace_back([this] { small(); });
+    threads_.emplace_back([this] { slow(); });
+  }
+  ~Traffic() { stop(); }
+  void stop() {
+    stop_.store(true);
+    for (std::thread& t : threads_) {
+      if (t.joinable()) t.join();
+    }
+  }
+  int64_t calls() const { return calls_.load(); }
+
+ private:
+  void check(const std::string& to, const absl::Status& status) {
+    if (status.ok()) return;
+    std::string why(status.message());
+    bool departure = why.find("left the group") != std::string::npos ||
+                     why.find("leaving the group") != std::string::npos;
+    EXPECT_TRUE(to == leaver_ && status.code() == absl::StatusCode::kUnavailable && departure)
+        << name_of(rank_) << " calling " << to << ": " << status;
+  }
+  void small() {
+    Tensor t = Tensor::from_vector<float>(std::vector<float>(256, static_cast<float>(rank_)));
+    while (!stop_.load()) {
+      for (const WorkerInfo& w : get_worker_infos()) {
+        absl::StatusOr<Tensor> back = rpc_async<Tensor>(w.name, "echo", t).result();
+        check(w.name, back.status());
+        calls_.fetch_add(1);
+      }
+    }
+  }
+  void slow() {
+    while (!stop_.load()) {
+      std::vector<std::pair<std::string, Future<int64_t>>> calls;
+      for (const WorkerInfo& w : get_worker_infos()) {
+        calls.emplace_back(w.name, rpc_async<int64_t>(w.name, "sleep_ms", int64_t{150}));
+      }
+      for (auto& [to, call] : calls) check(to, call.result().status());
+    }
+  }
+
+  const int rank_;
+  const std::string leaver_;
+  std::atomic<bool> stop_{false};
+  std::atomic<int64_t> calls_{0};
+  std::vector<std::thread> threads_;
+};
+
+// A member that others keep calling, with slow calls in flight, leaves in about the
+// time of its longest call; the others hear it left (never lost), and no call to them
+// fails.
+TEST(DynamicGroup, AMemberLeavesUnderSteadyLoad) {
+  ferry::testing::TempDir dir;
+  constexpr int kWorkers = 4;
+  const std::string leaver = name_of(kWorkers - 1);
+  ferry::testing::expect_all_succeed(ferry::testing::run_processes(kWorkers, [&](int rank) {
+    register_functions();
+    auto coord = coordination(dir.path());
+    if (rank > 0) {
+      ASSERT_OK(coord->wait({absl::StrCat("joined/", rank - 1)}, seconds(30)));
+    }
+    ASSERT_OK(join(rank, options_for(dir.path())));
+    std::mutex mu;
+    std::vector<std::pair<std::string, MembershipChange>> heard;
+    add_membership_listener([&](const WorkerInfo& w, MembershipChange c) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (c != MembershipChange::kJoined) heard.emplace_back(w.name, c);
+    });
+    ASSERT_OK(coord->set(absl::StrCat("joined/", rank), to_bytes("1")));
+    ASSERT_OK(coord->wait({absl::StrCat("joined/", kWorkers - 1)}, seconds(30)));
+    Traffic traffic(rank, leaver);
+    std::this_thread::sleep_for(milliseconds(800));
+    if (name_of(rank) == leaver) {
+      traffic.stop();
+      auto start = std::chrono::steady_clock::now();
+      ASSERT_OK(shutdown());
+      auto took = std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - start);
+      std::printf("%s left in %lld ms\n", leaver.c_str(), static_cast<long long>(took.count()));
+      EXPECT_LT(took, seconds(10));
+      ASSERT_OK(coord->set("left", to_bytes("1")));
+      return;
+    }
+    ASSERT_OK(coord->wait({"left"}, seconds(60)));
+    std::this_thread::sleep_for(milliseconds(300));  // calls among those who stay go on
+    traffic.stop();
+    EXPECT_GT(traffic.calls(), 0);
+    EXPECT_EQ(get_worker_infos().size(), size_t{kWorkers - 1});
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      std::vector<std::pair<std::string, MembershipChange>> expected = {{leaver, MembershipChange::kLeft}};
+      EXPECT_EQ(heard, expected);
+    }
+    ASSERT_OK(coord->add("stayed", 1).status());
+    if (*coord->add("stayed", 0) == kWorkers - 1) {
+      ASSERT_OK(coord->set("all_stayed", to_bytes("1")));
+    }
+    ASSERT_OK(coord->wait({"all_stayed"}, seconds(60)));
+    ASSERT_OK(shutdown());
+  }, seconds(120)));
 }
 
 TEST(DynamicGroup, AKilledMemberIsRemovedAndTheGroupKeepsWorking) {

@@ -7,13 +7,16 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "rpc/internal/rref_context.h"
 #include "rpc/rpc.h"
+#include "store/file_store.h"
 #include "tests/testing/multi_process.h"
 #include "tests/testing/status_matchers.h"
 
@@ -358,6 +361,41 @@ TEST(RRef, OwnerDropsTheForksOfAHolderThatDied) {
         } else {
           std::this_thread::sleep_for(std::chrono::seconds(60));
         }
+      },
+      std::chrono::seconds(90));
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_TRUE(results[0].exited && results[0].exit_code == 0) << results[0].describe();
+  EXPECT_EQ(results[1].term_signal, SIGKILL) << results[1].describe();
+}
+
+// Holders call owners; an owner need never call a holder. When such a holder dies, the
+// only sign is its connection to the owner ending: the owner still frees its value.
+TEST(RRef, OwnerFreesTheValueOfADeadHolderItNeverCalled) {
+  ferry::testing::TempDir dir;
+  auto results = ferry::testing::run_processes(
+      2,
+      [&](int rank) {
+        start(dir.path(), rank, 2);
+        auto coord = *FileStore::create(dir.path() + "/coordination", {});
+        if (rank == 1) {
+          RRef<Tracked> held = remote("worker0", fns.make, 7);
+          EXPECT_EQ(held.to_here().value, 7);
+          ASSERT_OK(coord->set("pid", to_bytes(std::to_string(getpid()))));
+          std::this_thread::sleep_for(std::chrono::seconds(60));  // until killed
+          return;
+        }
+        pid_t holder = static_cast<pid_t>(std::stol(to_string(*coord->get("pid", std::chrono::seconds(30)))));
+        EXPECT_EQ(rrefs()->counts().owned, 1u);
+        EXPECT_EQ(live_tracked.load(), 1);
+        auto killed = std::chrono::steady_clock::now();
+        kill(holder, SIGKILL);
+        EXPECT_OK(rrefs()->wait_until_nothing_owned(std::chrono::seconds(10)));
+        auto freed_ms =
+            std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - killed).count();
+        std::printf("freed %lld ms after the holder was killed\n", static_cast<long long>(freed_ms));
+        for (int i = 0; i < 500 && live_tracked.load() != 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        EXPECT_EQ(live_tracked.load(), 0);
+        EXPECT_OK(shutdown(/*graceful=*/false));
       },
       std::chrono::seconds(90));
   ASSERT_EQ(results.size(), 2u);
