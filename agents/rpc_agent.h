@@ -101,6 +101,15 @@ class RpcAgent {
   // backend that keeps the default) never calls it.
   virtual void add_membership_listener(MembershipListener listener) { (void)listener; }
 
+  // Keeps checking that worker `peer` is alive while `watched` (say false when done), as
+  // if calls to it were pending: one that stops answering is lost, and listeners hear
+  // it. For state a peer holds here without calls in either direction (RRef forks). An
+  // agent without heartbeats (the default) ignores it.
+  virtual void watch(int peer, bool watched) {
+    (void)peer;
+    (void)watched;
+  }
+
   // Counters for debugging: calls in flight, pool size, requests served, ...
   virtual std::map<std::string, std::string> debug_info() const = 0;
 };

@@ -113,7 +113,7 @@ absl::StatusOr<std::shared_ptr<Agent>> Agent::start(WorkerInfo self, std::shared
   if (agent->options_.heartbeat.count() > 0) {
     std::weak_ptr<Agent> weak = agent;
     agent->calls_->set_heartbeat(agent->options_.heartbeat, [weak](int peer) {
-      if (std::shared_ptr<Agent> a = weak.lock()) a->suspect(peer);
+      if (std::shared_ptr<Agent> a = weak.lock()) a->suspect(peer, a->options_.heartbeat);
     });
   }
   absl::StatusOr<std::string> address = agent->transport_->listen(agent);
@@ -964,7 +964,7 @@ void Agent::on_peer_lost(int peer, absl::Status why) {
   notify(info, change);
 }
 
-void Agent::suspect(int peer) {
+void Agent::suspect(int peer, std::chrono::milliseconds wait) {
   {
     std::lock_guard<std::mutex> lock(pinging_mu_);
     if (!pinging_.insert(peer).second) return;  // one ping at a time
@@ -973,10 +973,9 @@ void Agent::suspect(int peer) {
   const Member* member = table->find(peer);
   std::string name = member != nullptr ? member->info.name : absl::StrCat("id ", peer);
   std::weak_ptr<Agent> weak = weak_from_this();
-  std::chrono::milliseconds interval = options_.heartbeat;
   const Clock::time_point pinged = Clock::now();
-  send(peer, Message(MessageType::kPing, 0), interval)
-      .add_callback([weak, peer, name, interval, pinged](const absl::StatusOr<Message>& pong) {
+  send(peer, Message(MessageType::kPing, 0), wait)
+      .add_callback([weak, peer, name, wait, pinged](const absl::StatusOr<Message>& pong) {
         std::shared_ptr<Agent> core = weak.lock();
         if (!core) return;
         {
@@ -988,10 +987,49 @@ void Agent::suspect(int peer) {
         if (pong.status().code() == absl::StatusCode::kDeadlineExceeded && core->calls_->last_heard(peer) < pinged) {
           core->drop_connection(peer);
           core->on_peer_lost(peer, absl::UnavailableError(absl::StrCat(
-                                       "worker \"", name, "\" (id ", peer, ") sent nothing for ", 2 * interval.count(),
-                                       " ms and did not answer a heartbeat; declared lost")));
+                                       "worker \"", name, "\" (id ", peer, ") did not answer a heartbeat within ",
+                                       wait.count(), " ms; declared lost")));
         }
       });
+}
+
+void Agent::watch(int peer, bool watched) {
+  if (options_.heartbeat.count() == 0 || peer == self_.id) return;
+  {
+    std::lock_guard<std::mutex> lock(watch_mu_);
+    if (!watched) {
+      watched_.erase(peer);
+      return;
+    }
+    watched_.insert(peer);
+    if (watching_) return;
+    watching_ = true;
+  }
+  std::weak_ptr<Agent> weak = weak_from_this();
+  calls_->run_at(Clock::now() + options_.heartbeat / 2, [weak] {
+    if (std::shared_ptr<Agent> agent = weak.lock()) agent->check_watched();
+  });
+}
+
+void Agent::check_watched() {
+  std::vector<int> peers;
+  {
+    std::lock_guard<std::mutex> lock(watch_mu_);
+    if (watched_.empty() || shut_down_.load()) {
+      watching_ = false;
+      return;
+    }
+    peers.assign(watched_.begin(), watched_.end());
+  }
+  // A peer heard from within the last half heartbeat needs no ping.
+  const Clock::time_point recent = Clock::now() - options_.heartbeat / 2;
+  for (int peer : peers) {
+    if (calls_->last_heard(peer) < recent) suspect(peer, options_.heartbeat / 2);
+  }
+  std::weak_ptr<Agent> weak = weak_from_this();
+  calls_->run_at(Clock::now() + options_.heartbeat / 2, [weak] {
+    if (std::shared_ptr<Agent> agent = weak.lock()) agent->check_watched();
+  });
 }
 
 void Agent::add_membership_listener(MembershipListener listener) {
@@ -1151,7 +1189,7 @@ absl::Status Agent::wait_in_barrier(const std::string& prefix, int n, Clock::tim
         absl::StatusOr<bool> accounted = store_->check({absl::StrCat(prefix, "fate/", w.id)});
         if (!accounted.ok() || *accounted) continue;
         if (options_.heartbeat.count() > 0) {
-          suspect(w.id);
+          suspect(w.id, options_.heartbeat);
         } else {
           (void)send(w.id, Message(MessageType::kPing, 0), kFirstProbe);
         }

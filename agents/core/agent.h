@@ -160,6 +160,10 @@ class Agent final : public RpcAgent, public TransportEvents, public std::enable_
   absl::Status sync(std::chrono::milliseconds timeout) override;
   void shutdown() override;
   void add_membership_listener(MembershipListener listener) override;
+  // Every half heartbeat (AgentOptions::heartbeat; off when zero), pings each watched
+  // peer that sent nothing meanwhile; one that does not answer within half a heartbeat
+  // is lost, so a stopped peer is found within about one heartbeat.
+  void watch(int peer, bool watched) override;
   std::map<std::string, std::string> debug_info() const override;
 
   // TransportEvents.
@@ -205,7 +209,10 @@ class Agent final : public RpcAgent, public TransportEvents, public std::enable_
   void on_peer_lost(int peer, absl::Status why);
   void serve(const std::shared_ptr<Connection>& from, std::vector<std::string> targets, Message request);
   void forget_lost(int id);
-  void suspect(int peer);
+  // Pings `peer`; one that does not answer within `wait` (and sent nothing since) is lost.
+  void suspect(int peer, std::chrono::milliseconds wait);
+  // The watch's timer task: suspects every watched peer, and comes back while any is.
+  void check_watched();
   void complete_reply(int peer, std::vector<std::string> targets, Message reply);
   void notify(WorkerInfo worker, MembershipChange change);
   void deliver_changes();
@@ -237,6 +244,9 @@ class Agent final : public RpcAgent, public TransportEvents, public std::enable_
   // it is known whether the peer left (it arrived too) or was lost.
   std::atomic<bool> in_barrier_{false};
   std::vector<WorkerInfo> deferred_;  // guarded by lost_mu_
+  std::mutex watch_mu_;
+  absl::flat_hash_set<int> watched_;  // guarded by watch_mu_
+  bool watching_ = false;             // guarded by watch_mu_: check_watched() is scheduled
   std::mutex pinging_mu_;
   absl::flat_hash_set<int> pinging_;  // guarded by pinging_mu_: peers with a heartbeat ping out
 

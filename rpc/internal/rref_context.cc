@@ -53,6 +53,10 @@ void RRefContext::close() {
     absl::MutexLock lock(&mu_);
     closed_ = true;
     dropped.swap(table_);
+    while (!forks_by_holder_.empty()) {
+      auto [holder, count] = *forks_by_holder_.begin();
+      count_holder(holder, -static_cast<int>(count));
+    }
   }
   // The values are destroyed here, with no lock held.
 }
@@ -118,7 +122,7 @@ absl::Status RRefContext::handle_create(const FunctionRegistry& registry, Payloa
     Entry& entry = table_[id];
     // A fork request may have arrived first and made the entry (docs/rref.md).
     if (entry.record == nullptr) entry.record = std::make_shared<OwnerRecord>(id);
-    entry.forks[fork] = from.id;
+    set_fork(entry, fork, from.id);
     record = entry.record;
   }
   create_value(registry, record, fn, signature, reader, from);
@@ -165,7 +169,7 @@ absl::Status RRefContext::handle_fork(PayloadReader& reader, const WorkerInfo& f
     it = table_.try_emplace(id).first;
     it->second.record = std::make_shared<OwnerRecord>(id);
   }
-  it->second.forks[fork] = from.id;
+  set_fork(it->second, fork, from.id);
   return absl::OkStatus();
 }
 
@@ -176,10 +180,13 @@ absl::Status RRefContext::handle_release(PayloadReader& reader) {
   {
     absl::MutexLock lock(&mu_);
     auto it = table_.find(id);
-    if (it == table_.end() || it->second.forks.erase(fork) == 0) {
+    auto held = it != table_.end() ? it->second.forks.find(fork) : absl::flat_hash_map<RRefId, int>::iterator();
+    if (it == table_.end() || held == it->second.forks.end()) {
       FERRY_LOG(DEBUG) << self_name_ << ": release of unknown fork " << fork.str() << " of RRef " << id.str();
       return absl::OkStatus();
     }
+    count_holder(held->second, -1);
+    it->second.forks.erase(held);
     freed = erase_if_unreferenced(id);
   }
   return absl::OkStatus();
@@ -229,6 +236,27 @@ std::shared_ptr<OwnerRecord> RRefContext::erase_if_unreferenced(const RRefId& id
   return record;
 }
 
+void RRefContext::set_fork(Entry& entry, const RRefId& fork, int holder) {
+  auto [it, fresh] = entry.forks.try_emplace(fork, holder);
+  if (!fresh) {
+    if (it->second == holder) return;
+    count_holder(it->second, -1);
+    it->second = holder;
+  }
+  count_holder(holder, +1);
+}
+
+void RRefContext::count_holder(int holder, int delta) {
+  size_t& count = forks_by_holder_[holder];
+  const bool was_held = count > 0;
+  count = static_cast<size_t>(static_cast<int64_t>(count) + delta);
+  const bool held = count > 0;
+  if (!held) forks_by_holder_.erase(holder);
+  if (was_held == held) return;
+  // The agent's watch takes only its own locks and calls nothing back.
+  if (std::shared_ptr<RpcAgent> agent = agent_.lock()) agent->watch(holder, held);
+}
+
 size_t RRefContext::drop_references_held_by(int worker_id) {
   std::vector<std::shared_ptr<OwnerRecord>> freed;
   size_t dropped = 0;
@@ -238,6 +266,7 @@ size_t RRefContext::drop_references_held_by(int worker_id) {
     for (auto& [id, entry] : table_) {
       for (auto fork = entry.forks.begin(); fork != entry.forks.end();) {
         if (fork->second == worker_id) {
+          count_holder(worker_id, -1);
           entry.forks.erase(fork++);
           ++dropped;
         } else {

@@ -146,6 +146,10 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   // Removes `id`'s entry when nothing references it; returns the record to destroy
   // after unlocking (its value's destructor is user code).
   std::shared_ptr<OwnerRecord> erase_if_unreferenced(const RRefId& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fork bookkeeping: the agent watches each worker while it holds forks here, so a
+  // holder that stops answering is lost even when nobody calls it.
+  void set_fork(Entry& entry, const RRefId& fork, int holder) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void count_holder(int holder, int delta) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void send_release(const RRefState& state);
 
   const std::string self_name_;
@@ -158,6 +162,7 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   mutable absl::Mutex mu_;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_map<RRefId, Entry> table_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<int, size_t> forks_by_holder_ ABSL_GUARDED_BY(mu_);
 };
 
 // The protocol's messages: a request to one of these names, an empty signature, then

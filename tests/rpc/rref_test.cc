@@ -153,12 +153,14 @@ void register_functions() {
 // A survivor of a killed peer may write to the dead peer's socket; the TensorPipe agent
 // does not ignore SIGPIPE yet (Call.KilledPeerFailsPendingCallsPromptly dies of it now
 // and then). Drop this once the agent does.
-void start(const std::string& dir, int rank, int world) {
+void start(const std::string& dir, int rank, int world,
+           std::chrono::milliseconds heartbeat = TensorPipeAgentSettings().heartbeat_interval) {
   register_functions();
   TensorPipeRpcBackendOptions options;
   options.init_method = "file://" + dir + "/store";
   options.num_worker_threads = 4;
   options.rpc_timeout = std::chrono::seconds(30);
+  options.heartbeat_interval = heartbeat;
   ASSERT_OK(init_rpc(name_of(rank), rank, world, options));
 }
 
@@ -395,6 +397,40 @@ TEST(RRef, OwnerFreesTheValueOfADeadHolderItNeverCalled) {
         std::printf("freed %lld ms after the holder was killed\n", static_cast<long long>(freed_ms));
         for (int i = 0; i < 500 && live_tracked.load() != 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
         EXPECT_EQ(live_tracked.load(), 0);
+        EXPECT_OK(shutdown(/*graceful=*/false));
+      },
+      std::chrono::seconds(90));
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_TRUE(results[0].exited && results[0].exit_code == 0) << results[0].describe();
+  EXPECT_EQ(results[1].term_signal, SIGKILL) << results[1].describe();
+}
+
+// A holder that stops (every socket open, nothing answered) is found by the owner's
+// watch on it within about a heartbeat, though the owner has no call to it pending.
+TEST(RRef, OwnerFreesTheValueOfAStoppedHolder) {
+  ferry::testing::TempDir dir;
+  constexpr std::chrono::milliseconds kHeartbeat{300};
+  auto results = ferry::testing::run_processes(
+      2,
+      [&](int rank) {
+        start(dir.path(), rank, 2, kHeartbeat);
+        auto coord = *FileStore::create(dir.path() + "/coordination", {});
+        if (rank == 1) {
+          RRef<Tracked> held = remote("worker0", fns.make, 7);
+          EXPECT_EQ(held.to_here().value, 7);
+          ASSERT_OK(coord->set("pid", to_bytes(std::to_string(getpid()))));
+          raise(SIGSTOP);
+          std::this_thread::sleep_for(std::chrono::seconds(60));  // until killed
+          return;
+        }
+        pid_t holder = static_cast<pid_t>(std::stol(to_string(*coord->get("pid", std::chrono::seconds(30)))));
+        auto stopped = std::chrono::steady_clock::now();
+        EXPECT_OK(rrefs()->wait_until_nothing_owned(std::chrono::seconds(10)));
+        auto freed_ms =
+            std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - stopped).count();
+        std::printf("freed %lld ms after the holder stopped (heartbeat %lld ms)\n", static_cast<long long>(freed_ms),
+                    static_cast<long long>(kHeartbeat.count()));
+        kill(holder, SIGKILL);
         EXPECT_OK(shutdown(/*graceful=*/false));
       },
       std::chrono::seconds(90));
