@@ -60,9 +60,7 @@ std::vector<Device> devices_of(const DeviceMaps& maps, const DeviceMaps& reverse
   return out;
 }
 
-// join(): how often a worker waiting for the others looks for losses to account, and
-// when it first probes the workers that have not arrived.
-constexpr std::chrono::milliseconds kBarrierPoll{100};
+// join(): when the first worker to arrive first probes the workers that have not.
 constexpr std::chrono::milliseconds kFirstProbe{300};
 
 std::chrono::milliseconds left_until(Clock::time_point deadline) {
@@ -956,8 +954,18 @@ void Agent::on_peer_lost(int peer, absl::Status why) {
   {
     std::lock_guard<std::mutex> lock(lost_mu_);
     if (in_barrier_.load()) {
-      // Waiting in join(): whether it left or was lost shows once everyone is accounted.
+      // Waiting in join(): the loss is accounted in the store (not on a transport
+      // thread), and whether it left or was lost shows once everyone is accounted.
       deferred_.push_back(info);
+      if (!barrier_prefix_.empty()) {
+        std::weak_ptr<Agent> weak = weak_from_this();
+        pool_->post([weak, prefix = barrier_prefix_, n = barrier_size_, peer] {
+          std::shared_ptr<Agent> agent = weak.lock();
+          if (agent == nullptr) return;
+          absl::Status accounted = agent->account(prefix, peer, /*arrived=*/false, n).status();
+          if (!accounted.ok()) FERRY_LOG(WARNING) << agent->self_.name << ": accounting a lost peer: " << accounted;
+        });
+      }
       return;
     }
   }
@@ -1083,17 +1091,20 @@ absl::Status Agent::sync(std::chrono::milliseconds timeout) {
   return absl::OkStatus();
 }
 
-absl::Status Agent::account(const std::string& prefix, int id, bool arrived, int n) {
+absl::StatusOr<int64_t> Agent::account(const std::string& prefix, int id, bool arrived, int n) {
   // A unique claim value, so a claimer knows whether it won (compare_set returns what
   // the key holds afterwards).
   const Bytes mine = to_bytes(arrived ? std::string("arrived") : absl::StrCat("lost:", self_.id));
   FERRY_ASSIGN_OR_RETURN(Bytes holds, store_->compare_set(absl::StrCat(prefix, "fate/", id), {}, mine));
-  if (holds != mine) return absl::OkStatus();  // accounted for already
+  if (holds != mine) return 0;  // accounted for already
   // "arrived" counts before "accounted", so it is final once "done" is set.
-  if (arrived) FERRY_RETURN_IF_ERROR(store_->add(prefix + "arrived", 1).status());
+  int64_t order = 0;
+  if (arrived) {
+    FERRY_ASSIGN_OR_RETURN(order, store_->add(prefix + "arrived", 1));
+  }
   FERRY_ASSIGN_OR_RETURN(int64_t accounted, store_->add(prefix + "accounted", 1));
   if (accounted == n) FERRY_RETURN_IF_ERROR(store_->set(prefix + "done", to_bytes("1")));
-  return absl::OkStatus();
+  return order;
 }
 
 absl::Status Agent::join(std::chrono::milliseconds timeout) {
@@ -1118,6 +1129,7 @@ absl::Status Agent::join(std::chrono::milliseconds timeout) {
   {
     std::lock_guard<std::mutex> lock(lost_mu_);
     in_barrier_.store(false);
+    barrier_prefix_.clear();
     // Everyone arrived or was lost: whoever goes now leaves.
     if (barrier.ok()) departing_.store(true);
     deferred.swap(deferred_);
@@ -1162,42 +1174,45 @@ absl::Status Agent::join(std::chrono::milliseconds timeout) {
 }
 
 absl::Status Agent::wait_in_barrier(const std::string& prefix, int n, Clock::time_point deadline) {
-  FERRY_RETURN_IF_ERROR(account(prefix, self_.id, /*arrived=*/true, n));
-  const Clock::time_point arrived_at = Clock::now();
-  Clock::time_point next_probe = arrived_at + kFirstProbe;
-  absl::flat_hash_set<int> claimed;
+  FERRY_ASSIGN_OR_RETURN(int64_t order, account(prefix, self_.id, /*arrived=*/true, n));
+  // Losses seen before now are accounted here; later ones by on_peer_lost.
+  std::vector<int> lost;
+  {
+    std::lock_guard<std::mutex> lock(lost_mu_);
+    barrier_prefix_ = prefix;
+    barrier_size_ = n;
+    for (const auto& [id, why] : lost_) lost.push_back(id);
+  }
+  for (int id : lost) FERRY_RETURN_IF_ERROR(account(prefix, id, /*arrived=*/false, n).status());
+  // A worker that never arrives and that nobody has a connection to is probed: soon by
+  // the first to arrive, later by the others too (in case that one is gone), so a
+  // large group does not check every key from every worker.
+  const std::chrono::milliseconds every = std::max(options_.heartbeat, kFirstProbe);
+  const std::chrono::milliseconds period = order == 1 ? every : 2 * every;
+  Clock::time_point next_probe = Clock::now() + (order == 1 ? kFirstProbe : period);
   for (;;) {
-    std::vector<int> lost;
-    {
-      std::lock_guard<std::mutex> lock(lost_mu_);
-      for (const auto& [id, why] : lost_) {
-        if (!claimed.contains(id)) lost.push_back(id);
-      }
-    }
-    for (int id : lost) {
-      FERRY_RETURN_IF_ERROR(account(prefix, id, /*arrived=*/false, n));
-      claimed.insert(id);
-    }
-    absl::Status all = store_->wait({prefix + "done"}, std::min(kBarrierPoll, left_until(deadline)));
-    if (all.ok()) break;
+    std::chrono::milliseconds slice =
+        std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                   std::min(next_probe, deadline) - Clock::now()));
+    absl::Status all = store_->wait({prefix + "done"}, slice);
+    if (all.ok()) return absl::OkStatus();
     if (all.code() != absl::StatusCode::kDeadlineExceeded || Clock::now() >= deadline) {
       return absl::Status(all.code(), absl::StrCat(self_.name, ": waiting for every worker to join: ", all.message()));
     }
-    if (Clock::now() >= next_probe) {
-      for (const WorkerInfo& w : worker_infos()) {
-        if (w.id == self_.id || claimed.contains(w.id)) continue;
-        absl::StatusOr<bool> accounted = store_->check({absl::StrCat(prefix, "fate/", w.id)});
-        if (!accounted.ok() || *accounted) continue;
-        if (options_.heartbeat.count() > 0) {
-          suspect(w.id, options_.heartbeat);
-        } else {
-          (void)send(w.id, Message(MessageType::kPing, 0), kFirstProbe);
-        }
+    if (Clock::now() < next_probe) continue;
+    for (const WorkerInfo& w : worker_infos()) {
+      if (w.id == self_.id) continue;
+      absl::StatusOr<bool> accounted = store_->check({absl::StrCat(prefix, "fate/", w.id)});
+      if (!accounted.ok() || *accounted) continue;
+      if (options_.heartbeat.count() > 0) {
+        suspect(w.id, options_.heartbeat);
+      } else {
+        // Without heartbeats only a peer that refuses the connection is found.
+        (void)send(w.id, Message(MessageType::kPing, 0), kFirstProbe);
       }
-      next_probe = Clock::now() + std::max(options_.heartbeat, kFirstProbe);
     }
+    next_probe = Clock::now() + period;
   }
-  return absl::OkStatus();
 }
 
 void Agent::shutdown() {

@@ -180,7 +180,8 @@ class Agent final : public RpcAgent, public TransportEvents, public std::enable_
   // join()'s barrier: claims the fate of worker `id` ("arrived" for itself, else
   // "lost") under `prefix`, once per worker; the claim that accounts for the last
   // worker sets "<prefix>done".
-  absl::Status account(const std::string& prefix, int id, bool arrived, int n);
+  // Returns the order of this worker's arrival (1: first) for its own claim, else 0.
+  absl::StatusOr<int64_t> account(const std::string& prefix, int id, bool arrived, int n);
   // Waits until every worker is accounted for, accounting the losses this worker sees.
   absl::Status wait_in_barrier(const std::string& prefix, int n, std::chrono::steady_clock::time_point deadline);
   // Whether a connection this worker opened to `peer` is up.
@@ -244,6 +245,8 @@ class Agent final : public RpcAgent, public TransportEvents, public std::enable_
   // it is known whether the peer left (it arrived too) or was lost.
   std::atomic<bool> in_barrier_{false};
   std::vector<WorkerInfo> deferred_;  // guarded by lost_mu_
+  std::string barrier_prefix_;        // guarded by lost_mu_: the barrier's store keys
+  int barrier_size_ = 0;              // guarded by lost_mu_
   std::mutex watch_mu_;
   absl::flat_hash_set<int> watched_;  // guarded by watch_mu_
   bool watching_ = false;             // guarded by watch_mu_: check_watched() is scheduled

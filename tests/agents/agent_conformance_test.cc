@@ -402,6 +402,31 @@ TEST_P(AgentConformance, GracefulShutdownAfterAWorkerDiedReturnsPromptlyNamingIt
   EXPECT_EQ(results[3].term_signal, SIGKILL) << results[3].describe();
 }
 
+TEST_P(AgentConformance, GracefulShutdownFindsADeadWorkerNobodyCalled) {
+  SKIP_IF_IN_PROCESS("a worker that dies");
+  ferry::testing::TempDir dir;
+  constexpr int kWorld = 3;
+  std::vector<ferry::testing::ProcessResult> results = run_workers(GetParam(), kWorld, [&](int rank) {
+    auto agent = make(GetParam(), dir.path(), rank, kWorld);
+    std::shared_ptr<Store> store = file_store(dir.path());
+    ASSERT_OK(store->add("started", 1).status());
+    for (int i = 0; i < 2000 && *store->add("started", 0) < kWorld; ++i) std::this_thread::sleep_for(milliseconds(5));
+    // No call at all: only the probe of the workers that never arrive can find it.
+    if (rank == 2) raise(SIGKILL);
+    auto start = std::chrono::steady_clock::now();
+    absl::Status joined = agent->join(seconds(60));
+    auto took = std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - start);
+    std::printf("w%d: join returned after %lld ms: %s\n", rank, static_cast<long long>(took.count()),
+                joined.ToString().c_str());
+    EXPECT_THAT(joined, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("\"w2\" (id 2)")));
+    EXPECT_LT(took, seconds(10));
+    agent->shutdown();
+  }, seconds(90));
+  ASSERT_EQ(results.size(), size_t{kWorld});
+  for (int r = 0; r < 2; ++r) EXPECT_TRUE(results[r].exited && results[r].exit_code == 0) << results[r].describe();
+  EXPECT_EQ(results[2].term_signal, SIGKILL) << results[2].describe();
+}
+
 TEST_P(AgentConformance, ACleanGracefulShutdownTellsTheOthersLeftNeverLost) {
   ferry::testing::TempDir dir;
   constexpr int kWorld = 3;
