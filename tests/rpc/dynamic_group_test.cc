@@ -122,6 +122,7 @@ TEST(DynamicGroup, CallsInFlightToAndFromALeaverFinishAndLaterCallsSayItLeft) {
       std::lock_guard<std::mutex> lock(mu);
       if (c == MembershipChange::kLeft) left_events.push_back(w.name);
     });
+    ASSERT_OK(coord->set(absl::StrCat("listening/", rank), to_bytes("1")));
     if (rank == 0) {
       // A call to the leaver, in flight when it leaves: it still completes.
       Future<int64_t> to_leaver = rpc_async<int64_t>("w2", "sleep_ms", int64_t{800});
@@ -139,7 +140,7 @@ TEST(DynamicGroup, CallsInFlightToAndFromALeaverFinishAndLaterCallsSayItLeft) {
       EXPECT_EQ(rpc_sync<int64_t>("w1", "add", int64_t{1}, int64_t{2}), 3);
     }
     if (rank == 2) {
-      ASSERT_OK(coord->wait({"in_flight"}, seconds(30)));
+      ASSERT_OK(coord->wait({"in_flight", "listening/0", "listening/1"}, seconds(30)));
       // A call from the leaver, in flight when it starts leaving: it finishes first.
       Future<int64_t> from_leaver = rpc_async<int64_t>("w1", "sleep_ms", int64_t{500});
       ASSERT_OK(shutdown());
@@ -149,6 +150,14 @@ TEST(DynamicGroup, CallsInFlightToAndFromALeaverFinishAndLaterCallsSayItLeft) {
       return;
     }
     ASSERT_OK(coord->wait({"w2_left"}, seconds(30)));
+    // Listeners run on the pool, so the event may trail the leave by a moment.
+    for (int i = 0; i < 500; ++i) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!left_events.empty()) break;
+      }
+      std::this_thread::sleep_for(milliseconds(10));
+    }
     {
       std::lock_guard<std::mutex> lock(mu);
       EXPECT_EQ(left_events, std::vector<std::string>{"w2"});
