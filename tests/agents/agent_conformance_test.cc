@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "agents/core/dynamic_group.h"
 #include "agents/inproc/factory.h"
 #include "agents/process_group/factory.h"
 #include "agents/tensorpipe/factory.h"
@@ -358,6 +359,25 @@ TEST_P(AgentConformance, AStoppedPeerDoesNotHoldUpCallsToOthers) {
   EXPECT_TRUE(results[0].exited && results[0].exit_code == 0) << results[0].describe();
   EXPECT_EQ(results[1].term_signal, SIGKILL) << results[1].describe();
   EXPECT_TRUE(results[2].exited && results[2].exit_code == 0) << results[2].describe();
+}
+
+TEST_P(AgentConformance, ADynamicGroupNeedsATransportThatConnectsOnDemand) {
+  ferry::testing::TempDir dir;
+  ferry::testing::expect_all_succeed(run_workers(GetParam(), 1, [&](int rank) {
+    std::shared_ptr<Store> store = file_store(dir.path());
+    auto started = GetParam().start(store, name_of(rank), rank, 1, handler_for(name_of(rank)));
+    ASSERT_OK(started.status());
+    std::shared_ptr<Agent> agent = *started;
+    absl::Status joined = join_dynamic_group(agent, store, WorkerDeviceInfo{name_of(rank), 0, {}, {}}, seconds(20));
+    if (agent->transport().connects_on_demand()) {
+      EXPECT_OK(joined);
+      EXPECT_OK(agent->join(seconds(20)));  // leaves the group
+    } else {
+      EXPECT_THAT(joined, StatusIs(absl::StatusCode::kFailedPrecondition,
+                                   HasSubstr("connects to workers as they join")));
+    }
+    agent->shutdown();
+  }));
 }
 
 TEST_P(AgentConformance, GracefulShutdownFinishesCallsInFlight) {

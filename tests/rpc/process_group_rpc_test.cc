@@ -125,6 +125,17 @@ TEST(ProcessGroupRpc, InitFailureOnOneWorkerIsReportedEverywhere) {
   }));
 }
 
+TEST(ProcessGroupRpc, ADynamicInitIsRefusedSayingWhatToUse) {
+  ferry::testing::TempDir dir;
+  ferry::testing::expect_all_succeed(ferry::testing::run_processes(1, [&](int) {
+    ProcessGroupRpcBackendOptions options;
+    options.init_method = "file://" + dir.path() + "/store";
+    EXPECT_THAT(init_rpc("w0", BackendType::PROCESS_GROUP, 0, std::nullopt, options),
+                StatusIs(absl::StatusCode::kUnimplemented,
+                         HasSubstr("a process group cannot gain members; use TENSORPIPE")));
+  }));
+}
+
 TEST(ProcessGroupRpcOptions, KwargsAreCheckedByName) {
   register_builtin_backends();
   EXPECT_TRUE(backend_registered("PROCESS_GROUP"));
