@@ -886,16 +886,20 @@ void Agent::on_reply(int peer, Wire wire) {
 void Agent::complete_reply(int peer, std::vector<std::string> targets, Message reply) {
   uint64_t id = reply.id();
   absl::Status landed = targets.empty() ? absl::OkStatus() : land(reply.tensors(), targets);
+  bool settled = true;
   if (!landed.ok()) {
-    calls_->complete(id, landed);
+    settled = calls_->complete_from(peer, id, landed);
   } else if (reply.type() == MessageType::kError) {
-    calls_->complete(id, error_from_message(reply));
+    settled = calls_->complete_from(peer, id, error_from_message(reply));
   } else if (reply.type() == MessageType::kResponse) {
-    calls_->complete(id, std::move(reply));
+    settled = calls_->complete_from(peer, id, std::move(reply));
   } else {
     FERRY_LOG(WARNING) << self_.name << ": ignoring a " << message_type_name(reply.type())
                        << " message from worker id " << peer << " on a reply pipe";
   }
+  // Not pending (timed out, failed) or not a call to that worker: a reply to another
+  // worker's call is forged or misrouted, and dropped.
+  if (!settled) FERRY_LOG(DEBUG) << self_.name << ": dropped a reply from worker id " << peer << " to call " << id;
 }
 
 absl::StatusOr<WorkerInfo> Agent::worker_info(std::string_view name) const {

@@ -73,12 +73,18 @@ void CallTable::schedule_check(int peer, Clock::time_point at) {
   deadlines_.emplace(at, kHeartbeatBit | static_cast<uint64_t>(peer));
 }
 
-bool CallTable::complete(uint64_t id, absl::StatusOr<Message> result) {
+bool CallTable::complete(uint64_t id, absl::StatusOr<Message> result) { return settle(id, std::nullopt, std::move(result)); }
+
+bool CallTable::complete_from(int peer, uint64_t id, absl::StatusOr<Message> result) {
+  return settle(id, peer, std::move(result));
+}
+
+bool CallTable::settle(uint64_t id, std::optional<int> from, absl::StatusOr<Message> result) {
   Pending pending;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = calls_.find(id);
-    if (it == calls_.end()) return false;
+    if (it == calls_.end() || (from && it->second.peer != *from)) return false;
     if (heartbeat_.count() > 0) heard_[it->second.peer] = Clock::now();
     pending = std::move(it->second);
     calls_.erase(it);

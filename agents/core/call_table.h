@@ -20,6 +20,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -53,6 +54,9 @@ class CallTable {
   Started start(int peer, std::string_view peer_name, std::chrono::milliseconds timeout);
   // Completes call `id`; false when it is no longer pending (it timed out or failed).
   bool complete(uint64_t id, absl::StatusOr<Message> result);
+  // A reply from `peer`: completes call `id` only if that call went to `peer` (ids are
+  // sequential, so another worker could guess them); false otherwise, and nothing changes.
+  bool complete_from(int peer, uint64_t id, absl::StatusOr<Message> result);
   // Fails every pending call to `peer`; returns how many.
   size_t fail_peer(int peer, const absl::Status& status);
   // Fails every pending call.
@@ -88,6 +92,8 @@ class CallTable {
   // Deadline-queue entries with this bit set are heartbeat checks of peer (id & ~bit).
   static constexpr uint64_t kHeartbeatBit = uint64_t{1} << 63;
   void schedule_check(int peer, Clock::time_point at);  // under mu_
+  // complete() and complete_from(): `from`, when set, must be the call's peer.
+  bool settle(uint64_t id, std::optional<int> from, absl::StatusOr<Message> result);
   // Sets the result outside the lock, then counts the call out.
   void finish(Pending& pending, absl::StatusOr<Message> result);
 

@@ -313,6 +313,56 @@ TEST_P(TransportConformance, RequestsWithoutTheHandshakeAreRefused) {
   victim->shutdown();
 }
 
+// Call ids are sequential, so a worker that is called can guess the id of a call to
+// another worker: its reply must not complete that call.
+TEST_P(TransportConformance, AReplyToAnotherWorkersCallIsDropped) {
+  AgentOptions options;
+  options.num_worker_threads = 2;
+  auto honest = Agent::start(
+      WorkerInfo{"honest", 1}, std::make_shared<HashStore>(), options,
+      [](const Message& m, const WorkerInfo&) {
+        std::this_thread::sleep_for(milliseconds(300));
+        Message reply(MessageType::kResponse, m.id());
+        reply.buffer() += "genuine";
+        return reply;
+      },
+      GetParam().make("honest"));
+  ASSERT_OK(honest.status());
+  std::shared_ptr<Agent> victim = start_agent(GetParam(), "");
+  Side attacker(GetParam(), "attacker");
+  ASSERT_OK(victim->set_members({{WorkerInfo{"victim", 0}, victim->address()},
+                                 {WorkerInfo{"honest", 1}, (*honest)->address()},
+                                 {WorkerInfo{"attacker", 2}, attacker.address}}));
+  Future<Message> to_honest = victim->send(1, Message(MessageType::kRequest, 0));
+  Future<Message> to_attacker = victim->send(2, Message(MessageType::kRequest, 0), milliseconds(500));
+  // The attacker answers its request with replies to every id below its own.
+  ASSERT_TRUE(attacker.events->wait_for([&] {
+    for (const Recorder::Received& r : attacker.events->received_) {
+      if (!internal::is_auth_message(r.wire.metadata)) return true;
+    }
+    return false;
+  }));
+  {
+    std::lock_guard<std::mutex> lock(attacker.events->mu_);
+    for (const Recorder::Received& r : attacker.events->received_) {
+      if (internal::is_auth_message(r.wire.metadata)) continue;
+      absl::StatusOr<Message> request = Message::parse(r.wire.metadata, {});
+      ASSERT_OK(request.status());
+      for (uint64_t id = 1; id < request->id(); ++id) {
+        Message forged(MessageType::kResponse, id);
+        forged.buffer() += "forged";
+        r.connection->write(Wire{forged.seal(), {}, {}});
+      }
+    }
+  }
+  absl::StatusOr<Message> reply = to_honest.result();
+  ASSERT_OK(reply.status());
+  EXPECT_EQ(reply->payload(), "genuine");
+  EXPECT_THAT(to_attacker.result(), testing::StatusIs(absl::StatusCode::kDeadlineExceeded));
+  (*honest)->shutdown();
+  victim->shutdown();
+}
+
 TEST_P(TransportConformance, TwoAgentsWithTheTokenServeCallsOverIt) {
   std::shared_ptr<Agent> a = start_agent(GetParam(), "job-secret");
   auto b = start_agent(GetParam(), "job-secret", WorkerInfo{"caller", 1});
