@@ -9,6 +9,7 @@
 #include <array>
 #include <random>
 #include <cstdint>
+#include <cstdio>
 #include <cerrno>
 #include <cstring>
 #include <thread>
@@ -78,6 +79,27 @@ bool same_file(int fd, const std::string& path) {
 }
 
 }  // namespace
+
+absl::Status FileStore::check_private(int fd) const {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return io_error("stat", errno);
+  if (!S_ISREG(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat("FileStore ", path_, ": not a regular file"));
+  }
+  if (st.st_uid != ::geteuid()) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "FileStore ", path_, ": the file belongs to uid ", st.st_uid, ", not to this user (uid ", ::geteuid(),
+        "); another user's store file could forge the job's keys: use a path of your own"));
+  }
+  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof(mode), "%o", static_cast<unsigned>(st.st_mode & 07777));
+    return absl::PermissionDeniedError(absl::StrCat(
+        "FileStore ", path_, ": the file is writable by ", (st.st_mode & S_IWOTH) != 0 ? "everyone" : "its group",
+        " (mode ", mode, "); anyone who can write it can forge the job's keys: chmod go-w it, or remove it"));
+  }
+  return absl::OkStatus();
+}
 
 // flock(2) held for one operation; unlocks (and, when it owns the descriptor, closes
 // it) when destroyed.
@@ -152,10 +174,20 @@ absl::Status FileStore::open_file() {
   // The path can be replaced (a new run) or removed (the last close) between open and
   // lock: then open again.
   for (int attempt = 0; attempt < 100; ++attempt) {
-    int fd = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    // Never through a symbolic link, and only a file this user owns that nobody else
+    // may write: anyone who can write the file can forge every key of the job.
+    int fd = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd < 0) {
       int err = errno;
+      if (err == ELOOP) {
+        return absl::PermissionDeniedError(absl::StrCat(
+            "FileStore ", path_, ": is a symbolic link; refusing to follow it (give the real path)"));
+      }
       return absl::UnavailableError(absl::StrCat("FileStore: cannot open ", path_, ": ", std::strerror(err)));
+    }
+    if (absl::Status safe = check_private(fd); !safe.ok()) {
+      ::close(fd);
+      return safe;
     }
     absl::MutexLock mu_lock(&mu_);
     if (fd_ >= 0) ::close(fd_);
@@ -215,7 +247,7 @@ absl::Status FileStore::start_fresh_file(FileLock& flock) {
   // Written aside and renamed into place: a process of the earlier run keeps its own
   // file, and nobody sees a file without a header.
   std::string tmp = absl::StrCat(path_, ".", random_run_id(), ".tmp");
-  int fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  int fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd < 0) return io_error("create " + tmp, errno);
   auto fail = [&](std::string_view what, int err) {
     ::close(fd);

@@ -18,6 +18,10 @@
 // stragglers are still closing, never mixes the runs' keys or counts the last run's
 // closes.
 //
+// Privacy: the file is created 0600 and opened without following a symbolic link; a
+// file owned by another user, or writable by its group or by everyone, is refused
+// (kPermissionDenied): whoever can write it can forge every key of the job.
+//
 //   FERRY_ASSIGN_OR_RETURN(std::shared_ptr<ferry::Store> store,
 //                          ferry::FileStore::create("/tmp/job42.store", {.world_size = 4}));
 //   FERRY_ASSIGN_OR_RETURN(int64_t arrived, store->add("arrived", 1));
@@ -91,6 +95,9 @@ class FileStore final : public Store {
 
   // Opens the path, joining its run or starting a fresh file, and records the join.
   absl::Status open_file();
+  // kPermissionDenied unless `fd` is a regular file of this user that nobody else may
+  // write.
+  absl::Status check_private(int fd) const;
   // Replaces the file at path_ (locked through fd_) by a fresh one for this run; fd_
   // then names the new file, locked.
   absl::Status start_fresh_file(FileLock& lock) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -534,8 +534,10 @@ void Agent::on_closed(const std::shared_ptr<Connection>& connection, absl::Statu
   // A peer that only ever called us (an RRef holder calling its owner) is lost when its
   // connection goes: nothing else would tell. One we have a connection to is judged by
   // that connection, which fails too if the peer died; a peer may close its side for
-  // other reasons (it retired us, or suspects us).
-  if (current && s->stage == Stage::kOpen && !shut_down_.load() && leaving_.load() == 0 && !linked_to(s->peer)) {
+  // other reasons (it retired us, or suspects us). kCancelled is a close of ours (or a
+  // connection the peer replaced), not a loss.
+  if (current && s->stage == Stage::kOpen && why.code() != absl::StatusCode::kCancelled && !shut_down_.load() &&
+      leaving_.load() == 0 && !linked_to(s->peer)) {
     on_peer_lost(s->peer, absl::UnavailableError(absl::StrCat("worker \"", s->peer_name, "\" (id ", s->peer,
                                                               ") is unreachable: its connection here ended: ",
                                                               why.message())));

@@ -410,7 +410,7 @@ struct ProcessGroupTransport::State : std::enable_shared_from_this<State> {
       }
       link = slot;
     }
-    if (previous) report(previous, absl::UnavailableError("the peer opened a new connection"));
+    if (previous) report(previous, absl::CancelledError("the peer opened a new connection"));
     if (link == nullptr) return true;  // a reply on a link the core closed
     if (fresh) e->on_accepted(link);
     std::vector<uint64_t> lengths;

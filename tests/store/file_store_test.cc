@@ -88,6 +88,45 @@ TEST(FileStoreTest, PartialTrailingRecordIsIgnoredThenDropped) {
   EXPECT_EQ(n, 2);
 }
 
+TEST(FileStoreTest, TheFileIsPrivateToItsUser) {
+  ferry::testing::TempDir dir;
+  std::string path = dir.path() + "/s";
+  ASSERT_OK(FileStore::create(path).status());
+  struct stat st;
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+}
+
+TEST(FileStoreTest, ASymbolicLinkIsNotFollowed) {
+  ferry::testing::TempDir dir;
+  std::string target = dir.path() + "/elsewhere";
+  std::string path = dir.path() + "/s";
+  ASSERT_EQ(::symlink(target.c_str(), path.c_str()), 0);
+  EXPECT_THAT(FileStore::create(path), StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("symbolic link")));
+  EXPECT_FALSE(exists(target));  // nothing was created through it
+}
+
+TEST(FileStoreTest, AFileOthersMayWriteIsRefused) {
+  ferry::testing::TempDir dir;
+  std::string path = dir.path() + "/s";
+  ASSERT_OK(FileStore::create(path).status());
+  ASSERT_EQ(::chmod(path.c_str(), 0666), 0);
+  EXPECT_THAT(FileStore::create(path),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("writable by everyone (mode 666)")));
+  ASSERT_EQ(::chmod(path.c_str(), 0620), 0);
+  EXPECT_THAT(FileStore::create(path), StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("by its group")));
+}
+
+TEST(FileStoreTest, AnotherUsersFileIsRefused) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to give a file to another user";
+  ferry::testing::TempDir dir;
+  std::string path = dir.path() + "/s";
+  ASSERT_OK(FileStore::create(path).status());
+  ASSERT_EQ(::chown(path.c_str(), 65534, 65534), 0);  // nobody
+  EXPECT_THAT(FileStore::create(path),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("belongs to uid 65534, not to this user")));
+}
+
 TEST(FileStoreTest, ForeignFileIsDataLoss) {
   ferry::testing::TempDir dir;
   std::string path = dir.path() + "/s";

@@ -24,6 +24,23 @@ std::string ProcessResult::describe() const {
   return s + "killed by signal " + std::to_string(term_signal) + " (" + strsignal(term_signal) + ")";
 }
 
+namespace {
+
+// Runs body(rank): 0, or 2 when it threw (said on stderr).
+int run_rank(const std::function<void(int rank)>& body, int rank) {
+  try {
+    body(rank);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rank %d: uncaught exception: %s\n", rank, e.what());
+  } catch (...) {
+    std::fprintf(stderr, "rank %d: uncaught non-standard exception\n", rank);
+  }
+  return 2;
+}
+
+}  // namespace
+
 std::vector<ProcessResult> run_processes(int n, const std::function<void(int rank)>& body,
                                          std::chrono::milliseconds timeout) {
   std::fflush(stdout);
@@ -36,17 +53,8 @@ std::vector<ProcessResult> run_processes(int n, const std::function<void(int ran
       break;
     }
     if (pid == 0) {
-      int code = 0;
-      try {
-        body(rank);
-        code = ::testing::Test::HasFailure() ? 1 : 0;
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "rank %d: uncaught exception: %s\n", rank, e.what());
-        code = 2;
-      } catch (...) {
-        std::fprintf(stderr, "rank %d: uncaught non-standard exception\n", rank);
-        code = 2;
-      }
+      int code = run_rank(body, rank);
+      if (code == 0 && ::testing::Test::HasFailure()) code = 1;
       std::fflush(stdout);
       std::fflush(stderr);
       // _exit: the child must not run the parent's atexit handlers or gtest's teardown.
@@ -107,16 +115,7 @@ std::vector<ProcessResult> run_threads(int n, const std::function<void(int rank)
   std::vector<std::thread> threads;
   for (int rank = 0; rank < n; ++rank) {
     threads.emplace_back([shared, &body, rank] {
-      int code = 0;
-      try {
-        body(rank);
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "rank %d: uncaught exception: %s\n", rank, e.what());
-        code = 2;
-      } catch (...) {
-        std::fprintf(stderr, "rank %d: uncaught non-standard exception\n", rank);
-        code = 2;
-      }
+      int code = run_rank(body, rank);
       std::lock_guard<std::mutex> lock(shared->mu);
       ProcessResult& r = shared->results[static_cast<size_t>(rank)];
       r.rank = rank;
