@@ -136,7 +136,8 @@ absl::Status read_exact(int fd, uint8_t* out, size_t n, Clock::time_point deadli
 // One answer. The first read takes up to a small buffer's worth, so that a typical
 // answer costs one poll and one recv; only a large one reads the rest exactly. One
 // request is in flight per connection, so nothing past the answer can arrive.
-absl::StatusOr<Bytes> receive(int fd, Clock::time_point deadline) {
+// An answer longer than `max_bytes` is refused before anything is allocated for it.
+absl::StatusOr<Bytes> receive(int fd, Clock::time_point deadline, uint32_t max_bytes = kMaxResponseBytes) {
   uint8_t first[512];
   size_t got = 0;
   while (got < kFrameHeaderBytes) {
@@ -144,7 +145,10 @@ absl::StatusOr<Bytes> receive(int fd, Clock::time_point deadline) {
     got += n;
   }
   uint32_t len = read_frame_length(first);
-  if (len > kMaxResponseBytes) return absl::UnavailableError(absl::StrCat("answer of ", len, " bytes is corrupt"));
+  if (len > max_bytes) {
+    return absl::UnavailableError(absl::StrCat("answer of ", len, " bytes is corrupt (at most ", max_bytes,
+                                               " expected)"));
+  }
   size_t have = got - kFrameHeaderBytes;
   if (have > len) return absl::UnavailableError("the server sent more than it answered");
   Bytes body(len);
@@ -333,7 +337,10 @@ absl::StatusOr<std::unique_ptr<Socket>> TCPStore::Client::connect_once(Clock::ti
 }
 
 absl::StatusOr<Bytes> TCPStore::Client::handshake_answer(int fd, Clock::time_point deadline) {
-  auto answer = receive(fd, deadline);
+  // A handshake answer is a version, two nonces and a proof, or a refusal: a few
+  // hundred bytes. A server that announces more is not a ferry store.
+  constexpr uint32_t kMaxHandshakeAnswer = 1024;
+  auto answer = receive(fd, deadline, kMaxHandshakeAnswer);
   if (!answer.ok()) return absl::UnavailableError(absl::StrCat("handshake failed: ", answer.status().message()));
   if (answer->empty()) return absl::UnavailableError("handshake failed: empty answer");
   uint8_t code = (*answer)[0];

@@ -3,10 +3,15 @@
 // none is refused with an error naming FERRY_AUTH_TOKEN, and the server logs why; a
 // worker is uncounted when its connection closes. Rank 0 runs the server with its
 // stderr in a file; the ranks meet through a FileStore in a temporary directory.
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <fstream>
 #include <sstream>
@@ -123,6 +128,46 @@ TEST(TCPStoreAuthTest, SameTokenServedOthersRefusedWithReasonsOnBothSides) {
     good->reset();
     EXPECT_OK(meet->set("closed", to_bytes("1")));
   }, 60s));
+}
+
+// A "server" that answers every hello with a frame announcing 1 GiB: the client must
+// refuse it from the length alone, allocating nothing for it.
+TEST(TCPStoreAuthTest, AnOversizeHandshakeAnswerIsRefusedBeforeAllocating) {
+  int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(listener, 16), 0);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const uint16_t port = ntohs(addr.sin_port);
+  std::atomic<bool> stop{false};
+  std::thread server([&] {
+    while (!stop.load()) {
+      pollfd p{listener, POLLIN, 0};
+      if (::poll(&p, 1, 50) <= 0) continue;
+      int fd = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd < 0) continue;
+      uint8_t hello[256];
+      (void)::recv(fd, hello, sizeof(hello), 0);
+      const uint32_t huge = 1u << 30;
+      uint8_t answer[8] = {static_cast<uint8_t>(huge), static_cast<uint8_t>(huge >> 8),
+                           static_cast<uint8_t>(huge >> 16), static_cast<uint8_t>(huge >> 24), 0, 0, 0, 0};
+      (void)::send(fd, answer, sizeof(answer), MSG_NOSIGNAL);
+      ::close(fd);
+    }
+  });
+  TCPStoreOptions options = client_options(port, std::string("job-secret"));
+  options.timeout = 2s;
+  auto client = TCPStore::create(options);
+  stop.store(true);
+  server.join();
+  ::close(listener);
+  // The client retries until its timeout, saying what the last attempt met.
+  EXPECT_THAT(client.status(), StatusIs(absl::StatusCode::kDeadlineExceeded,
+                                        AllOf(HasSubstr("answer of 1073741824 bytes"), HasSubstr("at most 1024"))));
 }
 
 TEST(TCPStoreAuthTest, ClientWithATokenRefusesAServerWithout) {
