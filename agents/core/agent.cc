@@ -205,7 +205,10 @@ absl::Status Agent::retire_member(int id, std::chrono::milliseconds drain) {
   return remove_member(id, MembershipChange::kLeft);
 }
 
-void Agent::begin_leave() { leaving_.store(std::max(leaving_.load(), 1)); }
+void Agent::begin_leave() {
+  int member = 0;
+  leaving_.compare_exchange_strong(member, 1);
+}
 
 void Agent::refuse_requests() { leaving_.store(2); }
 

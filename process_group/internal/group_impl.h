@@ -148,6 +148,10 @@ class ProcessGroup::Impl {
 
   absl::StatusOr<ReceivedBytes> recv_bytes(const std::string& name, std::optional<int> src, uint32_t tag,
                                            std::chrono::milliseconds timeout);
+  // The data part (`size` bytes on `slot`) of a bytes message too large to ride behind
+  // its header, which `sender` has posted already; `buf` is registered for shutdown.
+  absl::Status recv_bytes_data(const std::string& name, int sender, uint64_t slot, uint64_t size,
+                               ReceivedBytes& out, std::unique_ptr<gloo::transport::UnboundBuffer>& buf);
 
   // ---- threads, usability and shutdown (group_impl.cc) ----------------------------
 

@@ -42,6 +42,23 @@ inline uint64_t bytes_data_slot(uint32_t tag, uint32_t seq) {
   return (kBytesDataPrefix << 56) | (static_cast<uint64_t>(tag) << 24) | (seq & 0xffffffu);
 }
 
+// The bytes header at the front of `head`, received from `sender`. A message that fits
+// inline lands in `out` now; a larger one's data follows (recv_bytes_data).
+absl::StatusOr<BytesHeader> take_bytes_header(const std::string& name, const std::vector<uint8_t>& head, int sender,
+                                              ProcessGroup::ReceivedBytes& out) {
+  BytesHeader header;
+  std::memcpy(&header, head.data(), sizeof(header));
+  if (header.magic != kBytesMagic) {
+    return absl::DataLossError(absl::StrCat(name, ": the message header from rank ", sender, " is corrupt"));
+  }
+  out.source_rank = sender;
+  if (header.size <= kBytesInline) {
+    out.data.assign(head.begin() + sizeof(BytesHeader),
+                    head.begin() + static_cast<std::ptrdiff_t>(sizeof(BytesHeader) + header.size));
+  }
+  return header;
+}
+
 inline uint64_t p2p_header_slot(uint32_t tag) { return (kP2PHeaderPrefix << 56) | (static_cast<uint64_t>(tag) << 24); }
 inline uint64_t p2p_data_slot(uint32_t tag, uint32_t seq) {
   return (kP2PDataPrefix << 56) | (static_cast<uint64_t>(tag) << 24) | (seq & 0xffffffu);
@@ -198,6 +215,18 @@ void ProcessGroup::Impl::cancel_sends(int dst, const absl::Status& why) {
   }
 }
 
+absl::Status ProcessGroup::Impl::recv_bytes_data(const std::string& name, int sender, uint64_t slot, uint64_t size,
+                                                 ReceivedBytes& out,
+                                                 std::unique_ptr<gloo::transport::UnboundBuffer>& buf) {
+  out.data.resize(size);
+  buf = context_->createUnboundBuffer(out.data.data(), out.data.size());
+  if (!register_buffer(buf.get())) return cancelled(name);
+  buf->recv(sender, slot);
+  // The sender has posted the data already: only the transfer is left to wait for.
+  if (!buf->waitRecv(nullptr, timeout_)) return cancelled(name);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ProcessGroup::ReceivedBytes> ProcessGroup::Impl::recv_bytes_stream(const std::string& name, int src,
                                                                                   uint32_t tag,
                                                                                   std::chrono::milliseconds timeout) {
@@ -226,18 +255,7 @@ absl::StatusOr<ProcessGroup::ReceivedBytes> ProcessGroup::Impl::recv_bytes_strea
     gloo::transport::UnboundBuffer* buf = ring->bufs[i].get();
     int sender = -1;
     if (!buf->waitRecv(&sender, timeout)) return cancelled(name);
-    const std::vector<uint8_t>& head = ring->storage[i];
-    BytesHeader header;
-    std::memcpy(&header, head.data(), sizeof(header));
-    if (header.magic != kBytesMagic) {
-      return absl::DataLossError(absl::StrCat(name, ": the message header from rank ", sender, " is corrupt"));
-    }
-    out.source_rank = sender;
-    const bool inline_data = header.size <= kBytesInline;
-    if (inline_data) {
-      out.data.assign(head.begin() + sizeof(BytesHeader),
-                      head.begin() + static_cast<std::ptrdiff_t>(sizeof(BytesHeader) + header.size));
-    }
+    FERRY_ASSIGN_OR_RETURN(BytesHeader header, take_bytes_header(name, ring->storage[i], sender, out));
     // Taken out: post it again, then move on to the next one. A peer lost just now
     // fails the re-post: this message still goes out, and the next call says why.
     absl::Status reposted = catch_gloo(name, description_, [&] {
@@ -246,13 +264,8 @@ absl::StatusOr<ProcessGroup::ReceivedBytes> ProcessGroup::Impl::recv_bytes_strea
     });
     if (!reposted.ok()) ring->failed = reposted;
     ring->next = (i + 1) % PostedRing::kDepth;
-    if (inline_data) return absl::OkStatus();
-    out.data.resize(header.size);
-    data_buf = context_->createUnboundBuffer(out.data.data(), out.data.size());
-    if (!register_buffer(data_buf.get())) return cancelled(name);
-    data_buf->recv(sender, bytes_data_slot(tag, header.seq));
-    if (!data_buf->waitRecv(nullptr, timeout_)) return cancelled(name);
-    return absl::OkStatus();
+    if (header.size <= kBytesInline) return absl::OkStatus();
+    return recv_bytes_data(name, sender, bytes_data_slot(tag, header.seq), header.size, out, data_buf);
   });
   unregister_buffer(data_buf.get());
   if (!s.ok()) return s;
@@ -280,24 +293,9 @@ absl::StatusOr<ProcessGroup::ReceivedBytes> ProcessGroup::Impl::recv_bytes(const
     }
     int sender = -1;
     if (!head_buf->waitRecv(&sender, timeout)) return cancelled(name);
-    BytesHeader header;
-    std::memcpy(&header, head.data(), sizeof(header));
-    if (header.magic != kBytesMagic) {
-      return absl::DataLossError(absl::StrCat(name, ": the message header from rank ", sender, " is corrupt"));
-    }
-    out.source_rank = sender;
-    if (header.size <= kBytesInline) {
-      out.data.assign(head.begin() + sizeof(BytesHeader),
-                      head.begin() + static_cast<std::ptrdiff_t>(sizeof(BytesHeader) + header.size));
-      return absl::OkStatus();
-    }
-    out.data.resize(header.size);
-    data_buf = context_->createUnboundBuffer(out.data.data(), out.data.size());
-    if (!register_buffer(data_buf.get())) return cancelled(name);
-    data_buf->recv(sender, bytes_data_slot(tag, header.seq));
-    // The sender has posted the data already: only the transfer is left to wait for.
-    if (!data_buf->waitRecv(nullptr, timeout_)) return cancelled(name);
-    return absl::OkStatus();
+    FERRY_ASSIGN_OR_RETURN(BytesHeader header, take_bytes_header(name, head, sender, out));
+    if (header.size <= kBytesInline) return absl::OkStatus();
+    return recv_bytes_data(name, sender, bytes_data_slot(tag, header.seq), header.size, out, data_buf);
   });
   unregister_buffer(head_buf.get());
   unregister_buffer(data_buf.get());
