@@ -18,6 +18,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "tensor/tensor.h"
 
 namespace ferry::internal {
 
@@ -47,5 +48,17 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
   uint64_t hits_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t misses_ ABSL_GUARDED_BY(mu_) = 0;
 };
+
+// Receive buffers at least this large come from a BufferPool; smaller ones are cheap
+// to allocate and rarely page-fault.
+inline constexpr size_t kPooledBufferBytes = 64 * 1024;
+
+// FERRY_RECEIVE_CACHE_MB caps the idle receive buffers a transport keeps for reuse (0:
+// none).
+size_t max_cached_receive_bytes();
+
+// A uint8 CPU tensor of `length` bytes for a transport to land received bytes in: from
+// `pool` when large, else freshly allocated.
+absl::StatusOr<Tensor> receive_buffer(const std::shared_ptr<BufferPool>& pool, size_t length);
 
 }  // namespace ferry::internal

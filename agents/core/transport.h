@@ -110,6 +110,12 @@ class Transport {
   // ends in on_closed. `session` goes to the Connection's constructor.
   virtual std::shared_ptr<Connection> connect(std::shared_ptr<internal::Session> session,
                                               const std::string& peer_name, const std::string& address) = 0;
+  // Whether connect() can reach the worker whose record is `address` (a transport made
+  // of several asks each in turn; see agents/core/transport_set.h).
+  virtual bool reaches(const std::string& address) const {
+    (void)address;
+    return true;
+  }
   // Whether connect() reaches workers that were not there when this one started:
   // false for a fixed mesh (a process group), which cannot serve a dynamic group.
   virtual bool connects_on_demand() const { return true; }

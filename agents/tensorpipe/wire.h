@@ -19,15 +19,6 @@
 
 namespace ferry::internal {
 
-// Receive buffers at least this large come from the BufferPool; smaller ones are cheap
-// to allocate and rarely page-fault.
-inline constexpr size_t kPooledBufferBytes = 64 * 1024;
-
-// FERRY_RECEIVE_CACHE_MB caps the idle receive buffers kept for reuse (0: none).
-size_t max_cached_receive_bytes();
-
-absl::StatusOr<Tensor> receive_buffer(const std::shared_ptr<BufferPool>& pool, size_t length);
-
 // Reads one whole message from `pipe`: the descriptor, then, if admit(metadata bytes,
 // tensor lengths) allows it, the tensors into buffers allocated once each.
 // done(StatusOr<Wire>) runs on the loop thread.

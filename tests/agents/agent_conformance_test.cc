@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "agents/core/dynamic_group.h"
 #include "agents/inproc/factory.h"
+#include "agents/ring/factory.h"
 #include "agents/process_group/factory.h"
 #include "agents/tensorpipe/factory.h"
 #include "gtest/gtest.h"
@@ -109,8 +110,24 @@ AgentKind inproc_kind() {
   };
 }
 
+AgentKind ring_kind() {
+  RingAgentOptions options;
+  options.agent.rpc_timeout = seconds(30);
+  options.agent.heartbeat = milliseconds(300);
+  options.init_timeout = seconds(20);
+  return AgentKind{
+      "ring",
+      [options](std::shared_ptr<Store> store, std::string name, int rank, int n, RequestHandler handler) {
+        return RingAgent::create(store, name, rank, n, options, handler);
+      },
+      [options](std::shared_ptr<Store> store, std::string name, int rank, int /*n*/, RequestHandler handler) {
+        return RingAgent::start(store, name, rank, options, handler);
+      },
+  };
+}
+
 std::vector<AgentKind> kinds() {
-  return {tensorpipe_kind("uv"), tensorpipe_kind("shm"), process_group_kind(), inproc_kind()};
+  return {tensorpipe_kind("uv"), tensorpipe_kind("shm"), process_group_kind(), inproc_kind(), ring_kind()};
 }
 
 // Runs body(rank) as `n` workers of `kind`: processes, or threads for an in-process kind.

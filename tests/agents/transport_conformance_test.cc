@@ -16,6 +16,7 @@
 #include "agents/core/agent.h"
 #include "agents/core/handshake.h"
 #include "agents/inproc/factory.h"
+#include "agents/ring/factory.h"
 #include "agents/tensorpipe/factory.h"
 #include "agents/tensorpipe/transport.h"
 #include "gtest/gtest.h"
@@ -46,7 +47,14 @@ TransportKind tensorpipe_kind(const std::string& transport) {
 }
 
 std::vector<TransportKind> kinds() {
-  return {tensorpipe_kind("uv"), tensorpipe_kind("shm"), {"inproc", make_inproc_transport}};
+  return {tensorpipe_kind("uv"),
+          tensorpipe_kind("shm"),
+          {"inproc", make_inproc_transport},
+          {"ring", [](const std::string& worker) { return make_ring_transport(worker); }},
+          // Every tensor read in place, and a ring small enough that messages wrap.
+          {"ring_small", [](const std::string& worker) {
+             return make_ring_transport(worker, RingOptions{.ring_bytes = 4096, .in_place_bytes = 1, .spin_us = 0});
+           }}};
 }
 
 // Records every event; the waits end at a deadline so a missing event fails the test.

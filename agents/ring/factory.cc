@@ -1,0 +1,51 @@
+#include "agents/ring/factory.h"
+
+#include "absl/strings/str_cat.h"
+#include "agents/core/static_members.h"
+#include "agents/ring/transport.h"
+#include "base/status.h"
+
+namespace ferry {
+
+absl::Status validate(const RingOptions& options) {
+  const size_t rb = options.ring_bytes;
+  if (rb != 0 && (rb < 4096 || rb > (size_t{1} << 30) || (rb & (rb - 1)) != 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ring_bytes must be a power of two in [4096, 1073741824] (FERRY_RING_KB in [4, 1048576]), got ",
+                     rb));
+  }
+  if (options.spin_us > 1000000) {
+    return absl::InvalidArgumentError(absl::StrCat("spin_us must be at most 1000000, got ", options.spin_us));
+  }
+  return absl::OkStatus();
+}
+
+std::unique_ptr<Transport> make_ring_transport(std::string name, RingOptions options) {
+  return std::make_unique<internal::RingTransport>(std::move(name), options);
+}
+
+absl::StatusOr<std::shared_ptr<Agent>> RingAgent::start(std::shared_ptr<Store> store, std::string name, int rank,
+                                                        RingAgentOptions options, RequestHandler handler) {
+  FERRY_RETURN_IF_ERROR(validate(options.ring));
+  std::unique_ptr<Transport> transport = make_ring_transport(name, options.ring);
+  return Agent::start(WorkerInfo{std::move(name), rank}, std::move(store), std::move(options.agent),
+                      std::move(handler), std::move(transport));
+}
+
+absl::StatusOr<std::shared_ptr<Agent>> RingAgent::create(std::shared_ptr<Store> store, std::string name, int rank,
+                                                         int world_size, RingAgentOptions options,
+                                                         RequestHandler handler) {
+  if (store == nullptr) return absl::InvalidArgumentError("store is null");
+  const std::string prefix = options.agent.store_prefix;
+  const std::chrono::milliseconds timeout = options.init_timeout;
+  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<Agent> agent,
+                         start(store, std::move(name), rank, std::move(options), std::move(handler)));
+  absl::Status joined = exchange_addresses(*agent, *store, world_size, prefix, timeout);
+  if (!joined.ok()) {
+    agent->shutdown();
+    return joined;
+  }
+  return agent;
+}
+
+}  // namespace ferry

@@ -1,0 +1,73 @@
+// File: agents/ring/factory.h
+//
+// The ring transport: a ferry-native transport for workers on the same host. Each
+// connection is a pair of shared-memory rings; a message is written into the ring in
+// place and read out of it, with no allocation per message on either side. Tensors of
+// at least RingOptions::in_place_bytes are not copied through the ring: the receiver
+// reads them straight out of the sender's memory (process_vm_readv) when the kernel
+// lets it, which each pair of workers checks once when it connects.
+//
+// A worker's record is "ring ring://<boot id>/<network namespace>/<socket>": a peer
+// reaches it only from the same boot of the same host and the same network namespace.
+// TensorPipeAgent uses it for such peers when "ring" is among its transports
+// (agents/tensorpipe/factory.h); RingAgent makes an agent over the ring alone.
+//
+//   RingAgentOptions options;
+//   FERRY_ASSIGN_OR_RETURN(std::shared_ptr<Agent> a, RingAgent::create(store, "a", 0, 2, options, handler));
+//
+// Threads: each worker runs a data thread, which delivers every event (the transport
+// thread of agents/core/transport.h), and a control thread for sockets. An idle worker
+// sleeps on a futex and uses no CPU.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "agents/core/agent.h"
+#include "agents/core/transport.h"
+#include "store/store.h"
+
+namespace ferry {
+
+struct RingOptions {
+  // Bytes of each direction's ring: a power of two in [4 KiB, 1 GiB]. Unset (0):
+  // FERRY_RING_KB, else 256 KiB.
+  size_t ring_bytes = 0;
+  // Tensors at least this large are read in place from the sender when the peer allows
+  // it. Unset (0): FERRY_RING_IN_PLACE_KB, else 64 KiB. SIZE_MAX: never.
+  size_t in_place_bytes = 0;
+  // The longest an idle data thread spins before it sleeps, in microseconds; it spins
+  // less when work has not come that soon lately. Negative: FERRY_RING_SPIN_US, else 50.
+  int spin_us = -1;
+};
+
+// Checks `options` as given (before defaults): kInvalidArgument saying what was wrong.
+absl::Status validate(const RingOptions& options);
+
+// The ring transport alone (the transport conformance suite drives it).
+std::unique_ptr<Transport> make_ring_transport(std::string name, RingOptions options = {});
+
+struct RingAgentOptions {
+  // The agent's settings (AgentOptions::auth_token is used as given).
+  AgentOptions agent;
+  RingOptions ring;
+  // create(): how long to wait for every worker's address.
+  std::chrono::milliseconds init_timeout{std::chrono::seconds(30)};
+};
+
+// The ring agent's makers; it has no instances.
+struct RingAgent {
+  RingAgent() = delete;
+  // A static group: start(), then every worker's address through the store.
+  static absl::StatusOr<std::shared_ptr<Agent>> create(std::shared_ptr<Store> store, std::string name, int rank,
+                                                       int world_size, RingAgentOptions options,
+                                                       RequestHandler handler);
+  // Listening, no members yet.
+  static absl::StatusOr<std::shared_ptr<Agent>> start(std::shared_ptr<Store> store, std::string name, int rank,
+                                                      RingAgentOptions options, RequestHandler handler);
+};
+
+}  // namespace ferry

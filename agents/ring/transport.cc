@@ -1,0 +1,1235 @@
+#include "agents/ring/transport.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <mutex>
+#include <new>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "agents/core/buffer_pool.h"
+#include "agents/ring/ring.h"
+#include "base/env.h"
+#include "base/logging.h"
+#include "base/thread_role.h"
+
+namespace ferry::internal {
+
+namespace ring {
+
+void futex_wait(std::atomic<uint32_t>* word, uint32_t expected) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, nullptr, nullptr, 0);
+}
+
+void futex_wake(std::atomic<uint32_t>* word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, 1, nullptr, nullptr, 0);
+}
+
+}  // namespace ring
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr uint32_t kMagic = 0x676e6972;  // "ring"
+constexpr uint32_t kVersion = 1;
+constexpr size_t kMinRing = 4096;
+constexpr size_t kMaxRing = size_t{1} << 30;
+// A message announcing more tensors, or a longer target, is refused before anything is
+// allocated for it.
+constexpr uint32_t kMaxTensors = 1 << 16;
+constexpr uint32_t kMaxTargetBytes = 4096;
+// Accepted sockets that have not sent their hello yet; beyond this the oldest goes.
+constexpr size_t kMaxPendingHellos = 64;
+
+// Socket packets: the hello (with the segment's and the connector's bell's memfds), the
+// reply (with the acceptor's bell), the connector's verdict on reading in place.
+enum PacketKind : uint32_t { kHello = 1, kReply = 2, kVerdict = 3 };
+struct Packet {
+  uint32_t magic = kMagic;
+  uint32_t version = kVersion;
+  uint32_t kind = 0;
+  uint32_t pid = 0;
+  uint32_t reads_you = 0;  // the sender could read the receiver's probe in place
+  uint32_t pad = 0;
+  uint64_t ring_bytes = 0;
+  uint64_t probe_addr = 0;
+  uint64_t probe_value = 0;
+};
+
+// Ring frames: a fixed part, then per tensor an entry, then the targets, the metadata
+// and the tensors' bytes (those not read in place).
+enum FrameKind : uint32_t { kMessage = 1, kAck = 2 };
+struct Fixed {
+  uint32_t kind;
+  uint32_t tensors;
+  uint64_t metadata_bytes;
+  uint64_t seq;  // kAck: the message whose in-place tensors the receiver is done with
+};
+struct Entry {
+  uint64_t length;
+  uint64_t address;  // in the sender's memory, to read in place; 0: the bytes follow
+  uint32_t target_bytes;
+  uint32_t pad;
+};
+static_assert(sizeof(Fixed) == 24 && sizeof(Entry) == 24);
+
+std::string errno_text(int err) { return std::strerror(err); }
+
+struct Mapping {
+  void* ptr = nullptr;
+  size_t len = 0;
+  Mapping() = default;
+  Mapping(void* p, size_t n) : ptr(p), len(n) {}
+  Mapping(Mapping&& o) noexcept : ptr(std::exchange(o.ptr, nullptr)), len(o.len) {}
+  Mapping& operator=(Mapping&& o) noexcept {
+    std::swap(ptr, o.ptr);
+    std::swap(len, o.len);
+    return *this;
+  }
+  ~Mapping() {
+    if (ptr != nullptr) munmap(ptr, len);
+  }
+};
+
+// Maps a memfd a peer sent, after checking it cannot shrink under us (a shrunk mapping
+// faults the reader) and holds `min_bytes` (exactly, when `exact`).
+absl::StatusOr<Mapping> map_peer_memfd(int fd, size_t min_bytes, bool exact) {
+  int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
+    return absl::InvalidArgumentError("the peer's memory is not sealed against shrinking");
+  }
+  struct stat st {};
+  if (fstat(fd, &st) != 0) return absl::InternalError(absl::StrCat("fstat: ", errno_text(errno)));
+  size_t size = static_cast<size_t>(st.st_size);
+  if (size < min_bytes || (exact && size != min_bytes)) {
+    return absl::InvalidArgumentError(absl::StrCat("the peer's memory is ", size, " bytes, expected ",
+                                                   exact ? "" : "at least ", min_bytes));
+  }
+  void* p = mmap(nullptr, min_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) return absl::InternalError(absl::StrCat("mmap: ", errno_text(errno)));
+  return Mapping(p, min_bytes);
+}
+
+// A sealed memfd of `bytes`, mapped.
+absl::StatusOr<std::pair<int, Mapping>> make_memfd(const char* name, size_t bytes) {
+  int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return absl::InternalError(absl::StrCat("memfd_create: ", errno_text(errno)));
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0 ||
+      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    int err = errno;
+    ::close(fd);
+    return absl::ResourceExhaustedError(absl::StrCat("cannot size shared memory of ", bytes, " bytes: ", errno_text(err)));
+  }
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    int err = errno;
+    ::close(fd);
+    return absl::ResourceExhaustedError(absl::StrCat("mmap of ", bytes, " bytes: ", errno_text(err)));
+  }
+  return std::make_pair(fd, Mapping(p, bytes));
+}
+
+bool send_packet(int fd, const Packet& packet, std::initializer_list<int> fds) {
+  iovec iov{const_cast<Packet*>(&packet), sizeof(packet)};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
+  if (fds.size() > 0) {
+    msg.msg_control = control;
+    msg.msg_controllen = CMSG_SPACE(fds.size() * sizeof(int));
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(fds.size() * sizeof(int));
+    std::memcpy(CMSG_DATA(c), fds.begin(), fds.size() * sizeof(int));
+  }
+  ssize_t n;
+  do {
+    n = sendmsg(fd, &msg, MSG_NOSIGNAL);
+  } while (n < 0 && errno == EINTR);
+  return n == static_cast<ssize_t>(sizeof(packet));
+}
+
+// Reads one packet; fds received (at most 2) land in `fds`, owned by the caller.
+// Returns the bytes read (0 at the end), or -errno.
+ssize_t recv_packet(int fd, Packet& packet, std::vector<int>& fds) {
+  iovec iov{&packet, sizeof(packet)};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  ssize_t n;
+  do {
+    n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) return -errno;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < count; ++i) {
+      int received;
+      std::memcpy(&received, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      fds.push_back(received);
+    }
+  }
+  return n;
+}
+
+void close_all(std::vector<int>& fds) {
+  for (int fd : fds) ::close(fd);
+  fds.clear();
+}
+
+// Whether this process can read `value` at `address` in process `pid`.
+bool can_read_in_place(pid_t pid, uint64_t address, uint64_t value) {
+  uint64_t got = 0;
+  iovec local{&got, sizeof(got)};
+  iovec remote{reinterpret_cast<void*>(address), sizeof(got)};
+  return process_vm_readv(pid, &local, 1, &remote, 1, 0) == static_cast<ssize_t>(sizeof(got)) && got == value;
+}
+
+std::string read_line(const char* path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+// What makes two workers able to reach each other's abstract sockets: the same boot of
+// the same host and the same network namespace.
+const std::string& host_scope() {
+  static const std::string scope = [] {
+    std::string boot = read_line("/proc/sys/kernel/random/boot_id");
+    char ns[128] = {};
+    ssize_t n = readlink("/proc/self/ns/net", ns, sizeof(ns) - 1);
+    std::string net = n > 0 ? std::string(ns, static_cast<size_t>(n)) : "net:[?]";
+    // "net:[4026531992]" -> "4026531992"
+    size_t open = net.find('['), close = net.find(']');
+    if (open != std::string::npos && close != std::string::npos && close > open) {
+      net = net.substr(open + 1, close - open - 1);
+    }
+    return absl::StrCat(boot.empty() ? "noboot" : boot, "/", net);
+  }();
+  return scope;
+}
+
+// "ring ring://<scope>/<socket>" -> the socket name, if the record has a ring line.
+bool socket_of(const std::string& record, std::string& scope, std::string& socket) {
+  for (absl::string_view line : absl::StrSplit(record, '\n', absl::SkipEmpty())) {
+    if (!absl::ConsumePrefix(&line, "ring ring://")) continue;
+    size_t last = line.rfind('/');
+    if (last == absl::string_view::npos) return false;
+    scope = std::string(line.substr(0, last));
+    socket = std::string(line.substr(last + 1));
+    return !socket.empty();
+  }
+  return false;
+}
+
+size_t pick(size_t given, const char* env, size_t fallback_kb) {
+  if (given != 0) return given;
+  return static_cast<size_t>(env_int(env, static_cast<int64_t>(fallback_kb), 1, int64_t{1} << 30)) << 10;
+}
+
+class Pipe;
+
+}  // namespace
+
+// The state one worker's transport shares with its threads and connections.
+struct RingTransport::Endpoint : std::enable_shared_from_this<Endpoint> {
+  std::string name;
+  size_t ring_bytes = 0;
+  size_t in_place_bytes = 0;
+  int64_t max_spin_ns = 0;
+  std::string socket_name;
+  std::string address;
+  std::weak_ptr<TransportEvents> events;
+  std::shared_ptr<BufferPool> buffers = BufferPool::create(max_cached_receive_bytes());
+  uint64_t probe = 0;  // a value peers read in place to learn whether they can
+
+  int listen_fd = -1;
+  int epoll_fd = -1;
+  int stop_fd = -1;
+  int bell_fd = -1;
+  Mapping bell_map;
+  ring::Bell* bell = nullptr;
+  std::thread data_thread;
+  std::thread control_thread;
+  std::atomic<bool> stopping{false};
+  std::atomic<bool> listening{false};
+
+  // Work for the data thread, which delivers every event.
+  struct Command {
+    enum Kind { kAdd, kGone, kClose } kind;
+    std::shared_ptr<Pipe> pipe;
+    absl::Status why;
+  };
+  std::mutex mu;
+  std::deque<Command> commands;  // guarded by mu
+  std::atomic<bool> has_commands{false};
+  // The control thread's sockets, by id: accepted ones awaiting their hello own their
+  // descriptor here; the others belong to their Pipe.
+  struct Socket {
+    int fd = -1;
+    std::weak_ptr<Pipe> pipe;
+    bool awaiting_hello = false;  // accepted, no pipe yet: the fd is owned here
+  };
+  absl::flat_hash_map<uint64_t, Socket> sockets;  // guarded by mu
+  std::deque<uint64_t> pending_hellos;             // guarded by mu
+  std::atomic<uint64_t> next_id{16};               // below: the listener, the stop fd
+
+  std::vector<std::shared_ptr<Pipe>> active;  // the data thread's
+
+  std::atomic<uint64_t> opened{0}, accepted{0}, refused{0}, sleeps{0}, in_place_reads{0}, messages_in{0},
+      messages_out{0};
+  std::atomic<int64_t> spin_ns{0};
+
+  void post(Command command) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (stopping.load()) return;
+      commands.push_back(std::move(command));
+      has_commands.store(true, std::memory_order_release);
+    }
+    ring::ring(bell);
+  }
+
+  void run_data();
+  bool step();
+  bool ready() const;
+  void run_control();
+  void on_listener();
+  void on_socket(uint64_t id, uint32_t what);
+  void accept_hello(uint64_t id, int fd);
+  void watch(uint64_t id, int fd, std::weak_ptr<Pipe> pipe, bool awaiting_hello = false);
+  void report(const std::shared_ptr<Pipe>& pipe, absl::Status why);
+};
+
+namespace {
+
+using Endpoint = RingTransport::Endpoint;
+
+// One message on its way into a ring; advance() copies what fits.
+struct Outgoing {
+  std::string head;  // the fixed part, the entries and the targets
+  std::string metadata;
+  std::vector<Tensor> tensors;  // those whose bytes go through the ring
+  size_t part = 0;
+  uint64_t offset = 0;
+
+  bool advance(ring::Producer& tx, uint64_t& free) {
+    for (;;) {
+      const uint8_t* p;
+      uint64_t n;
+      if (part == 0) {
+        p = reinterpret_cast<const uint8_t*>(head.data());
+        n = head.size();
+      } else if (part == 1) {
+        p = reinterpret_cast<const uint8_t*>(metadata.data());
+        n = metadata.size();
+      } else if (part - 2 < tensors.size()) {
+        p = static_cast<const uint8_t*>(tensors[part - 2].data());
+        n = tensors[part - 2].nbytes();
+      } else {
+        return true;
+      }
+      uint64_t k = std::min(n - offset, free);
+      if (k > 0) tx.put(p + offset, k);
+      offset += k;
+      free -= k;
+      if (offset < n) return false;
+      ++part;
+      offset = 0;
+    }
+  }
+};
+
+// One connection, either way.
+class Pipe final : public Connection, public std::enable_shared_from_this<Pipe> {
+ public:
+  Pipe(std::shared_ptr<Session> session, std::weak_ptr<Endpoint> home, int side)
+      : Connection(std::move(session)), home_(std::move(home)), side_(side) {}
+
+  ~Pipe() override {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  // Before the pipe is shared: the socket (owned from here on) and the segment.
+  void attach(int fd, Mapping segment, uint64_t ring_bytes) {
+    fd_ = fd;
+    segment_ = std::move(segment);
+    shared_ = static_cast<ring::SegmentHeader*>(segment_.ptr);
+    uint8_t* base = static_cast<uint8_t*>(segment_.ptr) + ring::kHeaderBytes;
+    ring::RingHeader* out = side_ == 0 ? &shared_->forward : &shared_->backward;
+    ring::RingHeader* in = side_ == 0 ? &shared_->backward : &shared_->forward;
+    uint8_t* out_data = side_ == 0 ? base : base + ring_bytes;
+    uint8_t* in_data = side_ == 0 ? base + ring_bytes : base;
+    tx_ = ring::Producer(out, out_data, ring_bytes);
+    rx_ = ring::Consumer(in, in_data, ring_bytes);
+  }
+  bool attached() const { return shared_ != nullptr; }
+  int fd() const { return fd_; }
+
+  // Control thread: the peer's bell is mapped; from now on writes wake it.
+  void meet(Mapping bell, pid_t pid) {
+    peer_pid_.store(pid, std::memory_order_relaxed);
+    peer_bell_map_ = std::move(bell);
+    peer_bell_.store(static_cast<ring::Bell*>(peer_bell_map_.ptr), std::memory_order_release);
+    ring::ring(peer_bell_.load());
+  }
+  bool met() const { return peer_bell_.load(std::memory_order_acquire) != nullptr; }
+  bool accepted() const { return side_ == 1; }
+  void set_peer_reads_me(bool yes) { peer_reads_me_.store(yes, std::memory_order_release); }
+  bool peer_reads_me() const { return peer_reads_me_.load(std::memory_order_acquire); }
+
+  void write(Wire wire) override {
+    if (!writable_.load(std::memory_order_acquire) || !attached()) return;
+    std::shared_ptr<Endpoint> home = home_.lock();
+    if (!home) return;
+    const size_t n = wire.tensors.size();
+    Outgoing out;
+    size_t target_bytes = 0;
+    for (const std::string& t : wire.targets) target_bytes += t.size();
+    out.head.resize(sizeof(Fixed) + n * sizeof(Entry) + target_bytes);
+    char* at = out.head.data();
+    Fixed fixed{kMessage, static_cast<uint32_t>(n), static_cast<uint64_t>(wire.metadata.size()), 0};
+    const bool in_place = peer_reads_me();
+    std::vector<Tensor> held;
+    char* entry_at = at + sizeof(Fixed);
+    char* target_at = entry_at + n * sizeof(Entry);
+    for (size_t i = 0; i < n; ++i) {
+      const Tensor& t = wire.tensors[i];
+      const std::string& target = i < wire.targets.size() ? wire.targets[i] : std::string();
+      Entry e{t.nbytes(), 0, static_cast<uint32_t>(target.size()), 0};
+      if (in_place && e.length >= home->in_place_bytes && e.length > 0) {
+        e.address = reinterpret_cast<uint64_t>(t.data());
+        held.push_back(t);
+      } else {
+        out.tensors.push_back(t);
+      }
+      std::memcpy(entry_at + i * sizeof(Entry), &e, sizeof(e));
+      std::memcpy(target_at, target.data(), target.size());
+      target_at += target.size();
+    }
+    out.metadata = std::move(wire.metadata);
+    bool close_now = false;
+    {
+      std::lock_guard<std::mutex> lock(tx_mu_);
+      if (!writable_.load(std::memory_order_acquire)) return;
+      if (!held.empty()) {
+        fixed.seq = next_seq_++;
+        held_.emplace(fixed.seq, std::move(held));
+      }
+      std::memcpy(at, &fixed, sizeof(fixed));
+      queue_.push_back(std::move(out));
+      if (queue_.size() == 1) close_now = pump_locked();
+    }
+    home->messages_out.fetch_add(1, std::memory_order_relaxed);
+    if (close_now) close();
+  }
+
+  void close() override {
+    writable_.store(false, std::memory_order_release);
+    if (closing_.exchange(true)) return;
+    if (fd_ >= 0) shutdown(fd_, SHUT_RDWR);
+    if (std::shared_ptr<Endpoint> home = home_.lock()) {
+      home->post({Endpoint::Command::kClose, shared_from_this(), absl::CancelledError("closed by this worker")});
+    }
+  }
+
+  void close_after_writes() override {
+    bool now;
+    {
+      std::lock_guard<std::mutex> lock(tx_mu_);
+      writable_.store(false, std::memory_order_release);
+      close_when_written_ = true;
+      now = queue_.empty();
+    }
+    if (now) close();
+  }
+
+  // Data thread: continues writes that did not fit. True when it moved something.
+  bool pump() {
+    if (!tx_pending_.load(std::memory_order_acquire)) return false;
+    bool close_now;
+    bool moved;
+    {
+      std::lock_guard<std::mutex> lock(tx_mu_);
+      uint64_t before = queue_.size();
+      moved_ = false;
+      close_now = pump_locked();
+      moved = moved_ || queue_.size() != before;
+    }
+    if (close_now) close();
+    return moved;
+  }
+
+  bool has_work() const { return rx_.has_data() || tx_pending_.load(std::memory_order_relaxed); }
+
+  // Data thread: reads what the ring holds, delivering whole messages. True when it
+  // took something.
+  bool receive(Endpoint& home, const std::shared_ptr<TransportEvents>& events);
+
+  // No more reading or writing: the peer is told we let go of what it may read in
+  // place, then that memory is released. Data thread or after it stopped.
+  void let_go() {
+    writable_.store(false, std::memory_order_release);
+    closing_.store(true);
+    if (shared_ != nullptr) shared_->closed[side_].store(1, std::memory_order_seq_cst);
+    std::map<uint64_t, std::vector<Tensor>> held;
+    {
+      std::lock_guard<std::mutex> lock(tx_mu_);
+      held.swap(held_);
+      queue_.clear();
+    }
+    if (fd_ >= 0) shutdown(fd_, SHUT_RDWR);
+  }
+
+  std::atomic<bool> reported{false};
+  std::atomic<bool> ending{false};  // a kGone is posted
+  std::atomic<bool> broken{false};  // the ring cannot be read any further
+
+ private:
+  // Under tx_mu_. Writes what fits and wakes the peer; true when the pipe should now
+  // close (close_after_writes() and the queue drained).
+  bool pump_locked() {
+    while (!queue_.empty()) {
+      uint64_t free = 0;
+      if (!tx_.space(free)) return fail_locked("the peer's ring position is corrupt");
+      if (free == 0) {
+        if (tx_.unpublished()) publish_locked();
+        tx_.header()->producer_waiting.store(1, std::memory_order_seq_cst);
+        if (!tx_.space(free)) return fail_locked("the peer's ring position is corrupt");
+        if (free == 0) break;  // the peer rings us when it frees space
+      }
+      moved_ = true;
+      if (queue_.front().advance(tx_, free)) queue_.pop_front();
+    }
+    if (tx_.unpublished()) publish_locked();
+    tx_pending_.store(!queue_.empty(), std::memory_order_release);
+    return queue_.empty() && close_when_written_;
+  }
+
+  void publish_locked() {
+    tx_.publish();
+    if (ring::Bell* bell = peer_bell_.load(std::memory_order_acquire)) ring::ring(bell);
+  }
+
+  bool fail_locked(const char* why) {
+    queue_.clear();
+    tx_pending_.store(false);
+    if (!ending.exchange(true)) {
+      if (std::shared_ptr<Endpoint> home = home_.lock()) {
+        home->post({Endpoint::Command::kGone, shared_from_this(), absl::DataLossError(why)});
+      }
+    }
+    return false;
+  }
+
+  // The receive side's state between calls: which part of a frame comes next.
+  enum class Stage { kFixed, kEntries, kTargets, kMetadata, kTensors };
+  bool take_into(std::string& buffer, size_t need, uint64_t& avail);
+  absl::Status admit(Endpoint& home, TransportEvents& events);
+  absl::Status read_in_place(Endpoint& home, Tensor& tensor, uint64_t address);
+
+  const std::weak_ptr<Endpoint> home_;
+  const int side_;  // 0: opened by this worker (the connector), 1: accepted
+  int fd_ = -1;
+  Mapping segment_;
+  ring::SegmentHeader* shared_ = nullptr;
+  Mapping peer_bell_map_;
+  std::atomic<ring::Bell*> peer_bell_{nullptr};
+  std::atomic<pid_t> peer_pid_{0};  // set before peer_bell_
+  std::atomic<bool> peer_reads_me_{false};
+  std::atomic<bool> writable_{true};
+  std::atomic<bool> closing_{false};
+
+  std::mutex tx_mu_;
+  ring::Producer tx_;                              // guarded by tx_mu_
+  std::deque<Outgoing> queue_;                     // guarded by tx_mu_
+  std::map<uint64_t, std::vector<Tensor>> held_;   // guarded by tx_mu_: read in place, not acked
+  uint64_t next_seq_ = 1;                          // guarded by tx_mu_
+  bool close_when_written_ = false;                // guarded by tx_mu_
+  bool moved_ = false;                             // guarded by tx_mu_
+  std::atomic<bool> tx_pending_{false};
+
+  // Data thread only.
+  ring::Consumer rx_;
+  Stage stage_ = Stage::kFixed;
+  std::string scratch_;
+  Fixed fixed_{};
+  std::vector<Entry> entries_;
+  Wire wire_;
+  size_t tensor_ = 0;
+  uint64_t offset_ = 0;
+  bool any_in_place_ = false;
+};
+
+// Copies ring bytes into `buffer` until it holds `need`; true once it does.
+bool Pipe::take_into(std::string& buffer, size_t need, uint64_t& avail) {
+  size_t k = std::min<uint64_t>(need - buffer.size(), avail);
+  if (k > 0) {
+    size_t at = buffer.size();
+    buffer.resize(at + k);
+    rx_.take(buffer.data() + at, k);
+    avail -= k;
+  }
+  return buffer.size() == need;
+}
+
+absl::Status Pipe::admit(Endpoint& home, TransportEvents& events) {
+  std::vector<uint64_t> lengths;
+  lengths.reserve(entries_.size());
+  for (const Entry& e : entries_) lengths.push_back(e.length);
+  FERRY_RETURN_IF_ERROR(events.on_header(*this, fixed_.metadata_bytes, lengths));
+  wire_ = Wire{};
+  wire_.metadata.resize(fixed_.metadata_bytes);
+  wire_.targets.reserve(entries_.size());
+  size_t at = 0;
+  for (const Entry& e : entries_) {
+    wire_.targets.push_back(scratch_.substr(at, e.target_bytes));
+    at += e.target_bytes;
+  }
+  wire_.tensors.reserve(entries_.size());
+  any_in_place_ = false;
+  for (const Entry& e : entries_) {
+    FERRY_ASSIGN_OR_RETURN(Tensor t, receive_buffer(home.buffers, e.length));
+    wire_.tensors.push_back(std::move(t));
+    any_in_place_ = any_in_place_ || e.address != 0;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Pipe::read_in_place(Endpoint& home, Tensor& tensor, uint64_t address) {
+  uint8_t* dst = static_cast<uint8_t*>(tensor.data());
+  uint64_t done = 0;
+  const uint64_t total = tensor.nbytes();
+  while (done < total) {
+    iovec local{dst + done, total - done};
+    iovec remote{reinterpret_cast<void*>(address + done), total - done};
+    ssize_t n = process_vm_readv(peer_pid_.load(std::memory_order_relaxed), &local, 1, &remote, 1, 0);
+    if (n <= 0) {
+      return absl::UnavailableError(absl::StrCat("cannot read a ", total, "-byte tensor in place from process ",
+                                                 peer_pid_.load(), ": ", n < 0 ? errno_text(errno) : "no bytes"));
+    }
+    done += static_cast<uint64_t>(n);
+  }
+  home.in_place_reads.fetch_add(1, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+bool Pipe::receive(Endpoint& home, const std::shared_ptr<TransportEvents>& events) {
+  if (!attached()) return false;
+  uint64_t avail = 0;
+  if (!rx_.available(avail)) {
+    broken.store(true);
+    if (!ending.exchange(true)) {
+      home.post({Endpoint::Command::kGone, shared_from_this(), absl::DataLossError("the peer's ring position is corrupt")});
+    }
+    return false;
+  }
+  if (avail == 0 || broken.load()) return false;
+  std::shared_ptr<Pipe> self = shared_from_this();
+  auto fail = [&](absl::Status why) {
+    broken.store(true);
+    home.report(self, std::move(why));
+    return true;
+  };
+  for (;;) {
+    switch (stage_) {
+      case Stage::kFixed: {
+        if (!take_into(scratch_, sizeof(Fixed), avail)) goto out;
+        std::memcpy(&fixed_, scratch_.data(), sizeof(Fixed));
+        scratch_.clear();
+        if (fixed_.kind == kAck) {
+          std::map<uint64_t, std::vector<Tensor>>::node_type done;
+          {
+            std::lock_guard<std::mutex> lock(tx_mu_);
+            done = held_.extract(fixed_.seq);
+          }
+          break;
+        }
+        if (fixed_.kind != kMessage) {
+          return fail(absl::DataLossError(absl::StrCat("unknown frame kind ", fixed_.kind, " in the ring")));
+        }
+        if (fixed_.tensors > kMaxTensors) {
+          return fail(absl::InvalidArgumentError(absl::StrCat("a message announces ", fixed_.tensors,
+                                                              " tensors; at most ", kMaxTensors, " are accepted")));
+        }
+        entries_.clear();
+        stage_ = Stage::kEntries;
+        break;
+      }
+      case Stage::kEntries: {
+        if (!take_into(scratch_, fixed_.tensors * sizeof(Entry), avail)) goto out;
+        entries_.resize(fixed_.tensors);
+        if (!entries_.empty()) std::memcpy(entries_.data(), scratch_.data(), scratch_.size());
+        scratch_.clear();
+        for (const Entry& e : entries_) {
+          if (e.target_bytes > kMaxTargetBytes) {
+            return fail(absl::InvalidArgumentError(absl::StrCat("a tensor's target of ", e.target_bytes,
+                                                                " bytes; at most ", kMaxTargetBytes)));
+          }
+        }
+        stage_ = Stage::kTargets;
+        break;
+      }
+      case Stage::kTargets: {
+        size_t need = 0;
+        for (const Entry& e : entries_) need += e.target_bytes;
+        if (!take_into(scratch_, need, avail)) goto out;
+        if (absl::Status admitted = admit(home, *events); !admitted.ok()) return fail(std::move(admitted));
+        scratch_.clear();
+        offset_ = 0;
+        tensor_ = 0;
+        stage_ = Stage::kMetadata;
+        break;
+      }
+      case Stage::kMetadata: {
+        uint64_t k = std::min<uint64_t>(wire_.metadata.size() - offset_, avail);
+        if (k > 0) rx_.take(wire_.metadata.data() + offset_, k);
+        offset_ += k;
+        avail -= k;
+        if (offset_ < wire_.metadata.size()) goto out;
+        offset_ = 0;
+        stage_ = Stage::kTensors;
+        break;
+      }
+      case Stage::kTensors: {
+        while (tensor_ < entries_.size()) {
+          Tensor& t = wire_.tensors[tensor_];
+          if (entries_[tensor_].address != 0) {
+            if (absl::Status read = read_in_place(home, t, entries_[tensor_].address); !read.ok()) {
+              return fail(std::move(read));
+            }
+          } else {
+            uint64_t k = std::min<uint64_t>(t.nbytes() - offset_, avail);
+            if (k > 0) rx_.take(static_cast<uint8_t*>(t.data()) + offset_, k);
+            offset_ += k;
+            avail -= k;
+            if (offset_ < t.nbytes()) goto out;
+          }
+          offset_ = 0;
+          ++tensor_;
+        }
+        if (any_in_place_) {
+          // Read while the sender held the tensors only if it has not let go since.
+          if (shared_->closed[1 - side_].load(std::memory_order_seq_cst) != 0) {
+            return fail(absl::UnavailableError("the connection was closed by its peer"));
+          }
+          Outgoing ack;
+          ack.head.resize(sizeof(Fixed));
+          Fixed a{kAck, 0, 0, fixed_.seq};
+          std::memcpy(ack.head.data(), &a, sizeof(a));
+          std::lock_guard<std::mutex> lock(tx_mu_);
+          if (writable_.load() || close_when_written_) {
+            queue_.push_back(std::move(ack));
+            if (queue_.size() == 1) pump_locked();
+          }
+        }
+        stage_ = Stage::kFixed;
+        // Give the producer its space back before the message is handled.
+        if (rx_.unreleased() && rx_.release()) {
+          if (ring::Bell* bell = peer_bell_.load(std::memory_order_acquire)) ring::ring(bell);
+        }
+        home.messages_in.fetch_add(1, std::memory_order_relaxed);
+        events->on_message(self, std::move(wire_));
+        wire_ = Wire{};
+        if (reported.load()) return true;
+        break;
+      }
+    }
+  }
+out:
+  if (rx_.unreleased() && rx_.release()) {
+    if (ring::Bell* bell = peer_bell_.load(std::memory_order_acquire)) ring::ring(bell);
+  }
+  return true;
+}
+
+}  // namespace
+
+void Endpoint::report(const std::shared_ptr<Pipe>& pipe, absl::Status why) {
+  if (pipe->reported.exchange(true)) return;
+  pipe->let_go();
+  if (stopping.load()) return;
+  if (std::shared_ptr<TransportEvents> e = events.lock()) e->on_closed(pipe, std::move(why));
+}
+
+bool Endpoint::ready() const {
+  if (has_commands.load(std::memory_order_acquire) || stopping.load(std::memory_order_relaxed)) return true;
+  for (const std::shared_ptr<Pipe>& p : active) {
+    if (p->has_work()) return true;
+  }
+  return false;
+}
+
+bool Endpoint::step() {
+  bool progress = false;
+  std::shared_ptr<TransportEvents> e = events.lock();
+  if (has_commands.load(std::memory_order_acquire)) {
+    std::deque<Command> todo;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      todo.swap(commands);
+      has_commands.store(false, std::memory_order_relaxed);
+    }
+    for (Command& c : todo) {
+      if (stopping.load()) break;
+      switch (c.kind) {
+        case Command::kAdd:
+          if (c.pipe->reported.load() || !c.pipe->attached()) break;
+          if (c.pipe->accepted() && e) e->on_accepted(c.pipe);
+          active.push_back(c.pipe);
+          break;
+        case Command::kGone:
+          // What the peer wrote before it went is still in the ring: deliver it first.
+          if (e) {
+            for (int i = 0; i < 1 << 20 && !c.pipe->reported.load() && c.pipe->receive(*this, e); ++i) {
+            }
+          }
+          report(c.pipe, std::move(c.why));
+          break;
+        case Command::kClose:
+          report(c.pipe, std::move(c.why));
+          break;
+      }
+    }
+    progress = true;
+  }
+  if (!e) return progress;
+  bool sweep = false;
+  for (size_t i = 0; i < active.size(); ++i) {
+    std::shared_ptr<Pipe> p = active[i];  // a callback may close it
+    if (p->reported.load()) {
+      sweep = true;
+      continue;
+    }
+    progress |= p->pump();
+    progress |= p->receive(*this, e);
+    sweep |= p->reported.load();
+  }
+  if (sweep) {
+    std::erase_if(active, [](const std::shared_ptr<Pipe>& p) { return p->reported.load(); });
+  }
+  return progress;
+}
+
+void Endpoint::run_data() {
+  TransportThreadScope transport_thread;
+  AgentThreadScope agent_thread;
+  int64_t spin = max_spin_ns / 2;
+  while (!stopping.load(std::memory_order_relaxed)) {
+    if (step()) continue;
+    // Spin while work has come soon enough lately to pay for it.
+    Clock::time_point until = Clock::now() + std::chrono::nanoseconds(spin);
+    bool found = false;
+    while (!found && Clock::now() < until) {
+      for (int i = 0; i < 32; ++i) ring::cpu_relax();
+      found = ready();
+    }
+    if (found) continue;
+    bell->sleeping.store(1, std::memory_order_seq_cst);
+    uint32_t seq = bell->seq.load(std::memory_order_acquire);
+    if (ready()) {
+      bell->sleeping.store(0, std::memory_order_relaxed);
+      continue;
+    }
+    sleeps.fetch_add(1, std::memory_order_relaxed);
+    Clock::time_point slept = Clock::now();
+    ring::futex_wait(&bell->seq, seq);
+    bell->sleeping.store(0, std::memory_order_relaxed);
+    int64_t waited = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - slept).count();
+    spin = waited < max_spin_ns ? std::min(max_spin_ns, std::max<int64_t>(2 * spin, 2 * waited))
+                                : spin / 2;
+    spin_ns.store(spin, std::memory_order_relaxed);
+  }
+}
+
+void Endpoint::watch(uint64_t id, int fd, std::weak_ptr<Pipe> pipe, bool awaiting_hello) {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    sockets[id] = Socket{fd, std::move(pipe), awaiting_hello};
+  }
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLRDHUP;
+  ev.data.u64 = id;
+  epoll_ctl(epoll_fd, EPOLL_CTL_ADD, fd, &ev);
+}
+
+void Endpoint::on_listener() {
+  for (;;) {
+    int fd = accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) {
+        FERRY_LOG(WARNING) << name << ": ring accept failed: " << errno_text(errno);
+      }
+      return;
+    }
+    uint64_t id = next_id.fetch_add(1);
+    int evicted = -1;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      pending_hellos.push_back(id);
+      if (pending_hellos.size() > kMaxPendingHellos) {
+        auto it = sockets.find(pending_hellos.front());
+        if (it != sockets.end()) {
+          evicted = it->second.fd;
+          sockets.erase(it);
+        }
+        pending_hellos.pop_front();
+      }
+    }
+    if (evicted >= 0) {
+      ::close(evicted);
+      refused.fetch_add(1);
+    }
+    watch(id, fd, {}, /*awaiting_hello=*/true);
+  }
+}
+
+void Endpoint::accept_hello(uint64_t id, int fd) {
+  Packet hello;
+  std::vector<int> fds;
+  ssize_t n = recv_packet(fd, hello, fds);
+  if (n == -EAGAIN || n == -EWOULDBLOCK) return;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    sockets.erase(id);
+    std::erase(pending_hellos, id);
+  }
+  auto refuse = [&](const std::string& why) {
+    if (!why.empty()) FERRY_LOG(WARNING) << name << ": refused a ring connection: " << why;
+    close_all(fds);
+    ::close(fd);
+    refused.fetch_add(1);
+  };
+  if (n <= 0) return refuse("");
+  if (n != sizeof(Packet) || hello.magic != kMagic || hello.kind != kHello || fds.size() != 2) {
+    return refuse("not a ring hello");
+  }
+  if (hello.version != kVersion) {
+    return refuse(absl::StrCat("ring protocol version ", hello.version, ", this worker speaks ", kVersion));
+  }
+  const uint64_t rb = hello.ring_bytes;
+  if (rb < kMinRing || rb > kMaxRing || (rb & (rb - 1)) != 0) {
+    return refuse(absl::StrCat("a ring of ", rb, " bytes (expected a power of two in [", kMinRing, ", ", kMaxRing, "])"));
+  }
+  absl::StatusOr<Mapping> segment = map_peer_memfd(fds[0], ring::kHeaderBytes + 2 * rb, /*exact=*/true);
+  if (!segment.ok()) return refuse(std::string(segment.status().message()));
+  absl::StatusOr<Mapping> peer_bell = map_peer_memfd(fds[1], ring::kBellBytes, /*exact=*/false);
+  if (!peer_bell.ok()) return refuse(std::string(peer_bell.status().message()));
+  close_all(fds);
+  auto pipe = std::make_shared<Pipe>(nullptr, weak_from_this(), /*side=*/1);
+  pipe->attach(fd, *std::move(segment), rb);
+  const pid_t pid = static_cast<pid_t>(hello.pid);
+  const bool reads = can_read_in_place(pid, hello.probe_addr, hello.probe_value);
+  Packet reply;
+  reply.kind = kReply;
+  reply.pid = static_cast<uint32_t>(getpid());
+  reply.reads_you = reads ? 1 : 0;
+  reply.probe_addr = reinterpret_cast<uint64_t>(&probe);
+  reply.probe_value = probe;
+  if (!send_packet(fd, reply, {bell_fd})) {
+    refused.fetch_add(1);
+    return;  // the pipe, never shared, closes the socket
+  }
+  pipe->meet(*std::move(peer_bell), pid);
+  accepted.fetch_add(1);
+  post({Command::kAdd, pipe, absl::OkStatus()});
+  std::lock_guard<std::mutex> lock(mu);  // already in the epoll set, under this id
+  sockets[id] = Socket{fd, pipe, false};
+}
+
+void Endpoint::on_socket(uint64_t id, uint32_t what) {
+  Socket s;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = sockets.find(id);
+    if (it == sockets.end()) return;
+    s = it->second;
+  }
+  if (s.awaiting_hello) return accept_hello(id, s.fd);
+  std::shared_ptr<Pipe> pipe = s.pipe.lock();
+  if (pipe == nullptr) {
+    std::lock_guard<std::mutex> lock(mu);
+    sockets.erase(id);
+    return;
+  }
+  for (;;) {
+    Packet p;
+    std::vector<int> fds;
+    ssize_t n = recv_packet(s.fd, p, fds);
+    if (n == -EAGAIN || n == -EWOULDBLOCK) {
+      if ((what & (EPOLLHUP | EPOLLERR)) == 0) return;
+      n = 0;
+    }
+    if (n > 0 && n == sizeof(Packet) && p.magic == kMagic && p.kind == kReply && fds.size() == 1 &&
+        !pipe->accepted() && !pipe->met()) {
+      absl::StatusOr<Mapping> bell_map = map_peer_memfd(fds[0], ring::kBellBytes, /*exact=*/false);
+      close_all(fds);
+      if (bell_map.ok()) {
+        const pid_t pid = static_cast<pid_t>(p.pid);
+        pipe->set_peer_reads_me(p.reads_you != 0);
+        pipe->meet(*std::move(bell_map), pid);
+        Packet verdict;
+        verdict.kind = kVerdict;
+        verdict.reads_you = can_read_in_place(pid, p.probe_addr, p.probe_value) ? 1 : 0;
+        send_packet(s.fd, verdict, {});
+        continue;
+      }
+    } else if (n > 0 && n == sizeof(Packet) && p.magic == kMagic && p.kind == kVerdict && fds.empty() &&
+               pipe->accepted()) {
+      pipe->set_peer_reads_me(p.reads_you != 0);
+      continue;
+    }
+    close_all(fds);
+    // The end of the socket (or a packet that has no place here): the connection is over.
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      sockets.erase(id);
+    }
+    epoll_ctl(epoll_fd, EPOLL_CTL_DEL, s.fd, nullptr);
+    if (!pipe->ending.exchange(true)) {
+      post({Command::kGone, pipe,
+            n > 0 ? absl::DataLossError("an unexpected packet on the ring's socket")
+                  : absl::UnavailableError("the connection was closed by its peer")});
+    }
+    return;
+  }
+}
+
+void Endpoint::run_control() {
+  TransportThreadScope transport_thread;
+  epoll_event events_out[64];
+  for (;;) {
+    int n = epoll_wait(epoll_fd, events_out, 64, -1);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      FERRY_LOG(ERROR) << name << ": ring epoll_wait failed: " << errno_text(errno);
+      return;
+    }
+    for (int i = 0; i < n; ++i) {
+      uint64_t id = events_out[i].data.u64;
+      if (id == 1) return;  // the stop fd
+      if (id == 0) {
+        on_listener();
+      } else {
+        on_socket(id, events_out[i].events);
+      }
+    }
+  }
+}
+
+RingTransport::RingTransport(std::string name, RingOptions options) : endpoint_(std::make_shared<Endpoint>()) {
+  Endpoint& e = *endpoint_;
+  e.name = std::move(name);
+  e.ring_bytes = pick(options.ring_bytes, "FERRY_RING_KB", 256);
+  e.in_place_bytes = options.in_place_bytes != 0 ? options.in_place_bytes : pick(0, "FERRY_RING_IN_PLACE_KB", 64);
+  e.max_spin_ns = 1000 * (options.spin_us >= 0 ? options.spin_us : env_int("FERRY_RING_SPIN_US", 50, 0, 1000000));
+  std::random_device rd;
+  e.probe = (uint64_t{rd()} << 32) | rd() | 1;
+}
+
+RingTransport::~RingTransport() { close(); }
+
+absl::StatusOr<std::string> RingTransport::listen(std::weak_ptr<TransportEvents> events) {
+  Endpoint& e = *endpoint_;
+  if (e.listening.exchange(true)) return absl::FailedPreconditionError("the ring transport listens already");
+  FERRY_RETURN_IF_ERROR(validate(RingOptions{e.ring_bytes, e.in_place_bytes, 0}));
+  e.events = std::move(events);
+  FERRY_ASSIGN_OR_RETURN(auto bell, make_memfd("ferry-ring-bell", ring::kBellBytes));
+  e.bell_fd = bell.first;
+  e.bell_map = std::move(bell.second);
+  e.bell = new (e.bell_map.ptr) ring::Bell();
+
+  static std::atomic<uint64_t> counter{0};
+  e.socket_name = absl::StrCat("ferry-ring.", getpid(), ".", counter.fetch_add(1), ".", e.probe % 1000000007);
+  e.listen_fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (e.listen_fd < 0) return absl::InternalError(absl::StrCat("ring socket: ", errno_text(errno)));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path + 1, e.socket_name.data(), e.socket_name.size());
+  socklen_t len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + e.socket_name.size());
+  if (bind(e.listen_fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 || ::listen(e.listen_fd, 1024) != 0) {
+    return absl::UnavailableError(absl::StrCat("ring: cannot listen on @", e.socket_name, ": ", errno_text(errno)));
+  }
+  e.epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+  e.stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (e.epoll_fd < 0 || e.stop_fd < 0) return absl::InternalError(absl::StrCat("ring epoll: ", errno_text(errno)));
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = 0;
+  epoll_ctl(e.epoll_fd, EPOLL_CTL_ADD, e.listen_fd, &ev);
+  ev.data.u64 = 1;
+  epoll_ctl(e.epoll_fd, EPOLL_CTL_ADD, e.stop_fd, &ev);
+  e.address = absl::StrCat("ring ring://", host_scope(), "/", e.socket_name, "\n");
+  e.data_thread = std::thread([endpoint = endpoint_] { endpoint->run_data(); });
+  e.control_thread = std::thread([endpoint = endpoint_] { endpoint->run_control(); });
+  return e.address;
+}
+
+bool RingTransport::reaches(const std::string& address) const {
+  std::string scope, socket;
+  return socket_of(address, scope, socket) && scope == host_scope();
+}
+
+std::shared_ptr<Connection> RingTransport::connect(std::shared_ptr<Session> session, const std::string& peer_name,
+                                                   const std::string& address) {
+  Endpoint& e = *endpoint_;
+  auto pipe = std::make_shared<Pipe>(std::move(session), endpoint_, /*side=*/0);
+  auto fail = [&](absl::Status why) -> std::shared_ptr<Connection> {
+    pipe->ending.store(true);
+    e.post({Endpoint::Command::kAdd, pipe, absl::OkStatus()});
+    e.post({Endpoint::Command::kGone, pipe, std::move(why)});
+    return pipe;
+  };
+  std::string scope, socket_name;
+  if (!socket_of(address, scope, socket_name) || scope != host_scope()) {
+    return fail(absl::FailedPreconditionError(absl::StrCat("worker \"", peer_name,
+                                                           "\" has no ring endpoint on this host (its address: ",
+                                                           address, ")")));
+  }
+  if (!e.listening.load() || e.stopping.load()) return fail(absl::CancelledError("the transport is closing"));
+  int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (fd < 0) return fail(absl::UnavailableError(absl::StrCat("ring socket: ", errno_text(errno))));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (socket_name.size() + 1 >= sizeof(addr.sun_path)) {
+    ::close(fd);
+    return fail(absl::InvalidArgumentError(absl::StrCat("ring socket name too long: ", socket_name)));
+  }
+  std::memcpy(addr.sun_path + 1, socket_name.data(), socket_name.size());
+  socklen_t len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + socket_name.size());
+  int rc;
+  do {
+    rc = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), len);
+  } while (rc != 0 && errno == EINTR);
+  if (rc != 0) {
+    int err = errno;
+    ::close(fd);
+    return fail(absl::UnavailableError(absl::StrCat("cannot reach worker \"", peer_name, "\" at ring @",
+                                                    socket_name, ": ", errno_text(err))));
+  }
+  absl::StatusOr<std::pair<int, Mapping>> segment =
+      make_memfd("ferry-ring", ring::kHeaderBytes + 2 * e.ring_bytes);
+  if (!segment.ok()) {
+    ::close(fd);
+    return fail(segment.status());
+  }
+  new (segment->second.ptr) ring::SegmentHeader();
+  Packet hello;
+  hello.kind = kHello;
+  hello.pid = static_cast<uint32_t>(getpid());
+  hello.ring_bytes = e.ring_bytes;
+  hello.probe_addr = reinterpret_cast<uint64_t>(&e.probe);
+  hello.probe_value = e.probe;
+  bool sent = send_packet(fd, hello, {segment->first, e.bell_fd});
+  int err = errno;
+  ::close(segment->first);
+  if (!sent) {
+    ::close(fd);
+    return fail(absl::UnavailableError(absl::StrCat("cannot greet worker \"", peer_name, "\" over the ring: ",
+                                                    errno_text(err))));
+  }
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+  pipe->attach(fd, std::move(segment->second), e.ring_bytes);
+  e.opened.fetch_add(1);
+  e.post({Endpoint::Command::kAdd, pipe, absl::OkStatus()});
+  e.watch(e.next_id.fetch_add(1), fd, pipe);
+  return pipe;
+}
+
+void RingTransport::close() {
+  Endpoint& e = *endpoint_;
+  {
+    std::lock_guard<std::mutex> lock(e.mu);
+    if (e.stopping.exchange(true)) return;
+    e.commands.clear();
+  }
+  if (e.bell != nullptr) {
+    e.bell->seq.fetch_add(1);
+    ring::futex_wake(&e.bell->seq);
+  }
+  if (e.data_thread.joinable()) e.data_thread.join();
+  if (e.stop_fd >= 0) {
+    uint64_t one = 1;
+    (void)!::write(e.stop_fd, &one, sizeof(one));
+  }
+  if (e.control_thread.joinable()) e.control_thread.join();
+  std::vector<std::shared_ptr<Pipe>> pipes = std::move(e.active);
+  {
+    std::lock_guard<std::mutex> lock(e.mu);
+    for (auto& [id, s] : e.sockets) {
+      (void)id;
+      if (std::shared_ptr<Pipe> p = s.pipe.lock()) {
+        pipes.push_back(std::move(p));
+      } else if (s.awaiting_hello) {
+        ::close(s.fd);
+      }
+    }
+    e.sockets.clear();
+    e.pending_hellos.clear();
+  }
+  // The peers hear that this worker went away; no event follows.
+  for (const std::shared_ptr<Pipe>& p : pipes) {
+    p->reported.store(true);
+    p->let_go();
+  }
+  for (int* fd : {&e.listen_fd, &e.epoll_fd, &e.stop_fd, &e.bell_fd}) {
+    if (*fd >= 0) ::close(*fd);
+    *fd = -1;
+  }
+}
+
+std::map<std::string, std::string> RingTransport::debug_info() const {
+  const Endpoint& e = *endpoint_;
+  size_t sockets;
+  {
+    std::lock_guard<std::mutex> lock(endpoint_->mu);
+    sockets = e.sockets.size();
+  }
+  return {{"transports", "ring"},
+          {"ring_address", e.address.empty() ? "" : e.address.substr(0, e.address.size() - 1)},
+          {"ring_bytes", std::to_string(e.ring_bytes)},
+          {"ring_in_place_bytes", std::to_string(e.in_place_bytes)},
+          {"ring_sockets", std::to_string(sockets)},
+          {"ring_opened", std::to_string(e.opened.load())},
+          {"ring_accepted", std::to_string(e.accepted.load())},
+          {"ring_refused", std::to_string(e.refused.load())},
+          {"ring_messages_in", std::to_string(e.messages_in.load())},
+          {"ring_messages_out", std::to_string(e.messages_out.load())},
+          {"ring_in_place_reads", std::to_string(e.in_place_reads.load())},
+          {"ring_sleeps", std::to_string(e.sleeps.load())},
+          {"ring_spin_ns", std::to_string(e.spin_ns.load())}};
+}
+
+}  // namespace ferry::internal
