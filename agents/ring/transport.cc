@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
+#include <sched.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -845,17 +846,22 @@ bool Endpoint::step() {
 void Endpoint::run_data() {
   TransportThreadScope transport_thread;
   AgentThreadScope agent_thread;
-  int64_t spin = max_spin_ns / 2;
+  int64_t spin = max_spin_ns;
   while (!stopping.load(std::memory_order_relaxed)) {
     if (step()) continue;
-    // Spin while work has come soon enough lately to pay for it.
+    // Spin while work has come soon enough lately to pay for it, yielding the core to
+    // whoever else can run meanwhile (on a crowded host, the peer we wait for).
     Clock::time_point until = Clock::now() + std::chrono::nanoseconds(spin);
-    bool found = false;
+    bool found = ready();
     while (!found && Clock::now() < until) {
-      for (int i = 0; i < 32; ++i) ring::cpu_relax();
+      sched_yield();
       found = ready();
     }
-    if (found) continue;
+    if (found) {
+      spin = std::min(max_spin_ns, 2 * spin + 1000);
+      spin_ns.store(spin, std::memory_order_relaxed);
+      continue;
+    }
     bell->sleeping.store(1, std::memory_order_seq_cst);
     uint32_t seq = bell->seq.load(std::memory_order_acquire);
     if (ready()) {
@@ -866,9 +872,12 @@ void Endpoint::run_data() {
     Clock::time_point slept = Clock::now();
     ring::futex_wait(&bell->seq, seq);
     bell->sleeping.store(0, std::memory_order_relaxed);
-    int64_t waited = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - slept).count();
-    spin = waited < max_spin_ns ? std::min(max_spin_ns, std::max<int64_t>(2 * spin, 2 * waited))
-                                : spin / 2;
+    const int64_t waited = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - slept).count();
+    if (waited < max_spin_ns) {
+      spin = std::min(max_spin_ns, std::max(2 * spin, 2 * waited));  // a longer spin would have caught it
+    } else if (waited < 16 * max_spin_ns) {
+      spin = spin * 3 / 4;  // work comes, but later than spinning covers: stop paying for it
+    }  // else idle between bursts: one spin per burst costs nothing worth saving
     spin_ns.store(spin, std::memory_order_relaxed);
   }
 }

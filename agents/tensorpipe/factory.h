@@ -12,10 +12,13 @@
 //   absl::StatusOr<std::shared_ptr<Agent>> agent =
 //       TensorPipeAgent::create(store, "worker0", /*rank=*/0, /*world_size=*/2, options, handler);
 //
-// Transports, highest priority first: shm (same host), ibv (when the hardware has
-// it), uv (TCP). Channels, highest first: xth (same process), cma (same host, one
+// Transports, highest priority first: ring (ferry's own shared-memory transport,
+// agents/ring/factory.h: it serves every peer on this host and in this network
+// namespace), shm (TensorPipe's, same host), ibv (when the hardware has it), uv (TCP).
+// Channels, highest first: xth (same process), cma (same host, one
 // copy), mpt (several TCP lanes; only when listed), basic (through the transport).
-// `transports` / `channels` restrict these lists. The uv transport listens on the
+// `transports` / `channels` restrict these lists; with `transports` unset,
+// FERRY_TRANSPORTS (a comma-separated list) does. The uv transport listens on the
 // address base/net.h picks (FERRY_SOCKET_IFNAME, else the host name's address, else
 // the interface that routes to the store's host).
 // TensorPipe's shm transport runs one reactor thread per worker that polls while the
@@ -46,8 +49,9 @@ struct TensorPipeAgentSettings {
   static constexpr int kMaxWorkerThreads = 4096;
   // Threads running incoming requests, continuations and listeners.
   int num_worker_threads = 16;
-  // Subsets of {"shm", "ibv", "uv"} and {"xth", "cma", "mpt_uv", "basic"}; unset: the
-  // viable ones (see shm_crowds_host(); mpt_uv only when listed).
+  // Subsets of {"ring", "shm", "ibv", "uv"} and {"xth", "cma", "mpt_uv", "basic"};
+  // unset: FERRY_TRANSPORTS, else the viable ones (ring when kRingByDefault, and then
+  // not shm; see shm_crowds_host(); mpt_uv only when listed).
   std::optional<std::vector<std::string>> transports;
   std::optional<std::vector<std::string>> channels;
   // A peer with calls pending that sends nothing for this long is pinged, and declared
@@ -88,6 +92,10 @@ struct TensorPipeAgentOptions : TensorPipeAgentSettings {
   // routes there (base/net.h).
   std::string store_host;
 };
+
+// Whether the default transports include the ring (and leave shm out): docs/performance.md
+// ("ring") has the measurements that decided it.
+inline constexpr bool kRingByDefault = false;
 
 // Whether workers leave TensorPipe's shm transport out of their defaults: when the
 // workers on this host (`local_workers`) outnumber its cores, since each shm worker

@@ -211,6 +211,14 @@ std::shared_ptr<Connection> TensorPipeTransport::connect(std::shared_ptr<Session
   return pipe;
 }
 
+bool TensorPipeTransport::reaches(const std::string& address) const {
+  std::map<std::string, std::string> urls = decode_address(address);
+  for (const std::string& t : state_->built.transport_names) {
+    if (urls.count(t) != 0) return true;
+  }
+  return false;
+}
+
 void TensorPipeTransport::close() {
   State& s = *state_;
   if (s.closing.exchange(true)) return;

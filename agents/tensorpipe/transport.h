@@ -28,6 +28,8 @@ class TensorPipeTransport final : public Transport {
   absl::StatusOr<std::string> listen(std::weak_ptr<TransportEvents> events) override;
   std::shared_ptr<Connection> connect(std::shared_ptr<Session> session, const std::string& peer_name,
                                       const std::string& address) override;
+  // Whether `address` lists a transport this worker registered.
+  bool reaches(const std::string& address) const override;
   void close() override;
   std::map<std::string, std::string> debug_info() const override;
 

@@ -42,7 +42,7 @@ inline constexpr int kMaxInitBenchWorkers = 1024;
 struct InitBenchOptions {
   // Worker processes per run, 1 .. kMaxInitBenchWorkers.
   int workers = 0;
-  // Transports the workers may use (subset of {"shm", "uv"}); empty: the agent's
+  // Transports the workers may use (subset of {"ring", "shm", "uv"}); empty: the agent's
   // defaults, as a user who sets nothing gets them.
   std::vector<std::string> transports;
   // Between init and shutdown, every worker calls a no-op function on every worker

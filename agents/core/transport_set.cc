@@ -1,0 +1,67 @@
+#include "agents/core/transport_set.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace ferry {
+
+TransportSet::TransportSet(std::vector<std::unique_ptr<Transport>> parts) : parts_(std::move(parts)) {}
+
+TransportSet::~TransportSet() { close(); }
+
+absl::StatusOr<std::string> TransportSet::listen(std::weak_ptr<TransportEvents> events) {
+  std::string record;
+  for (const std::unique_ptr<Transport>& part : parts_) {
+    absl::StatusOr<std::string> mine = part->listen(events);
+    if (!mine.ok()) {
+      close();
+      return mine.status();
+    }
+    absl::StrAppend(&record, *mine);
+    if (!record.empty() && record.back() != '\n') record.push_back('\n');
+  }
+  return record;
+}
+
+std::shared_ptr<Connection> TransportSet::connect(std::shared_ptr<internal::Session> session,
+                                                  const std::string& peer_name, const std::string& address) {
+  for (size_t i = 0; i + 1 < parts_.size(); ++i) {
+    if (parts_[i]->reaches(address)) return parts_[i]->connect(std::move(session), peer_name, address);
+  }
+  return parts_.back()->connect(std::move(session), peer_name, address);
+}
+
+bool TransportSet::reaches(const std::string& address) const {
+  for (const std::unique_ptr<Transport>& part : parts_) {
+    if (part->reaches(address)) return true;
+  }
+  return false;
+}
+
+bool TransportSet::connects_on_demand() const {
+  for (const std::unique_ptr<Transport>& part : parts_) {
+    if (!part->connects_on_demand()) return false;
+  }
+  return true;
+}
+
+void TransportSet::close() {
+  for (const std::unique_ptr<Transport>& part : parts_) part->close();
+}
+
+std::map<std::string, std::string> TransportSet::debug_info() const {
+  std::map<std::string, std::string> out;
+  std::string transports;
+  for (const std::unique_ptr<Transport>& part : parts_) {
+    for (auto& [key, value] : part->debug_info()) {
+      if (key == "transports") {
+        absl::StrAppend(&transports, transports.empty() ? "" : ",", value);
+      } else {
+        out.emplace(key, value);
+      }
+    }
+  }
+  out["transports"] = transports;
+  return out;
+}
+
+}  // namespace ferry

@@ -1,0 +1,61 @@
+// File: agents/core/transport_set.h
+//
+// TransportSet: one Transport made of several, for a worker that reaches some peers one
+// way and the rest another (the shared-memory ring on its own host, TCP beyond). It
+// listens on every part and publishes their address records joined: a record is lines
+// of "<transport> <url>", and each part reads only its own lines. connect() goes
+// through the first part, in the order given, whose reaches() accepts the peer's
+// record; the last part takes the peers no other reaches, and says why it cannot when
+// it cannot either.
+//
+//   std::vector<std::unique_ptr<Transport>> parts;
+//   parts.push_back(make_ring_transport(name));
+//   parts.push_back(*std::move(tensorpipe));
+//   auto transport = std::make_unique<TransportSet>(std::move(parts));
+//
+// Threads: each part delivers its own connections' events on its own threads.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "agents/core/transport.h"
+
+namespace ferry {
+
+class TransportSet final : public Transport {
+ public:
+  // `parts` is not empty.
+  explicit TransportSet(std::vector<std::unique_ptr<Transport>> parts);
+  ~TransportSet() override;
+
+  absl::StatusOr<std::string> listen(std::weak_ptr<TransportEvents> events) override;
+  std::shared_ptr<Connection> connect(std::shared_ptr<internal::Session> session, const std::string& peer_name,
+                                      const std::string& address) override;
+  bool reaches(const std::string& address) const override;
+  bool connects_on_demand() const override;
+  void close() override;
+  // The parts' counters; "transports" lists every part's, in order.
+  std::map<std::string, std::string> debug_info() const override;
+
+  const std::vector<std::unique_ptr<Transport>>& parts() const { return parts_; }
+
+ private:
+  std::vector<std::unique_ptr<Transport>> parts_;
+};
+
+// `transport` itself, or the first part of a TransportSet that is a T; null if none.
+template <typename T>
+const T* find_transport(const Transport& transport) {
+  if (const T* t = dynamic_cast<const T*>(&transport)) return t;
+  if (const TransportSet* set = dynamic_cast<const TransportSet*>(&transport)) {
+    for (const std::unique_ptr<Transport>& part : set->parts()) {
+      if (const T* t = dynamic_cast<const T*>(part.get())) return t;
+    }
+  }
+  return nullptr;
+}
+
+}  // namespace ferry
