@@ -14,9 +14,6 @@ absl::Status validate(const RingOptions& options) {
         absl::StrCat("ring_bytes must be a power of two in [4096, 1073741824] (FERRY_RING_KB in [4, 1048576]), got ",
                      rb));
   }
-  if (options.spin_us > 1000000) {
-    return absl::InvalidArgumentError(absl::StrCat("spin_us must be at most 1000000, got ", options.spin_us));
-  }
   return absl::OkStatus();
 }
 

@@ -16,8 +16,10 @@
 //   FERRY_ASSIGN_OR_RETURN(std::shared_ptr<Agent> a, RingAgent::create(store, "a", 0, 2, options, handler));
 //
 // Threads: each worker runs a data thread, which delivers every event (the transport
-// thread of agents/core/transport.h), and a control thread for sockets. An idle worker
-// sleeps on a futex and uses no CPU.
+// thread of agents/core/transport.h), and a control thread for sockets. An idle data
+// thread polls for a while as any waiting thread of ferry does (FERRY_SPIN_US,
+// base/future.h: the window adapts, and no polling while the host is crowded), then
+// sleeps on a futex: an idle worker uses no CPU.
 #pragma once
 
 #include <chrono>
@@ -39,9 +41,6 @@ struct RingOptions {
   // Tensors at least this large are read in place from the sender when the peer allows
   // it. Unset (0): FERRY_RING_IN_PLACE_KB, else 64 KiB. SIZE_MAX: never.
   size_t in_place_bytes = 0;
-  // The longest an idle data thread spins before it sleeps, in microseconds; it spins
-  // less when work has not come that soon lately. Negative: FERRY_RING_SPIN_US, else 50.
-  int spin_us = -1;
 };
 
 // Checks `options` as given (before defaults): kInvalidArgument saying what was wrong.

@@ -9,7 +9,6 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
-#include <sched.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -34,6 +33,7 @@
 #include "agents/core/buffer_pool.h"
 #include "agents/ring/ring.h"
 #include "base/env.h"
+#include "base/future.h"
 #include "base/logging.h"
 #include "base/thread_role.h"
 
@@ -268,7 +268,6 @@ struct RingTransport::Endpoint : std::enable_shared_from_this<Endpoint> {
   std::string name;
   size_t ring_bytes = 0;
   size_t in_place_bytes = 0;
-  int64_t max_spin_ns = 0;
   std::string socket_name;
   std::string address;
   std::weak_ptr<TransportEvents> events;
@@ -310,7 +309,7 @@ struct RingTransport::Endpoint : std::enable_shared_from_this<Endpoint> {
 
   std::atomic<uint64_t> opened{0}, accepted{0}, refused{0}, sleeps{0}, in_place_reads{0}, messages_in{0},
       messages_out{0};
-  std::atomic<int64_t> spin_ns{0};
+  PollWindow window;  // the data thread's polls
 
   void post(Command command) {
     {
@@ -415,15 +414,17 @@ class Pipe final : public Connection, public std::enable_shared_from_this<Pipe> 
     std::shared_ptr<Endpoint> home = home_.lock();
     if (!home) return;
     const size_t n = wire.tensors.size();
-    Outgoing out;
+    // The fixed part, the entries and the targets, built in a buffer the thread keeps:
+    // a message that fits the ring is copied in with no allocation.
+    thread_local std::string head;
     size_t target_bytes = 0;
     for (const std::string& t : wire.targets) target_bytes += t.size();
-    out.head.resize(sizeof(Fixed) + n * sizeof(Entry) + target_bytes);
-    char* at = out.head.data();
+    head.resize(sizeof(Fixed) + n * sizeof(Entry) + target_bytes);
     Fixed fixed{kMessage, static_cast<uint32_t>(n), static_cast<uint64_t>(wire.metadata.size()), 0};
     const bool in_place = peer_reads_me();
     std::vector<Tensor> held;
-    char* entry_at = at + sizeof(Fixed);
+    uint64_t total = head.size() + wire.metadata.size();
+    char* entry_at = head.data() + sizeof(Fixed);
     char* target_at = entry_at + n * sizeof(Entry);
     for (size_t i = 0; i < n; ++i) {
       const Tensor& t = wire.tensors[i];
@@ -433,13 +434,12 @@ class Pipe final : public Connection, public std::enable_shared_from_this<Pipe> 
         e.address = reinterpret_cast<uint64_t>(t.data());
         held.push_back(t);
       } else {
-        out.tensors.push_back(t);
+        total += e.length;
       }
       std::memcpy(entry_at + i * sizeof(Entry), &e, sizeof(e));
       std::memcpy(target_at, target.data(), target.size());
       target_at += target.size();
     }
-    out.metadata = std::move(wire.metadata);
     bool close_now = false;
     {
       std::lock_guard<std::mutex> lock(tx_mu_);
@@ -448,9 +448,26 @@ class Pipe final : public Connection, public std::enable_shared_from_this<Pipe> 
         fixed.seq = next_seq_++;
         held_.emplace(fixed.seq, std::move(held));
       }
-      std::memcpy(at, &fixed, sizeof(fixed));
-      queue_.push_back(std::move(out));
-      if (queue_.size() == 1) close_now = pump_locked();
+      std::memcpy(head.data(), &fixed, sizeof(fixed));
+      uint64_t free = 0;
+      if (queue_.empty() && tx_.space(free) && total <= free) {
+        tx_.put(head.data(), head.size());
+        tx_.put(wire.metadata.data(), wire.metadata.size());
+        for (size_t i = 0; i < n; ++i) {
+          const Entry* e = reinterpret_cast<const Entry*>(entry_at) + i;
+          if (e->address == 0) tx_.put(wire.tensors[i].data(), wire.tensors[i].nbytes());
+        }
+        publish_locked();
+      } else {
+        Outgoing out;
+        out.head = head;
+        out.metadata = std::move(wire.metadata);
+        for (size_t i = 0; i < n; ++i) {
+          if (reinterpret_cast<const Entry*>(entry_at)[i].address == 0) out.tensors.push_back(std::move(wire.tensors[i]));
+        }
+        queue_.push_back(std::move(out));
+        if (queue_.size() == 1) close_now = pump_locked();
+      }
     }
     home->messages_out.fetch_add(1, std::memory_order_relaxed);
     if (close_now) close();
@@ -846,22 +863,12 @@ bool Endpoint::step() {
 void Endpoint::run_data() {
   TransportThreadScope transport_thread;
   AgentThreadScope agent_thread;
-  int64_t spin = max_spin_ns;
   while (!stopping.load(std::memory_order_relaxed)) {
     if (step()) continue;
-    // Spin while work has come soon enough lately to pay for it, yielding the core to
-    // whoever else can run meanwhile (on a crowded host, the peer we wait for).
-    Clock::time_point until = Clock::now() + std::chrono::nanoseconds(spin);
-    bool found = ready();
-    while (!found && Clock::now() < until) {
-      sched_yield();
-      found = ready();
-    }
-    if (found) {
-      spin = std::min(max_spin_ns, 2 * spin + 1000);
-      spin_ns.store(spin, std::memory_order_relaxed);
-      continue;
-    }
+    // Poll as every waiting thread of ferry does (base/future.h): for a window that
+    // adapts to how soon work came, and not while the host is crowded.
+    Clock::time_point idle = Clock::now();
+    if (spin_until([this] { return ready(); }, spin_window(window))) continue;
     bell->sleeping.store(1, std::memory_order_seq_cst);
     uint32_t seq = bell->seq.load(std::memory_order_acquire);
     if (ready()) {
@@ -869,16 +876,9 @@ void Endpoint::run_data() {
       continue;
     }
     sleeps.fetch_add(1, std::memory_order_relaxed);
-    Clock::time_point slept = Clock::now();
     ring::futex_wait(&bell->seq, seq);
     bell->sleeping.store(0, std::memory_order_relaxed);
-    const int64_t waited = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - slept).count();
-    if (waited < max_spin_ns) {
-      spin = std::min(max_spin_ns, std::max(2 * spin, 2 * waited));  // a longer spin would have caught it
-    } else if (waited < 16 * max_spin_ns) {
-      spin = spin * 3 / 4;  // work comes, but later than spinning covers: stop paying for it
-    }  // else idle between bursts: one spin per burst costs nothing worth saving
-    spin_ns.store(spin, std::memory_order_relaxed);
+    window.missed_wait(Clock::now() - idle);
   }
 }
 
@@ -1063,7 +1063,6 @@ RingTransport::RingTransport(std::string name, RingOptions options) : endpoint_(
   e.name = std::move(name);
   e.ring_bytes = pick(options.ring_bytes, "FERRY_RING_KB", 256);
   e.in_place_bytes = options.in_place_bytes != 0 ? options.in_place_bytes : pick(0, "FERRY_RING_IN_PLACE_KB", 64);
-  e.max_spin_ns = 1000 * (options.spin_us >= 0 ? options.spin_us : env_int("FERRY_RING_SPIN_US", 50, 0, 1000000));
   std::random_device rd;
   e.probe = (uint64_t{rd()} << 32) | rd() | 1;
 }
@@ -1073,7 +1072,7 @@ RingTransport::~RingTransport() { close(); }
 absl::StatusOr<std::string> RingTransport::listen(std::weak_ptr<TransportEvents> events) {
   Endpoint& e = *endpoint_;
   if (e.listening.exchange(true)) return absl::FailedPreconditionError("the ring transport listens already");
-  FERRY_RETURN_IF_ERROR(validate(RingOptions{e.ring_bytes, e.in_place_bytes, 0}));
+  FERRY_RETURN_IF_ERROR(validate(RingOptions{e.ring_bytes, e.in_place_bytes}));
   e.events = std::move(events);
   FERRY_ASSIGN_OR_RETURN(auto bell, make_memfd("ferry-ring-bell", ring::kBellBytes));
   e.bell_fd = bell.first;
@@ -1238,7 +1237,7 @@ std::map<std::string, std::string> RingTransport::debug_info() const {
           {"ring_messages_out", std::to_string(e.messages_out.load())},
           {"ring_in_place_reads", std::to_string(e.in_place_reads.load())},
           {"ring_sleeps", std::to_string(e.sleeps.load())},
-          {"ring_spin_ns", std::to_string(e.spin_ns.load())}};
+          {"ring_poll_us", std::to_string(e.window.get().count())}};
 }
 
 }  // namespace ferry::internal
