@@ -802,7 +802,10 @@ void Agent::serve(const std::shared_ptr<Connection>& from, std::vector<std::stri
   // The table is held for the whole request: the handler gets its entry by reference.
   std::shared_ptr<const Membership::Table> table = members_.snapshot();
   const Member* member = table->find(s.peer_name);
-  const WorkerInfo unknown{member == nullptr ? s.peer_name : std::string(), -1};
+  // A caller not in the table yet (a fast peer of a static group calls before this
+  // worker has read everyone's address) is named by the id its hello claimed, so that
+  // what it holds here (an RRef fork) is dropped when it is lost.
+  const WorkerInfo unknown{member == nullptr ? s.peer_name : std::string(), member == nullptr ? s.peer : -1};
   const WorkerInfo& caller = member == nullptr ? unknown : member->info;
   // Tensors bound for a device land here, on the pool: a device copy must not hold
   // up the transport.

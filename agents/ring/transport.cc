@@ -63,8 +63,10 @@ constexpr size_t kMaxRing = size_t{1} << 30;
 // allocated for it.
 constexpr uint32_t kMaxTensors = 1 << 16;
 constexpr uint32_t kMaxTargetBytes = 4096;
-// Accepted sockets that have not sent their hello yet; beyond this the oldest goes.
-constexpr size_t kMaxPendingHellos = 64;
+// Accepted sockets that have not sent their hello yet (a connector sends it at once,
+// so only a socket that never will stays); beyond this the oldest goes. Above the
+// core's cap on unauthenticated connections, which is the one a peer should meet.
+constexpr size_t kMaxPendingHellos = 256;
 
 // Socket packets: the hello (with the segment's and the connector's bell's memfds), the
 // reply (with the acceptor's bell), the connector's verdict on reading in place.

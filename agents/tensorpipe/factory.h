@@ -95,7 +95,7 @@ struct TensorPipeAgentOptions : TensorPipeAgentSettings {
 
 // Whether the default transports include the ring (and leave shm out): docs/performance.md
 // ("ring") has the measurements that decided it.
-inline constexpr bool kRingByDefault = false;
+inline constexpr bool kRingByDefault = true;
 
 // Whether workers leave TensorPipe's shm transport out of their defaults: when the
 // workers on this host (`local_workers`) outnumber its cores, since each shm worker
