@@ -939,9 +939,9 @@ void Endpoint::accept_hello(uint64_t id, int fd) {
   }
   auto refuse = [&](const std::string& why) {
     if (!why.empty()) FERRY_LOG(WARNING) << name << ": refused a ring connection: " << why;
+    refused.fetch_add(1);  // before the peer can see its socket end
     close_all(fds);
     ::close(fd);
-    refused.fetch_add(1);
   };
   if (n <= 0) return refuse("");
   if (n != sizeof(Packet) || hello.magic != kMagic || hello.kind != kHello || fds.size() != 2) {

@@ -17,6 +17,7 @@
 #include "agents/core/handshake.h"
 #include "agents/inproc/factory.h"
 #include "agents/ring/factory.h"
+#include "tests/agents/transport_events.h"
 #include "agents/tensorpipe/factory.h"
 #include "agents/tensorpipe/transport.h"
 #include "gtest/gtest.h"
@@ -29,10 +30,18 @@ namespace {
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 using ::testing::HasSubstr;
+using ::ferry::testing::Recorder;
+using ::ferry::testing::Side;
+using ::ferry::testing::text;
 
 struct TransportKind {
   std::string name;
   std::function<std::unique_ptr<Transport>(const std::string& worker)> make;
+};
+
+// A listening transport of `kind`, and its recorder.
+struct KindSide : Side {
+  KindSide(const TransportKind& kind, const std::string& name) : Side(kind.make(name)) {}
 };
 void PrintTo(const TransportKind& kind, std::ostream* os) { *os << kind.name; }
 
@@ -57,79 +66,12 @@ std::vector<TransportKind> kinds() {
            }}};
 }
 
-// Records every event; the waits end at a deadline so a missing event fails the test.
-class Recorder final : public TransportEvents {
- public:
-  struct Received {
-    std::shared_ptr<Connection> connection;
-    Wire wire;
-  };
-
-  void on_accepted(const std::shared_ptr<Connection>& connection) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    accepted_.push_back(connection);
-    cv_.notify_all();
-  }
-  absl::Status on_header(Connection&, uint64_t metadata_bytes, std::span<const uint64_t> tensor_bytes) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    ++headers_;
-    if (admit_) return admit_(metadata_bytes, tensor_bytes);
-    return absl::OkStatus();
-  }
-  void on_message(const std::shared_ptr<Connection>& connection, Wire wire) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    received_.push_back({connection, std::move(wire)});
-    cv_.notify_all();
-  }
-  void on_closed(const std::shared_ptr<Connection>& connection, absl::Status why) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    closed_.emplace_back(connection, std::move(why));
-    cv_.notify_all();
-  }
-
-  void set_admit(std::function<absl::Status(uint64_t, std::span<const uint64_t>)> admit) {
-    std::lock_guard<std::mutex> lock(mu_);
-    admit_ = std::move(admit);
-  }
-  bool wait_for(const std::function<bool()>& done, milliseconds timeout = milliseconds(20000)) {
-    std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, timeout, done);
-  }
-  size_t messages() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return received_.size();
-  }
-
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<std::shared_ptr<Connection>> accepted_;
-  std::vector<Received> received_;
-  std::vector<std::pair<std::shared_ptr<Connection>, absl::Status>> closed_;
-  int headers_ = 0;
-  std::function<absl::Status(uint64_t, std::span<const uint64_t>)> admit_;
-};
-
-// A listening transport and its recorder.
-struct Side {
-  std::shared_ptr<Recorder> events = std::make_shared<Recorder>();
-  std::unique_ptr<Transport> transport;
-  std::string address;
-
-  Side(const TransportKind& kind, const std::string& name) : transport(kind.make(name)) {
-    absl::StatusOr<std::string> listening = transport->listen(events);
-    if (!listening.ok()) throw std::runtime_error(std::string(listening.status().message()));
-    address = *listening;
-  }
-  ~Side() { transport->close(); }
-};
-
-Wire text(const std::string& s) { return Wire{s, {}, {}}; }
 
 class TransportConformance : public ::testing::TestWithParam<TransportKind> {};
 
 TEST_P(TransportConformance, ConnectsOnFirstUseAndKeepsOrderBothWays) {
-  Side a(GetParam(), "a");
-  Side b(GetParam(), "b");
+  KindSide a(GetParam(), "a");
+  KindSide b(GetParam(), "b");
   std::shared_ptr<Connection> out = a.transport->connect(nullptr, "b", b.address);
   constexpr int kMessages = 200;
   for (int i = 0; i < kMessages; ++i) out->write(text(absl::StrCat("request ", i)));
@@ -150,8 +92,8 @@ TEST_P(TransportConformance, ConnectsOnFirstUseAndKeepsOrderBothWays) {
 }
 
 TEST_P(TransportConformance, LargeTensorsArriveIntactWithTheirTargets) {
-  Side a(GetParam(), "a");
-  Side b(GetParam(), "b");
+  KindSide a(GetParam(), "a");
+  KindSide b(GetParam(), "b");
   std::vector<int32_t> values(8 << 20);  // 32 MiB
   for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<int32_t>(i * 2654435761u);
   Wire wire{"big", {Tensor::from_vector(values), Tensor::from_vector<int32_t>({7})}, {"", "cuda:0"}};
@@ -166,8 +108,8 @@ TEST_P(TransportConformance, LargeTensorsArriveIntactWithTheirTargets) {
 }
 
 TEST_P(TransportConformance, ARefusedHeaderAllocatesNothingAndEndsTheConnection) {
-  Side a(GetParam(), "a");
-  Side b(GetParam(), "b");
+  KindSide a(GetParam(), "a");
+  KindSide b(GetParam(), "b");
   b.events->set_admit([](uint64_t, std::span<const uint64_t> tensors) {
     return tensors.empty() ? absl::OkStatus() : absl::PermissionDeniedError("no tensors here");
   });
@@ -185,8 +127,8 @@ TEST_P(TransportConformance, ARefusedHeaderAllocatesNothingAndEndsTheConnection)
 }
 
 TEST_P(TransportConformance, ALostPeerEndsItsConnections) {
-  Side a(GetParam(), "a");
-  auto b = std::make_unique<Side>(GetParam(), "b");
+  KindSide a(GetParam(), "a");
+  auto b = std::make_unique<KindSide>(GetParam(), "b");
   std::shared_ptr<Connection> out = a.transport->connect(nullptr, "b", b->address);
   out->write(text("hello"));
   ASSERT_TRUE(b->events->wait_for([&] { return b->events->received_.size() == 1; }));
@@ -197,10 +139,10 @@ TEST_P(TransportConformance, ALostPeerEndsItsConnections) {
 }
 
 TEST_P(TransportConformance, AnUnreachableAddressEndsTheConnection) {
-  Side a(GetParam(), "a");
+  KindSide a(GetParam(), "a");
   std::string address;
   {
-    Side gone(GetParam(), "gone");
+    KindSide gone(GetParam(), "gone");
     address = gone.address;
   }
   std::shared_ptr<Connection> out = a.transport->connect(nullptr, "gone", address);
@@ -210,8 +152,8 @@ TEST_P(TransportConformance, AnUnreachableAddressEndsTheConnection) {
 }
 
 TEST_P(TransportConformance, ClosingWhileSendingIsSafe) {
-  Side a(GetParam(), "a");
-  Side b(GetParam(), "b");
+  KindSide a(GetParam(), "a");
+  KindSide b(GetParam(), "b");
   std::shared_ptr<Connection> out = a.transport->connect(nullptr, "b", b.address);
   std::thread writer([&] {
     for (int i = 0; i < 2000; ++i) out->write(Wire{"x", {Tensor::from_vector<float>(std::vector<float>(1024))}, {""}});
@@ -253,7 +195,7 @@ uint64_t refused(const Agent& agent) { return std::stoull(agent.debug_info().at(
 
 TEST_P(TransportConformance, AHelloCarryingTensorsIsRefusedBeforeAllocation) {
   std::shared_ptr<Agent> victim = start_agent(GetParam(), "job-secret");
-  Side attacker(GetParam(), "attacker");
+  KindSide attacker(GetParam(), "attacker");
   std::shared_ptr<Connection> out = attacker.transport->connect(nullptr, "victim", victim->address());
   Wire hello = internal::auth_message(internal::AuthKind::kHello, {"attacker", "1", std::string(32, 'n')});
   hello.tensors.push_back(Tensor::from_vector<float>(std::vector<float>(1 << 20)));
@@ -267,7 +209,7 @@ TEST_P(TransportConformance, AHelloCarryingTensorsIsRefusedBeforeAllocation) {
 
 TEST_P(TransportConformance, AnOversizeHelloIsRefused) {
   std::shared_ptr<Agent> victim = start_agent(GetParam(), "job-secret");
-  Side attacker(GetParam(), "attacker");
+  KindSide attacker(GetParam(), "attacker");
   std::shared_ptr<Connection> out = attacker.transport->connect(nullptr, "victim", victim->address());
   out->write(internal::auth_message(internal::AuthKind::kHello,
                                     {std::string(internal::kMaxHandshakeBytes, 'a'), "1", std::string(32, 'n')}));
@@ -279,7 +221,7 @@ TEST_P(TransportConformance, AnOversizeHelloIsRefused) {
 
 TEST_P(TransportConformance, ASilentConnectionIsClosedAfterTheHandshakeTimeout) {
   std::shared_ptr<Agent> victim = start_agent(GetParam(), "job-secret");
-  Side attacker(GetParam(), "attacker");
+  KindSide attacker(GetParam(), "attacker");
   std::shared_ptr<Connection> out = attacker.transport->connect(nullptr, "victim", victim->address());
   // Connected, and then nothing at all.
   ASSERT_TRUE(attacker.events->wait_for([&] { return !attacker.events->closed_.empty(); }, milliseconds(10000)));
@@ -291,7 +233,7 @@ TEST_P(TransportConformance, UnauthenticatedConnectionsAreCapped) {
   // Long enough that the first connections are all still waiting when the last arrive.
   auto victim = start_agent(GetParam(), "job-secret", WorkerInfo{"victim", 0}, seconds(60));
   ASSERT_OK(victim.status());
-  Side attacker(GetParam(), "attacker");
+  KindSide attacker(GetParam(), "attacker");
   constexpr int kOver = 4;
   std::vector<std::shared_ptr<Connection>> silent;
   for (int i = 0; i < internal::kMaxUnauthenticated + kOver; ++i) {
@@ -310,7 +252,7 @@ TEST_P(TransportConformance, UnauthenticatedConnectionsAreCapped) {
 
 TEST_P(TransportConformance, RequestsWithoutTheHandshakeAreRefused) {
   std::shared_ptr<Agent> victim = start_agent(GetParam(), "job-secret");
-  Side attacker(GetParam(), "attacker");
+  KindSide attacker(GetParam(), "attacker");
   std::shared_ptr<Connection> out = attacker.transport->connect(nullptr, "victim", victim->address());
   Message request(MessageType::kRequest, 1);
   out->write(Wire{request.seal(), {}, {}});
@@ -337,7 +279,7 @@ TEST_P(TransportConformance, AReplyToAnotherWorkersCallIsDropped) {
       GetParam().make("honest"));
   ASSERT_OK(honest.status());
   std::shared_ptr<Agent> victim = start_agent(GetParam(), "");
-  Side attacker(GetParam(), "attacker");
+  KindSide attacker(GetParam(), "attacker");
   ASSERT_OK(victim->set_members({{WorkerInfo{"victim", 0}, victim->address()},
                                  {WorkerInfo{"honest", 1}, (*honest)->address()},
                                  {WorkerInfo{"attacker", 2}, attacker.address}}));

@@ -1,0 +1,262 @@
+// The ring transport's own behaviour, beyond the conformance suites: hostile hellos on
+// its socket, where it reaches, in-place reads, and how TensorPipeAgent chooses it.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "agents/core/transport_set.h"
+#include "agents/ring/factory.h"
+#include "agents/tensorpipe/factory.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "store/hash_store.h"
+#include "tests/agents/transport_events.h"
+#include "tests/testing/status_matchers.h"
+
+namespace ferry {
+namespace {
+
+using std::chrono::seconds;
+using ::ferry::testing::Side;
+using ::ferry::testing::StatusIs;
+using ::ferry::testing::text;
+using ::testing::HasSubstr;
+
+// The abstract socket name in a ring record ("ring ring://<scope>/<name>").
+std::string socket_name(const std::string& record) {
+  std::string line = std::vector<std::string>(absl::StrSplit(record, '\n'))[0];
+  return line.substr(line.rfind('/') + 1);
+}
+
+int connect_raw(const std::string& name) {
+  int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path + 1, name.data(), name.size());
+  socklen_t len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// The hello's layout as the transport reads it (agents/ring/transport.cc).
+struct Hello {
+  uint32_t magic = 0x676e6972;
+  uint32_t version = 1;
+  uint32_t kind = 1;
+  uint32_t pid = 0;
+  uint32_t reads_you = 0;
+  uint32_t pad = 0;
+  uint64_t ring_bytes = 4096;
+  uint64_t probe_addr = 0;
+  uint64_t probe_value = 0;
+};
+
+void send_with_fds(int fd, const void* data, size_t size, std::vector<int> fds) {
+  iovec iov{const_cast<void*>(data), size};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int))] = {};
+  if (!fds.empty()) {
+    msg.msg_control = control;
+    msg.msg_controllen = CMSG_SPACE(fds.size() * sizeof(int));
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(fds.size() * sizeof(int));
+    std::memcpy(CMSG_DATA(c), fds.data(), fds.size() * sizeof(int));
+  }
+  ASSERT_EQ(sendmsg(fd, &msg, MSG_NOSIGNAL), static_cast<ssize_t>(size));
+}
+
+int memfd_of(size_t bytes, bool sealed) {
+  int fd = memfd_create("test", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  EXPECT_EQ(ftruncate(fd, static_cast<off_t>(bytes)), 0);
+  if (sealed) {
+    EXPECT_EQ(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
+  }
+  return fd;
+}
+
+std::string info(const Transport& t, const std::string& key) { return t.debug_info().at(key); }
+
+// Every hello that breaks the protocol is refused with its socket closed, and the
+// transport goes on serving real connections.
+TEST(RingTransport, HostileHellosAreRefusedAndTheWorkerGoesOn) {
+  Side victim(make_ring_transport("victim"));
+  const std::string name = socket_name(victim.address);
+  const size_t segment = 4096 + 2 * 4096;
+  struct Case {
+    const char* what;
+    Hello hello;
+    std::vector<int> fds;
+  };
+  Hello wrong_magic;
+  wrong_magic.magic = 1;
+  Hello odd_ring;
+  odd_ring.ring_bytes = 5000;
+  Hello huge_ring;
+  huge_ring.ring_bytes = uint64_t{1} << 40;
+  Hello later_version;
+  later_version.version = 99;
+  std::vector<Case> cases = {
+      {"no descriptors", Hello{}, {}},
+      {"wrong magic", wrong_magic, {memfd_of(segment, true), memfd_of(4096, true)}},
+      {"a ring that is not a power of two", odd_ring, {memfd_of(segment, true), memfd_of(4096, true)}},
+      {"a ring of 1 TiB", huge_ring, {memfd_of(segment, true), memfd_of(4096, true)}},
+      {"another protocol version", later_version, {memfd_of(segment, true), memfd_of(4096, true)}},
+      // A memfd the sender could shrink under the reader would fault it.
+      {"an unsealed segment", Hello{}, {memfd_of(segment, false), memfd_of(4096, true)}},
+      {"a segment smaller than announced", Hello{}, {memfd_of(4096, true), memfd_of(4096, true)}},
+      {"a bell too small", Hello{}, {memfd_of(segment, true), memfd_of(64, true)}},
+  };
+  int refused = 0;
+  for (Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    int fd = connect_raw(name);
+    ASSERT_GE(fd, 0);
+    send_with_fds(fd, &c.hello, sizeof(c.hello), c.fds);
+    for (int f : c.fds) close(f);
+    // The victim closes the socket without a reply.
+    char byte;
+    timeval tv{5, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    EXPECT_EQ(recv(fd, &byte, 1, 0), 0);
+    close(fd);
+    ++refused;
+  }
+  EXPECT_EQ(info(*victim.transport, "ring_refused"), std::to_string(refused));
+  EXPECT_EQ(info(*victim.transport, "ring_accepted"), "0");
+  EXPECT_TRUE(victim.events->accepted_.empty());
+
+  // Garbage of the wrong size, and a socket that never says anything.
+  int silent = connect_raw(name);
+  ASSERT_GE(silent, 0);
+  int garbage = connect_raw(name);
+  ASSERT_GE(garbage, 0);
+  ASSERT_EQ(send(garbage, "hello?", 6, MSG_NOSIGNAL), 6);
+
+  Side caller(make_ring_transport("caller"));
+  std::shared_ptr<Connection> out = caller.transport->connect(nullptr, "victim", victim.address);
+  out->write(text("still here"));
+  ASSERT_TRUE(victim.events->wait_for([&] { return !victim.events->received_.empty(); }));
+  EXPECT_EQ(victim.events->received_[0].wire.metadata, "still here");
+  close(silent);
+  close(garbage);
+}
+
+TEST(RingTransport, ReachesOnlyItsOwnHostAndNetworkNamespace) {
+  Side a(make_ring_transport("a"));
+  EXPECT_TRUE(a.transport->reaches(a.address));
+  std::string scope = a.address.substr(std::string("ring ring://").size());
+  scope = scope.substr(0, scope.rfind('/'));
+  EXPECT_FALSE(a.transport->reaches("ring ring://another-boot/4026531992/x\n"));
+  EXPECT_FALSE(a.transport->reaches(absl::StrCat("ring ring://", scope, "1/x\n")));  // another namespace
+  EXPECT_FALSE(a.transport->reaches("uv uv://127.0.0.1:1234\n"));
+  // A record of several transports: the ring line is found among them.
+  EXPECT_TRUE(a.transport->reaches(absl::StrCat("uv uv://127.0.0.1:1234\n", a.address)));
+
+  // A peer it does not reach ends its connection, saying why.
+  std::shared_ptr<Connection> out = a.transport->connect(nullptr, "far", "uv uv://127.0.0.1:1234\n");
+  ASSERT_TRUE(a.events->wait_for([&] { return !a.events->closed_.empty(); }));
+  EXPECT_THAT(std::string(a.events->closed_[0].second.message()), HasSubstr("no ring endpoint on this host"));
+}
+
+// Large tensors are read straight out of the sender, small ones cross the ring, and
+// both arrive intact, through messages much larger than the ring.
+TEST(RingTransport, LargeTensorsAreReadInPlaceAndSmallOnesCrossTheRing) {
+  Side a(make_ring_transport("a", RingOptions{.ring_bytes = 8192, .in_place_bytes = 65536}));
+  Side b(make_ring_transport("b", RingOptions{.ring_bytes = 8192, .in_place_bytes = 65536}));
+  std::shared_ptr<Connection> out = a.transport->connect(nullptr, "b", b.address);
+  // The verdict on reading in place travels with the handshake: wait for a first message.
+  out->write(text("first"));
+  ASSERT_TRUE(b.events->wait_for([&] { return b.events->received_.size() == 1; }));
+  std::vector<float> big(1 << 20), small(1000);
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(i);
+  for (size_t i = 0; i < small.size(); ++i) small[i] = -static_cast<float>(i);
+  out->write(Wire{std::string(100000, 'm'), {Tensor::from_vector(big), Tensor::from_vector(small)}, {"", ""}});
+  ASSERT_TRUE(b.events->wait_for([&] { return b.events->received_.size() == 2; }));
+  const Wire& got = b.events->received_[1].wire;
+  EXPECT_EQ(got.metadata, std::string(100000, 'm'));
+  ASSERT_EQ(got.tensors.size(), 2u);
+  ASSERT_EQ(got.tensors[0].nbytes(), big.size() * sizeof(float));
+  EXPECT_EQ(std::memcmp(got.tensors[0].data(), big.data(), got.tensors[0].nbytes()), 0);
+  ASSERT_EQ(got.tensors[1].nbytes(), small.size() * sizeof(float));
+  EXPECT_EQ(std::memcmp(got.tensors[1].data(), small.data(), got.tensors[1].nbytes()), 0);
+  EXPECT_EQ(info(*b.transport, "ring_in_place_reads"), "1");
+}
+
+TEST(RingTransport, OptionsAreChecked) {
+  EXPECT_THAT(validate(RingOptions{.ring_bytes = 1000}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("power of two")));
+  EXPECT_THAT(validate(RingOptions{.ring_bytes = size_t{1} << 31}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("power of two")));
+  EXPECT_OK(validate(RingOptions{.ring_bytes = 1 << 20}));
+  EXPECT_OK(validate(RingOptions{}));
+}
+
+Message hi(const Message& m, const WorkerInfo&) {
+  Message reply(MessageType::kResponse, m.id());
+  reply.buffer() += "hi";
+  return reply;
+}
+
+// By default a worker reaches a peer on its host by the ring, and one that listens
+// only on TCP by TensorPipe's uv: the first part of its transports that reaches it.
+TEST(RingTransport, TensorPipeAgentUsesTheRingForPeersItReaches) {
+  auto store = std::make_shared<HashStore>();
+  TensorPipeAgentOptions defaults;
+  TensorPipeAgentOptions tcp_only;
+  tcp_only.transports = std::vector<std::string>{"uv"};
+  auto a = TensorPipeAgent::start(store, "a", 0, defaults, hi);
+  auto b = TensorPipeAgent::start(store, "b", 1, defaults, hi);
+  auto c = TensorPipeAgent::start(store, "c", 2, tcp_only, hi);
+  ASSERT_OK(a.status());
+  ASSERT_OK(b.status());
+  ASSERT_OK(c.status());
+  EXPECT_EQ(TensorPipeAgent::transports(**a).front(), "ring");
+  EXPECT_THAT(TensorPipeAgent::transports(**a), ::testing::Not(::testing::Contains("shm")));
+  EXPECT_THAT(TensorPipeAgent::transports(**c), ::testing::ElementsAre("uv"));
+  std::vector<PeerAddress> members;
+  for (auto* agent : {&*a, &*b, &*c}) members.push_back(PeerAddress{(*agent)->self(), (*agent)->address()});
+  for (auto* agent : {&*a, &*b, &*c}) ASSERT_OK((*agent)->set_members(members));
+  ASSERT_OK((*a)->send(1, Message(MessageType::kRequest, 0), seconds(20)).result().status());
+  ASSERT_OK((*a)->send(2, Message(MessageType::kRequest, 0), seconds(20)).result().status());
+  std::map<std::string, std::string> seen = (*a)->debug_info();
+  EXPECT_EQ(seen.at("ring_opened"), "1");  // to b; c is reached over TCP
+  EXPECT_EQ(seen.at("transports").substr(0, 5), "ring,");
+  for (auto* agent : {&*a, &*b, &*c}) (*agent)->shutdown();
+}
+
+TEST(RingTransport, FerryTransportsForcesTheChoice) {
+  auto store = std::make_shared<HashStore>();
+  setenv("FERRY_TRANSPORTS", "ring", 1);
+  auto ring_only = TensorPipeAgent::start(store, "a", 0, {}, hi);
+  setenv("FERRY_TRANSPORTS", "shm,uv", 1);
+  auto no_ring = TensorPipeAgent::start(store, "b", 1, {}, hi);
+  setenv("FERRY_TRANSPORTS", "ring,carrier-pigeon", 1);
+  auto bogus = TensorPipeAgent::start(store, "c", 2, {}, hi);
+  unsetenv("FERRY_TRANSPORTS");
+  ASSERT_OK(ring_only.status());
+  EXPECT_THAT(TensorPipeAgent::transports(**ring_only), ::testing::ElementsAre("ring"));
+  ASSERT_OK(no_ring.status());
+  EXPECT_THAT(TensorPipeAgent::transports(**no_ring), ::testing::ElementsAre("shm", "uv"));
+  EXPECT_THAT(bogus.status(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("carrier-pigeon")));
+  (*ring_only)->shutdown();
+  (*no_ring)->shutdown();
+}
+
+}  // namespace
+}  // namespace ferry
