@@ -126,10 +126,13 @@ struct SideResult {
   std::vector<EchoResult> pinned_copy;
   // The cores the measuring process could run on (1 when the bench pinned it).
   int client_cores = 0;
+  // Ferry on the ring only: the ring's own round trip with no agent above it
+  // (tools/bench/ring_floor.h).
+  LatencyStats transport_floor;
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(SideResult, side, transport, channels, small_call, small_call_inline,
                                    small_call_chained, tiny_tensor, throughput, throughput_inline, echo, cuda_echo,
-                                   pinned_copy, client_cores)
+                                   pinned_copy, client_cores, transport_floor)
 
 // The cores the calling process may run on (its affinity mask).
 int allowed_cores();

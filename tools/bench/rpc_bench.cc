@@ -28,6 +28,7 @@
 #include "tensor/cuda.h"
 #include "tools/bench/children.h"
 #include "tools/bench/raw_tensorpipe.h"
+#include "tools/bench/ring_floor.h"
 #include "tools/bench/report.h"
 
 namespace ferry::tools::bench {
@@ -299,8 +300,12 @@ absl::Status ferry_measure(const MeasurePlan& plan, bool cuda, std::chrono::mill
 absl::StatusOr<SideResult> run_ferry_client(const std::string& transport, const std::string& store_path,
                                             const MeasurePlan& plan, bool cuda, std::chrono::milliseconds timeout) {
   FERRY_RETURN_IF_ERROR(register_bench_functions());
-  FERRY_RETURN_IF_ERROR(init_bench_rpc(kClientName, 0, transport, store_path, cuda));
   SideResult out;
+  if (transport == "ring") {
+    // Before the agent starts, so that nothing else runs meanwhile.
+    FERRY_ASSIGN_OR_RETURN(out.transport_floor, ring_floor(plan.warmup, plan.iterations, timeout));
+  }
+  FERRY_RETURN_IF_ERROR(init_bench_rpc(kClientName, 0, transport, store_path, cuda));
   out.side = "ferry";
   out.client_cores = allowed_cores();
   out.transport = transport;
@@ -481,6 +486,11 @@ std::vector<MetricRow> metric_rows(const TransportResult& t) {
   latency("small_call_chained", "small call, callback-chained", t.ferry.small_call_chained,
           t.raw.small_call_chained, kSmallCallBytes);
   latency("tiny_tensor", "tiny tensor (4 x f32)", t.ferry.tiny_tensor, t.raw.tiny_tensor, kTinyTensorBytes);
+  if (t.ferry.transport_floor.samples > 0) {
+    // Beside raw TensorPipe's callback-driven ping-pong: both with no hand-off.
+    latency("ring_floor", "ring alone (raw: chained)", t.ferry.transport_floor,
+            t.raw.small_call_chained, kSmallCallBytes);
+  }
   auto throughput = [&rows, &t](const std::vector<ThroughputResult>& ferry, const char* key, const char* label) {
     for (size_t k = 0; k < ferry.size() && k < t.raw.throughput.size(); ++k) {
       const ThroughputResult& f = ferry[k];
