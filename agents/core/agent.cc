@@ -963,8 +963,13 @@ void Agent::on_peer_lost(int peer, absl::Status why) {
   }
   calls_->fail_peer(peer, why);
   if (!first) return;
+  MembershipChange decided;
   {
     std::lock_guard<std::mutex> lock(lost_mu_);
+    // Decided under the lock join() holds when it leaves the barrier and turns
+    // departing_ on: judged before, a peer that left just as this worker's join()
+    // finished would be reported lost.
+    decided = departing_.load() ? MembershipChange::kLeft : MembershipChange::kLost;
     if (in_barrier_.load()) {
       // Waiting in join(): the loss is accounted in the store (not on a transport
       // thread), and whether it left or was lost shows once everyone is accounted.
@@ -981,7 +986,7 @@ void Agent::on_peer_lost(int peer, absl::Status why) {
       return;
     }
   }
-  notify(info, change);
+  notify(info, decided);
 }
 
 void Agent::suspect(int peer, std::chrono::milliseconds wait) {
