@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "gloo/rendezvous/context.h"
 #include "process_group/internal/gloo_store.h"
+#include "serialization/archive.h"
 #include "store/prefix_store.h"
 
 namespace ferry {
@@ -14,6 +15,7 @@ ProcessGroup::Impl::Impl(int rank, int size, std::chrono::milliseconds timeout,
     : rank_(rank),
       size_(size),
       timeout_(timeout),
+      max_bytes_(max_message_bytes()),
       device_(std::move(device)),
       description_(absl::StrCat("rank ", rank, " of ", size)) {}
 

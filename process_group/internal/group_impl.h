@@ -229,6 +229,12 @@ class ProcessGroup::Impl {
     std::shared_ptr<std::atomic<bool>> done;
   };
 
+  // A tensor message's data moves in chunks of this many bytes (Gloo messages on one
+  // slot, matched in order), so a receiver that must discard it (a mismatch) drains
+  // it through one chunk of memory instead of allocating what the sender announced.
+  static constexpr size_t kDataChunk = size_t{1} << 20;
+  static size_t chunk_count(size_t bytes) { return (bytes + kDataChunk - 1) / kDataChunk; }
+
   // One pending send or receive: its Gloo buffers and what they point at.
   struct P2POp {
     CollectiveHeader header;
@@ -357,6 +363,9 @@ class ProcessGroup::Impl {
   const int rank_;
   const int size_;
   const std::chrono::milliseconds timeout_;
+  // FERRY_MAX_MESSAGE_BYTES, the agents' limit: no size a peer announces makes this
+  // rank allocate more (see take_bytes_header and finish_recv).
+  const uint64_t max_bytes_;
   std::shared_ptr<gloo::transport::Device> device_;
   const std::string description_;
 
