@@ -85,9 +85,13 @@ struct ProcessGroupOptions {
 // must not read or write those tensors until then.
 //
 // Threads: collectives run one at a time, in call order, on the group's own worker
-// thread (Gloo operations on one context must not interleave). isend/irecv use a
-// thread each while pending; send/recv run on the caller's thread. No user code ever
-// runs on these threads.
+// thread (Gloo operations on one context must not interleave). Pending isend/irecv
+// wait on a pool of at most 64 threads: their messages are posted at once, but at most
+// 64 wait at a time and the rest in the order they were posted, so operations that can
+// complete only after more than 64 later-posted ones (e.g. 65 irecvs posted before
+// the blocking sends they need, sent in reverse) wait until the group's timeout.
+// send/recv run on the caller's thread. No user code runs on these threads except
+// Work callbacks.
 //
 // Destruction shuts the group down (see shutdown()).
 class ProcessGroup {
