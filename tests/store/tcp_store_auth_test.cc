@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -17,11 +18,13 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "store/file_store.h"
 #include "store/tcp_store.h"
+#include "tests/store/raw_socket.h"
 #include "tests/testing/free_port.h"
 #include "tests/testing/multi_process.h"
 #include "tests/testing/status_matchers.h"
@@ -128,6 +131,56 @@ TEST(TCPStoreAuthTest, SameTokenServedOthersRefusedWithReasonsOnBothSides) {
     good->reset();
     EXPECT_OK(meet->set("closed", to_bytes("1")));
   }, 60s));
+}
+
+// Issue 27, finding 2: every accepted socket counted toward max_connections (1024)
+// with no deadline for the hello or the proof, so silent connections filled the
+// store. 2,000 of them now cost the server at most max_handshaking, and a client with
+// the token still gets in, and is served, within 5 s.
+TEST(TCPStoreAuthTest, SilentConnectionsDoNotKeepOutAClientWithTheToken) {
+  TempDir dir;
+  expect_all_succeed(run_processes(2, [&](int rank) {
+    auto meet = meeting_point(dir.path());
+    ASSERT_NE(meet, nullptr);
+    if (rank == 0) {
+      TCPStoreServerOptions options;
+      options.host = "127.0.0.1";
+      options.auth_token = "job-secret";
+      auto server = TCPStoreServer::create(options);
+      ASSERT_TRUE(server.ok()) << server.status();
+      EXPECT_OK(meet->set("port", to_bytes(std::to_string((*server)->port()))));
+      EXPECT_OK(meet->wait({"done"}, 60s));
+      EXPECT_LE((*server)->num_connections(), 64 + 1);
+      return;
+    }
+    // 2,000 sockets and a few more.
+    rlimit files{};
+    ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &files), 0);
+    if (files.rlim_cur < 2100) {
+      ASSERT_GE(files.rlim_max, 2100u) << "cannot open 2,000 sockets here";
+      files.rlim_cur = files.rlim_max;
+      ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &files), 0);
+    }
+    auto port_text = meet->get("port");
+    ASSERT_TRUE(port_text.ok()) << port_text.status();
+    const uint16_t port = static_cast<uint16_t>(std::stoi(to_string(*port_text)));
+    std::vector<std::unique_ptr<ferry::testing::RawSocket>> silent;
+    for (int i = 0; i < 2000; ++i) {
+      silent.push_back(std::make_unique<ferry::testing::RawSocket>(port));
+      ASSERT_TRUE(silent.back()->connected()) << i;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    TCPStoreOptions good_options = client_options(port, std::string("job-secret"));
+    good_options.timeout = 5s;
+    auto good = TCPStore::create(good_options);
+    ASSERT_TRUE(good.ok()) << good.status();
+    EXPECT_OK((*good)->set("k", to_bytes("v")));
+    auto value = (*good)->get("k");
+    ASSERT_TRUE(value.ok()) << value.status();
+    EXPECT_EQ(to_string(*value), "v");
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+    EXPECT_OK(meet->set("done", to_bytes("1")));
+  }, 90s));
 }
 
 // A "server" that answers every hello with a frame announcing 1 GiB: the client must
