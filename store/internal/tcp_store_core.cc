@@ -223,6 +223,12 @@ bool ServerCore::handle_auth(ConnId id, Conn& conn, Reader& r) {
     close(id, "malformed auth request");
     return false;
   }
+  if (client_proof.empty()) {
+    // The client checked our proof and refused it: it holds another token.
+    refuse(id, absl::UnauthenticatedError("the store server's job token does not match the client's"),
+           "refused: wrong job token (the client found this server's proof does not match its FERRY_AUTH_TOKEN)");
+    return false;
+  }
   std::string expected =
       auth::proof(limits_.auth_token, "ferry-store-client", {conn.client_nonce, conn.server_nonce});
   if (!auth::same_digest(client_proof, expected)) {

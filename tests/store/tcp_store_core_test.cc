@@ -452,6 +452,20 @@ TEST_F(CoreAuthTest, WrongProofIsRefusedAndNeverCounted) {
   EXPECT_EQ(core.num_workers(), 0);
 }
 
+// A client that found the server's proof wrong sends an empty one (issue 27,
+// finding 12): refused, never counted, and the server can say why.
+TEST_F(CoreAuthTest, AClientsRefusalIsRefused) {
+  ASSERT_TRUE(core.on_open(1, "w1"));
+  send(1, worker_hello(client_nonce));
+  challenge(1);
+  send(1, auth_request(""));
+  EXPECT_TRUE(transport.closed.contains(1));
+  ASSERT_EQ(transport.frames[1].size(), 2u);
+  EXPECT_EQ(transport.frames[1][1][4], static_cast<uint8_t>(absl::StatusCode::kUnauthenticated));
+  EXPECT_EQ(core.num_workers(), 0);
+  EXPECT_EQ(core.num_handshaking(), 0u);
+}
+
 TEST_F(CoreAuthTest, ReplayedProofOfAnotherConnectionIsRefused) {
   ASSERT_TRUE(core.on_open(1, "w1"));
   send(1, worker_hello(client_nonce));
