@@ -48,9 +48,22 @@ bool same_digest(std::string_view a, std::string_view b) {
   return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
+namespace {
+std::atomic<bool> short_token_warned{false};
+}  // namespace
+
+void reset_short_token_warning_for_testing() { short_token_warned.store(false); }
+
 std::string job_token(const std::optional<std::string>& option) {
-  if (option.has_value()) return *option;
-  return env_string(kTokenEnv).value_or("");
+  std::string token = option.has_value() ? *option : env_string(kTokenEnv).value_or("");
+  if (!token.empty() && token.size() < kMinTokenBytes) {
+    if (!short_token_warned.exchange(true)) {
+      FERRY_LOG(WARNING) << "the job token (FERRY_AUTH_TOKEN or auth_token) is " << token.size()
+                         << " bytes, shorter than " << kMinTokenBytes
+                         << " bytes: a short secret can be guessed; use a random one, e.g. `openssl rand -hex 32`";
+    }
+  }
+  return token;
 }
 
 bool is_loopback(std::string_view host) {

@@ -45,9 +45,15 @@ std::string proof(std::string_view token, std::string_view label, std::initializ
 // where they first differ), so a peer cannot learn a proof byte by byte.
 bool same_digest(std::string_view a, std::string_view b);
 
+// Tokens shorter than this are accepted, with a warning.
+inline constexpr size_t kMinTokenBytes = 16;
+
 // The job token: `option` when it is set (an empty string then means "no token", even
-// when the environment has one), else FERRY_AUTH_TOKEN ("" when unset).
+// when the environment has one), else FERRY_AUTH_TOKEN ("" when unset). Logs a
+// warning, once per process, for a token shorter than kMinTokenBytes. Thread-safe.
 std::string job_token(const std::optional<std::string>& option);
+// For tests: job_token warns again, as in a fresh process.
+void reset_short_token_warning_for_testing();
 
 // Whether `host` (an IP address or "localhost") is a loopback address: 127.0.0.0/8,
 // ::1, or ::ffff:127.x.y.z. Wildcards ("", "0.0.0.0", "::") are not.

@@ -1,8 +1,12 @@
 // Fuzzes the wire decoders an RPC message meets: Message::parse, the payload reader
 // over the value types calls use (strings, containers, optionals, tuples, tensors
 // inline and through the tensor table), error payloads, and the per-message size
-// check. The first byte picks the shape; the rest is the sealed message.
+// check. The first byte picks the shape; the rest is the sealed message. fuzz/run.sh
+// passes -max_len=1048576, so counts reach past a vector's up-front reserve.
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <optional>
 #include <string>
@@ -23,6 +27,22 @@ struct Point {
   template <class Archive>
   void serialize(Archive& ar) {
     ar(x, y, tags);
+  }
+};
+
+// Large in memory, one byte on the wire: a vector of these must grow as elements
+// decode, never be sized from its count up front (issue 27, finding 4). `made` counts
+// default constructions, `read` elements decoded.
+struct Bulky {
+  static inline size_t made = 0;
+  static inline size_t read = 0;
+  bool flag = false;
+  char pad[512] = {};
+  Bulky() { ++made; }
+  template <class Archive>
+  void serialize(Archive& ar) {
+    ar(flag);
+    ++read;
   }
 };
 
@@ -65,6 +85,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case 7: decode<std::unordered_map<std::string, std::pair<int64_t, std::string>>>(*m); break;
     case 8: decode<std::vector<std::vector<std::vector<uint8_t>>>>(*m); break;
     case 9: decode<std::array<int16_t, 4>, std::vector<bool>>(*m); break;
+    case 10: {
+      Bulky::made = Bulky::read = 0;
+      decode<std::vector<Bulky>>(*m);
+      // At most the one that failed to decode was made beyond those decoded.
+      if (Bulky::made > Bulky::read + 1) {
+        std::fprintf(stderr, "a vector made %zu elements for %zu decoded\n", Bulky::made, Bulky::read);
+        std::abort();
+      }
+      break;
+    }
     default: (void)ferry::error_from_message(*m); break;
   }
   return 0;

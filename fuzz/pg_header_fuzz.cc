@@ -1,10 +1,13 @@
 // Fuzzes the process-group header checks: the input is up to 8 raw 256-byte headers,
 // as an all-gather delivers them from peers. Whatever check_headers accepts must be
-// safe to use the way the collectives use it: sizes and byte counts that fit.
+// safe to use the way the collectives use it: sizes and byte counts that fit, and an
+// all_gather_bytes total within every rank's limit. The input's front is also a byte
+// message's header (BytesHeader), whose size must be within the receiver's limit.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <span>
 #include <vector>
 
 #include "process_group/internal/header.h"
@@ -30,6 +33,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
       if (kind == ferry::internal::CollectiveKind::kAllGatherBytes) {
         if (__builtin_add_overflow(total, static_cast<uint64_t>(h.numel), &total)) std::abort();
+        for (const CollectiveHeader& other : headers) {
+          if (!headers[0].has_error && total > other.max_bytes) {
+            std::fprintf(stderr, "accepted an all_gather_bytes over a rank's limit\n");
+            std::abort();
+          }
+        }
       } else if (kind != ferry::internal::CollectiveKind::kBarrier && !h.has_error) {
         uint64_t bytes;
         if (__builtin_mul_overflow(static_cast<uint64_t>(h.numel),
@@ -38,6 +47,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         }
       }
     }
+  }
+  // A byte message's header; the limit varies with the input, as FERRY_MAX_MESSAGE_BYTES may.
+  const uint64_t limit = (uint64_t{1} << 20) << (size % 16);
+  absl::StatusOr<ferry::internal::BytesHeader> bytes =
+      ferry::internal::parse_bytes_header("recv_bytes", std::span<const uint8_t>(data, size), 1, limit);
+  if (bytes.ok() && bytes->size > limit) {
+    std::fprintf(stderr, "accepted a byte message of %llu bytes over the limit of %llu\n",
+                 static_cast<unsigned long long>(bytes->size), static_cast<unsigned long long>(limit));
+    std::abort();
   }
   CollectiveHeader p2p;
   std::memcpy(&p2p, data, sizeof(p2p));

@@ -85,9 +85,13 @@ struct ProcessGroupOptions {
 // must not read or write those tensors until then.
 //
 // Threads: collectives run one at a time, in call order, on the group's own worker
-// thread (Gloo operations on one context must not interleave). isend/irecv use a
-// thread each while pending; send/recv run on the caller's thread. No user code ever
-// runs on these threads.
+// thread (Gloo operations on one context must not interleave). Pending isend/irecv
+// wait on a pool of at most 64 threads: their messages are posted at once, but at most
+// 64 wait at a time and the rest in the order they were posted, so operations that can
+// complete only after more than 64 later-posted ones (e.g. 65 irecvs posted before
+// the blocking sends they need, sent in reverse) wait until the group's timeout.
+// send/recv run on the caller's thread. No user code runs on these threads except
+// Work callbacks.
 //
 // Destruction shuts the group down (see shutdown()).
 class ProcessGroup {
@@ -175,7 +179,9 @@ class ProcessGroup {
   // recv (same tag). A send completes once the receiver has taken the data. Messages
   // between two ranks with the same tag arrive in the order they were sent. The
   // receiver's tensor must have the sender's dtype and shape; on a mismatch the
-  // receive fails (kInvalidArgument, naming both) and the message is consumed.
+  // receive fails (kInvalidArgument, naming both) and the message is consumed (drained
+  // through 1 MiB; one over FERRY_MAX_MESSAGE_BYTES is refused with
+  // kResourceExhausted and left untaken, so the sender's wait ends at its timeout).
   // A pending send or receive that times out breaks the group (Gloo closes its pairs).
   Work isend(Tensor tensor, int dst, uint32_t tag = 0);
   absl::Status send(Tensor tensor, int dst, uint32_t tag = 0);
@@ -199,7 +205,9 @@ class ProcessGroup {
   // tell it), so receive from each peer when losses must be noticed at once.
   // Errors: kInvalidArgument (dst/src out of range or this rank), kFailedPrecondition
   // (shut down, broken, not a member), kCancelled (shut down while waiting),
-  // kUnavailable (the peer's connection failed), kDeadlineExceeded.
+  // kUnavailable (the peer's connection failed), kDeadlineExceeded,
+  // kResourceExhausted (a message over FERRY_MAX_MESSAGE_BYTES: a sender refuses to
+  // send it; a receiver refuses one a peer announces, without taking its data).
   static constexpr std::chrono::milliseconds kWaitIndefinitely{std::chrono::hours(24 * 365)};
   struct ReceivedBytes {
     int source_rank = -1;
@@ -227,7 +235,9 @@ class ProcessGroup {
   absl::StatusOr<ReceivedBytes> recv_bytes_stream(int src, uint32_t tag = 0,
                                                   std::optional<std::chrono::milliseconds> timeout = std::nullopt);
 
-  // Every rank's `data`, in rank order; sizes may differ by rank (and may be 0).
+  // Every rank's `data`, in rank order; sizes may differ by rank (and may be 0). A
+  // total over any rank's FERRY_MAX_MESSAGE_BYTES fails on every rank
+  // (kResourceExhausted, naming it) before anything is allocated.
   // Blocking, like every collective: queued behind earlier asynchronous ones.
   absl::StatusOr<std::vector<Bytes>> all_gather_bytes(const Bytes& data);
 

@@ -58,7 +58,7 @@ class Work {
   // other operation), or the operation's error. Its callbacks (and add_callback's) run
   // on the thread that completes the operation — the group's worker thread for a
   // collective (a blocking collective may run on its caller's thread; its Work is not
-  // handed out), the operation's own thread for isend/irecv — or at once on the calling
+  // handed out), a thread of the group's isend/irecv pool for those — or at once on the calling
   // thread when it is complete already. Keep them short: a callback that waits for
   // another collective of the same group blocks the worker thread that would run it.
   Future<int> future() const;

@@ -209,8 +209,16 @@ template <typename T, size_t N>
 struct MinEncodedBytes<std::array<T, N>> : std::integral_constant<size_t, N * kMinEncodedBytes<T>> {};
 }  // namespace internal
 
+// How much memory a vector's load reserves up front, at most: beyond it the vector
+// grows as its elements decode.
+inline constexpr size_t kMaxVectorReserveBytes = size_t{1} << 20;
+
 // Vectors (the container payloads use most, and the one cereal sizes up front) check
-// their count against the element type's smallest encoding before resizing.
+// their count against the element type's smallest encoding first. Arithmetic elements
+// then take exactly their encoding, so the vector is sized at once; any other element
+// may encode in far fewer bytes than sizeof(T) (a Tensor, an optional or a user struct
+// in one), so the vector grows as elements decode, and a count the bytes do not back
+// fails at the first bad element with memory in proportion to what was present.
 template <class T, class A>
   requires(!std::is_same_v<T, bool>)
 inline void CEREAL_LOAD_FUNCTION_NAME(PayloadReader& ar, std::vector<T, A>& v) {
@@ -218,11 +226,12 @@ inline void CEREAL_LOAD_FUNCTION_NAME(PayloadReader& ar, std::vector<T, A>& v) {
   ar.load_binary(&n, sizeof(n));
   ar.check_size(n, std::max<size_t>(internal::kMinEncodedBytes<T>, 1));
   v.clear();
-  v.resize(static_cast<size_t>(n));
   if constexpr (std::is_arithmetic_v<T>) {
+    v.resize(static_cast<size_t>(n));
     ar.load_binary(v.data(), static_cast<size_t>(n) * sizeof(T));
   } else {
-    for (T& e : v) ar(e);
+    v.reserve(static_cast<size_t>(std::min<uint64_t>(n, std::max<size_t>(kMaxVectorReserveBytes / sizeof(T), 1))));
+    for (uint64_t i = 0; i < n; ++i) ar(v.emplace_back());
   }
 }
 

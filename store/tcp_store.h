@@ -43,6 +43,13 @@ struct TCPStoreServerOptions {
   // Connections served at once. A client beyond it is answered kResourceExhausted and
   // closed; TCPStore's connect retries it until its timeout.
   size_t max_connections = 1024;
+  // A connection that has not completed its handshake (the hello and, with a token,
+  // its proof) within handshake_timeout is closed. At most max_handshaking connections
+  // may be in their handshake at once: a new one closes the oldest of them, as does a
+  // new one when the server is at max_connections, so silent or unauthenticated
+  // connections cannot keep a legitimate client out.
+  std::chrono::milliseconds handshake_timeout = std::chrono::seconds(5);
+  size_t max_handshaking = 64;
   // Answers a connection may leave unread before the server stops handling (and
   // reading) its further requests until it reads them.
   size_t max_queued_bytes = 4u << 20;

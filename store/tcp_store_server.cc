@@ -109,6 +109,8 @@ class TCPStoreServer::Impl final : public ServerTransport {
     ServerLimits limits;
     limits.max_message_bytes = options.max_message_bytes;
     limits.max_connections = options.max_connections;
+    limits.handshake_timeout = options.handshake_timeout;
+    limits.max_handshaking = options.max_handshaking;
     limits.max_queued_bytes = options.max_queued_bytes;
     limits.world_size = options.world_size;
     limits.auth_token = internal::auth::job_token(options.auth_token);
@@ -491,6 +493,14 @@ absl::StatusOr<std::unique_ptr<TCPStoreServer>> TCPStoreServer::create(const TCP
   if (options.max_connections < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("store server: max_connections must be at least 1, got ", options.max_connections));
+  }
+  if (options.handshake_timeout <= std::chrono::milliseconds::zero()) {
+    return absl::InvalidArgumentError(absl::StrCat("store server: handshake_timeout must be positive, got ",
+                                                   options.handshake_timeout.count(), " ms"));
+  }
+  if (options.max_handshaking < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("store server: max_handshaking must be at least 1, got ", options.max_handshaking));
   }
   auto impl = std::make_unique<Impl>(options);
   FERRY_RETURN_IF_ERROR(impl->start());

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "gloo/rendezvous/context.h"
 #include "process_group/internal/gloo_store.h"
+#include "serialization/archive.h"
 #include "store/prefix_store.h"
 
 namespace ferry {
@@ -14,6 +15,7 @@ ProcessGroup::Impl::Impl(int rank, int size, std::chrono::milliseconds timeout,
     : rank_(rank),
       size_(size),
       timeout_(timeout),
+      max_bytes_(max_message_bytes()),
       device_(std::move(device)),
       description_(absl::StrCat("rank ", rank, " of ", size)) {}
 
@@ -56,22 +58,30 @@ absl::Status ProcessGroup::Impl::connect(const std::shared_ptr<Store>& store) {
 bool ProcessGroup::Impl::spawn(std::function<void()> fn) {
   absl::MutexLock lock(&mu_);
   if (closed_) return false;
-  // Join the threads that have finished, so a long-lived group does not pile them up.
-  for (auto it = threads_.begin(); it != threads_.end();) {
-    if (it->done->load()) {
-      it->thread.join();
-      it = threads_.erase(it);
-    } else {
-      ++it;
-    }
+  p2p_queue_.push_back(std::move(fn));
+  if (p2p_queue_.size() > p2p_idle_ && p2p_threads_.size() < kMaxP2PWaiters) {
+    p2p_threads_.emplace_back([this] { p2p_loop(); });
   }
-  auto done = std::make_shared<std::atomic<bool>>(false);
-  threads_.push_back(P2PThread{std::thread([fn = std::move(fn), done] {
-                                 fn();
-                                 done->store(true);
-                               }),
-                               done});
   return true;
+}
+
+void ProcessGroup::Impl::p2p_loop() {
+  mu_.Lock();
+  for (;;) {
+    ++p2p_idle_;
+    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !p2p_queue_.empty() || closed_; };
+    mu_.Await(absl::Condition(&ready));
+    --p2p_idle_;
+    // Once closed, the waits still queued run too (their buffers are aborted, so they
+    // end at once): each ends its operation's count in p2p_in_flight_.
+    if (p2p_queue_.empty()) break;
+    std::function<void()> fn = std::move(p2p_queue_.front());
+    p2p_queue_.pop_front();
+    mu_.Unlock();
+    fn();
+    mu_.Lock();
+  }
+  mu_.Unlock();
 }
 
 absl::Status ProcessGroup::Impl::begin_p2p(std::string_view name) {
@@ -93,7 +103,7 @@ absl::Status ProcessGroup::Impl::usable(std::string_view name) {
 
 void ProcessGroup::Impl::shutdown() {
   std::deque<Task> cancelled_tasks;
-  std::list<P2PThread> threads;
+  std::vector<std::thread> threads;
   absl::flat_hash_map<std::pair<int, uint32_t>, std::shared_ptr<PostedRing>> rings;
   {
     absl::MutexLock lock(&mu_);
@@ -129,10 +139,10 @@ void ProcessGroup::Impl::shutdown() {
     absl::MutexLock lock(&mu_);
     auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return p2p_in_flight_ == 0; };
     mu_.Await(absl::Condition(&idle));
-    threads.swap(threads_);
+    threads.swap(p2p_threads_);
     rings.swap(rings_);
   }
-  for (P2PThread& t : threads) t.thread.join();
+  for (std::thread& t : threads) t.join();
   for (auto& [key, ring] : rings) {
     for (auto& buf : ring->bufs) unregister_buffer(buf.get());
   }

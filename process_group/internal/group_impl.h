@@ -22,7 +22,6 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
-#include <list>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -80,9 +79,9 @@ using internal::WorkState;
 // The member side of a group: the Gloo context, the worker thread that runs
 // collectives in order, and the bookkeeping of point-to-point operations.
 //
-// Thread-safe. Threads: the worker (collectives), one thread per pending isend/irecv,
-// and callers' threads for send/recv. shutdown() stops and joins all of them before
-// the context goes, so tasks may use `this` freely.
+// Thread-safe. Threads: the worker (collectives), a pool of at most kMaxP2PWaiters
+// that wait for pending isend/irecv, and callers' threads for send/recv. shutdown()
+// stops and joins all of them before the context goes, so tasks may use `this` freely.
 class ProcessGroup::Impl {
  public:
   Impl(int rank, int size, std::chrono::milliseconds timeout, std::shared_ptr<gloo::transport::Device> device);
@@ -155,8 +154,12 @@ class ProcessGroup::Impl {
 
   // ---- threads, usability and shutdown (group_impl.cc) ----------------------------
 
-  // Runs `fn` on a thread of its own (isend/irecv waiting), tracked for shutdown.
+  // Runs `fn` (an isend/irecv's wait) on the pool, in the order posted; false once
+  // the group is closed (the caller runs it then). Gloo has no completion callbacks,
+  // so a wait holds a thread: the pool bounds them at kMaxP2PWaiters, and the
+  // operations past that wait their turn (their messages are posted already).
   bool spawn(std::function<void()> fn);
+  static constexpr size_t kMaxP2PWaiters = 64;
 
   // Counts a point-to-point operation in flight, so shutdown() waits for it before
   // the context goes. Fails when the group cannot be used.
@@ -224,10 +227,11 @@ class ProcessGroup::Impl {
     std::unique_ptr<gloo::transport::UnboundBuffer> data_buf;
   };
 
-  struct P2PThread {
-    std::thread thread;
-    std::shared_ptr<std::atomic<bool>> done;
-  };
+  // A tensor message's data moves in chunks of this many bytes (Gloo messages on one
+  // slot, matched in order), so a receiver that must discard it (a mismatch) drains
+  // it through one chunk of memory instead of allocating what the sender announced.
+  static constexpr size_t kDataChunk = size_t{1} << 20;
+  static size_t chunk_count(size_t bytes) { return (bytes + kDataChunk - 1) / kDataChunk; }
 
   // One pending send or receive: its Gloo buffers and what they point at.
   struct P2POp {
@@ -281,6 +285,9 @@ class ProcessGroup::Impl {
   // ---- collectives and the header exchange (header_exchange.cc) -------------------
 
   void worker_loop();
+
+  // A pool thread: runs spawned waits until the group is closed and none is left.
+  void p2p_loop();
 
   // A collective. Every rank sends its header to every other rank's landing slot for
   // it (slots_), waits for theirs, and every rank runs check_headers on the same
@@ -357,6 +364,9 @@ class ProcessGroup::Impl {
   const int rank_;
   const int size_;
   const std::chrono::milliseconds timeout_;
+  // FERRY_MAX_MESSAGE_BYTES, the agents' limit: no size a peer announces makes this
+  // rank allocate more (see take_bytes_header and finish_recv).
+  const uint64_t max_bytes_;
   std::shared_ptr<gloo::transport::Device> device_;
   const std::string description_;
 
@@ -386,7 +396,9 @@ class ProcessGroup::Impl {
   absl::flat_hash_map<std::pair<int, uint32_t>, uint32_t> bytes_send_seq_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<gloo::transport::UnboundBuffer*> buffers_ ABSL_GUARDED_BY(mu_);
   int p2p_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
-  std::list<P2PThread> threads_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::thread> p2p_threads_ ABSL_GUARDED_BY(mu_);  // the pool (spawn)
+  std::deque<std::function<void()>> p2p_queue_ ABSL_GUARDED_BY(mu_);
+  size_t p2p_idle_ ABSL_GUARDED_BY(mu_) = 0;  // pool threads waiting for a task
   absl::flat_hash_map<std::pair<int, uint32_t>, std::shared_ptr<PostedRing>> rings_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<int, std::set<std::shared_ptr<PendingSend>>> cancellable_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<PendingSend>> parked_ ABSL_GUARDED_BY(mu_);

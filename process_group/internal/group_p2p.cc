@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "base/logging.h"
 
 namespace ferry {
 
@@ -29,12 +30,7 @@ constexpr uint8_t kP2PKind = 0x20;
 // header in one Gloo message; a larger one follows on its data slot.
 constexpr uint64_t kBytesHeaderPrefix = 0x42;
 constexpr uint64_t kBytesDataPrefix = 0x43;
-struct BytesHeader {
-  uint32_t magic;
-  uint32_t seq;
-  uint64_t size;
-};
-constexpr uint32_t kBytesMagic = 0x314d4246;  // "FBM1"
+using internal::BytesHeader;
 constexpr size_t kBytesInline = 64 * 1024 - sizeof(BytesHeader);
 
 inline uint64_t bytes_header_slot(uint32_t tag) { return (kBytesHeaderPrefix << 56) | (static_cast<uint64_t>(tag) << 24); }
@@ -43,14 +39,12 @@ inline uint64_t bytes_data_slot(uint32_t tag, uint32_t seq) {
 }
 
 // The bytes header at the front of `head`, received from `sender`. A message that fits
-// inline lands in `out` now; a larger one's data follows (recv_bytes_data).
+// inline lands in `out` now; a larger one's data follows (recv_bytes_data). A size over
+// `limit` is refused before anything is allocated for it, and its data is never taken
+// (the sender's wait ends at its timeout, or when it gives up).
 absl::StatusOr<BytesHeader> take_bytes_header(const std::string& name, const std::vector<uint8_t>& head, int sender,
-                                              ProcessGroup::ReceivedBytes& out) {
-  BytesHeader header;
-  std::memcpy(&header, head.data(), sizeof(header));
-  if (header.magic != kBytesMagic) {
-    return absl::DataLossError(absl::StrCat(name, ": the message header from rank ", sender, " is corrupt"));
-  }
+                                              uint64_t limit, ProcessGroup::ReceivedBytes& out) {
+  FERRY_ASSIGN_OR_RETURN(BytesHeader header, internal::parse_bytes_header(name, head, sender, limit));
   out.source_rank = sender;
   if (header.size <= kBytesInline) {
     out.data.assign(head.begin() + sizeof(BytesHeader),
@@ -84,10 +78,13 @@ absl::StatusOr<std::function<absl::Status()>> ProcessGroup::Impl::post_send(cons
     op->header_buf = context_->createUnboundBuffer(&op->header, sizeof(CollectiveHeader));
     if (!register_buffer(op->header_buf.get())) return cancelled(name);
     op->header_buf->send(dst, p2p_header_slot(tag));
-    if (host.nbytes() > 0) {
-      op->data_buf = context_->createUnboundBuffer(host.data(), host.nbytes());
+    const size_t n = host.nbytes();
+    if (n > 0) {
+      op->data_buf = context_->createUnboundBuffer(host.data(), n);
       if (!register_buffer(op->data_buf.get())) return cancelled(name);
-      op->data_buf->send(dst, p2p_data_slot(tag, op->seq));
+      for (size_t off = 0; off < n; off += kDataChunk) {
+        op->data_buf->send(dst, p2p_data_slot(tag, op->seq), off, std::min(kDataChunk, n - off));
+      }
     }
     return absl::OkStatus();
   });
@@ -98,7 +95,11 @@ absl::StatusOr<std::function<absl::Status()>> ProcessGroup::Impl::post_send(cons
   return [this, op, name]() -> absl::Status {
     absl::Status s = guarded(name, [&] {
       FERRY_RETURN_IF_ERROR(wait_send(name, op->header_buf.get()));
-      if (op->data_buf) FERRY_RETURN_IF_ERROR(wait_send(name, op->data_buf.get()));
+      if (op->data_buf) {
+        for (size_t i = chunk_count(op->host.nbytes()); i > 0; --i) {
+          FERRY_RETURN_IF_ERROR(wait_send(name, op->data_buf.get()));
+        }
+      }
       return absl::OkStatus();
     });
     op->release(*this);
@@ -146,6 +147,11 @@ absl::Status ProcessGroup::Impl::send_bytes(const std::string& name, const Bytes
 absl::Status ProcessGroup::Impl::send_bytes(const std::string& name, const uint8_t* data, size_t size,
                                             std::shared_ptr<const Bytes> keep, int dst, uint32_t tag,
                                             std::chrono::milliseconds timeout) {
+  if (size > max_bytes_) {
+    // The receiver would refuse it (if it has the same limit): say so here, at once.
+    return absl::ResourceExhaustedError(absl::StrCat(name, ": ", size, " bytes, over this process's limit of ",
+                                                     max_bytes_, " bytes per message (FERRY_MAX_MESSAGE_BYTES)"));
+  }
   auto op = std::make_shared<PendingSend>();
   const bool cancellable = keep != nullptr;
   op->keep = std::move(keep);
@@ -156,7 +162,7 @@ absl::Status ProcessGroup::Impl::send_bytes(const std::string& name, const uint8
     if (cancellable) cancellable_[dst].insert(op);
   }
   const bool inline_data = size <= kBytesInline;
-  const BytesHeader header{kBytesMagic, seq, static_cast<uint64_t>(size)};
+  const BytesHeader header{BytesHeader::kMagic, seq, static_cast<uint64_t>(size)};
   op->head.resize(sizeof(BytesHeader) + (inline_data ? size : 0));
   std::memcpy(op->head.data(), &header, sizeof(header));
   if (inline_data && size > 0) std::memcpy(op->head.data() + sizeof(header), data, size);
@@ -218,6 +224,7 @@ void ProcessGroup::Impl::cancel_sends(int dst, const absl::Status& why) {
 absl::Status ProcessGroup::Impl::recv_bytes_data(const std::string& name, int sender, uint64_t slot, uint64_t size,
                                                  ReceivedBytes& out,
                                                  std::unique_ptr<gloo::transport::UnboundBuffer>& buf) {
+  FERRY_CHECK(size <= max_bytes_);  // take_bytes_header refused larger ones
   out.data.resize(size);
   buf = context_->createUnboundBuffer(out.data.data(), out.data.size());
   if (!register_buffer(buf.get())) return cancelled(name);
@@ -255,17 +262,19 @@ absl::StatusOr<ProcessGroup::ReceivedBytes> ProcessGroup::Impl::recv_bytes_strea
     gloo::transport::UnboundBuffer* buf = ring->bufs[i].get();
     int sender = -1;
     if (!buf->waitRecv(&sender, timeout)) return cancelled(name);
-    FERRY_ASSIGN_OR_RETURN(BytesHeader header, take_bytes_header(name, ring->storage[i], sender, out));
-    // Taken out: post it again, then move on to the next one. A peer lost just now
-    // fails the re-post: this message still goes out, and the next call says why.
+    absl::StatusOr<BytesHeader> header = take_bytes_header(name, ring->storage[i], sender, max_bytes_, out);
+    // Taken out (a refused one too, so the stream goes on): post it again, then move
+    // on to the next one. A peer lost just now fails the re-post: this message still
+    // goes out, and the next call says why.
     absl::Status reposted = catch_gloo(name, description_, [&] {
       buf->recv(src, bytes_header_slot(tag));
       return absl::OkStatus();
     });
     if (!reposted.ok()) ring->failed = reposted;
     ring->next = (i + 1) % PostedRing::kDepth;
-    if (header.size <= kBytesInline) return absl::OkStatus();
-    return recv_bytes_data(name, sender, bytes_data_slot(tag, header.seq), header.size, out, data_buf);
+    FERRY_RETURN_IF_ERROR(header.status());
+    if (header->size <= kBytesInline) return absl::OkStatus();
+    return recv_bytes_data(name, sender, bytes_data_slot(tag, header->seq), header->size, out, data_buf);
   });
   unregister_buffer(data_buf.get());
   if (!s.ok()) return s;
@@ -293,7 +302,7 @@ absl::StatusOr<ProcessGroup::ReceivedBytes> ProcessGroup::Impl::recv_bytes(const
     }
     int sender = -1;
     if (!head_buf->waitRecv(&sender, timeout)) return cancelled(name);
-    FERRY_ASSIGN_OR_RETURN(BytesHeader header, take_bytes_header(name, head, sender, out));
+    FERRY_ASSIGN_OR_RETURN(BytesHeader header, take_bytes_header(name, head, sender, max_bytes_, out));
     if (header.size <= kBytesInline) return absl::OkStatus();
     return recv_bytes_data(name, sender, bytes_data_slot(tag, header.seq), header.size, out, data_buf);
   });
@@ -318,27 +327,39 @@ absl::Status ProcessGroup::Impl::finish_recv(const std::string& name, P2POp& op,
   FERRY_RETURN_IF_ERROR(wait_recv(name, op.header_buf.get(), sender));
   const CollectiveHeader& h = op.header;
   FERRY_RETURN_IF_ERROR(internal::validate_p2p_header(h, kP2PKind, *sender, name));
-  const size_t incoming = static_cast<size_t>(h.numel) * dtype_size(static_cast<DType>(h.dtype));
+  // validate_p2p_header bounded it to int64.
+  const auto incoming = static_cast<uint64_t>(h.numel) * dtype_size(static_cast<DType>(h.dtype));
   const CollectiveHeader mine =
       internal::make_header(CollectiveKind::kBroadcast, &tensor, 0, ReduceOp::kSum, absl::OkStatus());
   const bool matches = h.dtype == mine.dtype && h.ndim == mine.ndim && h.numel == mine.numel &&
                        h.shape_hash == mine.shape_hash;
+  if (!matches && incoming > max_bytes_) {
+    // Too large even to drain: left untaken (the sender's wait ends at its timeout).
+    return absl::ResourceExhaustedError(absl::StrCat(
+        name, ": rank ", *sender, " announced a tensor of ", incoming, " bytes (", dtype_name(static_cast<DType>(h.dtype)),
+        " ", internal::header_shape_string(h), ") that does not match the receiving tensor (",
+        dtype_name(tensor.dtype()), " ", internal::shape_string(tensor.shape()), "), over this process's limit of ",
+        max_bytes_, " bytes per message (FERRY_MAX_MESSAGE_BYTES); refused without receiving it"));
+  }
   Tensor host;
-  void* target = nullptr;
   if (matches) {
     FERRY_ASSIGN_OR_RETURN(host, host_output(tensor));
-    target = host.data();
-  } else {
-    // Take the data anyway, so the sender completes and the next message from it
-    // is not stuck behind this one.
-    op.drain.resize(std::max<size_t>(incoming, 1));
-    target = op.drain.data();
   }
   if (incoming > 0) {
-    op.data_buf = context_->createUnboundBuffer(target, incoming);
+    // A mismatch is taken anyway, so the sender completes and the next message from
+    // it is not stuck behind this one: every chunk lands in the same drain chunk.
+    if (!matches) op.drain.resize(std::min<size_t>(incoming, kDataChunk));
+    op.data_buf = matches ? context_->createUnboundBuffer(host.data(), incoming)
+                          : context_->createUnboundBuffer(op.drain.data(), op.drain.size());
     if (!register_buffer(op.data_buf.get())) return cancelled(name);
-    op.data_buf->recv(*sender, p2p_data_slot(tag, static_cast<uint32_t>(h.root)));
-    FERRY_RETURN_IF_ERROR(wait_recv(name, op.data_buf.get(), nullptr));
+    const uint64_t slot = p2p_data_slot(tag, static_cast<uint32_t>(h.root));
+    for (size_t off = 0; off < incoming; off += kDataChunk) {
+      const size_t len = std::min<size_t>(kDataChunk, incoming - off);
+      op.data_buf->recv(*sender, slot, matches ? off : 0, len);
+    }
+    for (size_t i = chunk_count(incoming); i > 0; --i) {
+      FERRY_RETURN_IF_ERROR(wait_recv(name, op.data_buf.get(), nullptr));
+    }
   }
   if (!matches) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "serialization/archive.h"
 
 namespace ferry::internal {
 namespace {
@@ -145,6 +146,7 @@ CollectiveHeader make_header(CollectiveKind kind, const Tensor* tensor, int root
   h.reduce_op = static_cast<uint8_t>(op);
   h.root = root;
   h.numel = numel;
+  h.max_bytes = max_message_bytes();
   if (tensor != nullptr && tensor->defined()) {
     h.dtype = static_cast<uint8_t>(tensor->dtype());
     h.ndim = static_cast<int32_t>(tensor->dim());
@@ -162,6 +164,25 @@ CollectiveHeader make_header(CollectiveKind kind, const Tensor* tensor, int root
     std::memcpy(h.error, msg.data(), msg.size());
   }
   return h;
+}
+
+absl::StatusOr<BytesHeader> parse_bytes_header(std::string_view what, std::span<const uint8_t> head, int sender,
+                                               uint64_t limit) {
+  const std::string name(what);
+  BytesHeader header;
+  if (head.size() < sizeof(header)) {
+    return absl::DataLossError(absl::StrCat(name, ": the message header from rank ", sender, " is truncated"));
+  }
+  std::memcpy(&header, head.data(), sizeof(header));
+  if (header.magic != BytesHeader::kMagic) {
+    return absl::DataLossError(absl::StrCat(name, ": the message header from rank ", sender, " is corrupt"));
+  }
+  if (header.size > limit) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        name, ": rank ", sender, " announced a message of ", header.size, " bytes, over this process's limit of ",
+        limit, " bytes per message (FERRY_MAX_MESSAGE_BYTES); refused without receiving it"));
+  }
+  return header;
 }
 
 uint64_t signature(const CollectiveHeader& h) {
@@ -225,6 +246,25 @@ absl::Status check_headers(const std::vector<CollectiveHeader>& headers, const a
   for (size_t r = 0; r < headers.size(); ++r) {
     if (headers[r].has_error) {
       return absl::InvalidArgumentError(absl::StrCat(name, " failed on rank ", r, ": ", header_error(headers[r])));
+    }
+  }
+  if (kind == CollectiveKind::kAllGatherBytes) {
+    // Every rank allocates the total: it must fit every rank's limit. Each
+    // contribution is at most kMaxGatherBytes (validate_header); the sum saturates.
+    uint64_t total = 0;
+    size_t largest = 0;
+    size_t strictest = 0;
+    for (size_t r = 0; r < headers.size(); ++r) {
+      const auto c = static_cast<uint64_t>(headers[r].numel);
+      total = c > UINT64_MAX - total ? UINT64_MAX : total + c;
+      if (headers[r].numel > headers[largest].numel) largest = r;
+      if (headers[r].max_bytes < headers[strictest].max_bytes) strictest = r;
+    }
+    if (total > headers[strictest].max_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          name, ": the contributions total ", total, " bytes (the largest, ", headers[largest].numel,
+          " bytes, from rank ", largest, "), over rank ", strictest, "'s limit of ", headers[strictest].max_bytes,
+          " bytes per message (FERRY_MAX_MESSAGE_BYTES)"));
     }
   }
   for (size_t r = 1; r < headers.size(); ++r) {

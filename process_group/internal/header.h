@@ -13,11 +13,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "process_group/process_group.h"
 #include "tensor/tensor.h"
 
@@ -39,7 +41,7 @@ const char* collective_name(CollectiveKind kind);
 struct CollectiveHeader {
   static constexpr uint32_t kMagic = 0x46505247;  // "FPRG"
   static constexpr int kMaxDims = 8;
-  static constexpr size_t kMaxError = 160;
+  static constexpr size_t kMaxError = 152;
 
   uint32_t magic = kMagic;
   uint8_t kind = 0;
@@ -51,6 +53,9 @@ struct CollectiveHeader {
   int64_t numel = 0;
   uint64_t shape_hash = 0;
   int64_t dims[kMaxDims] = {};
+  // The sending rank's FERRY_MAX_MESSAGE_BYTES: an all_gather_bytes whose total is
+  // over any rank's limit fails on every rank alike, before anything is allocated.
+  uint64_t max_bytes = 0;
   char error[kMaxError] = {};
 };
 static_assert(sizeof(CollectiveHeader) == 256);
@@ -58,6 +63,7 @@ static_assert(sizeof(CollectiveHeader) == 256);
 // The header for this rank. `tensor` may be null (barrier, bytes); for
 // kAllGatherBytes, `numel` carries the byte count instead. A non-OK `local_error` is
 // carried (truncated) so the other ranks can say which rank failed and why.
+// `max_bytes` is this process's max_message_bytes().
 CollectiveHeader make_header(CollectiveKind kind, const Tensor* tensor, int root, ReduceOp op,
                              const absl::Status& local_error, int64_t numel = 0);
 
@@ -84,6 +90,9 @@ absl::Status validate_p2p_header(const CollectiveHeader& h, uint8_t p2p_kind, in
 // header is validated first (validate_header). A rank
 // whose own arguments failed gets its own error back; the others get an error naming
 // the first such rank. Otherwise fields that must agree are compared with rank 0's.
+// An all_gather_bytes whose contributions total more than the smallest max_bytes of
+// any rank fails with kResourceExhausted naming the total, the largest contributor
+// and the rank whose limit it exceeds.
 absl::Status check_headers(const std::vector<CollectiveHeader>& headers, const absl::Status& local_error);
 
 // A hash of the fields check_headers compares (the collective, and as the kind uses
@@ -101,6 +110,22 @@ bool moves_data(const CollectiveHeader& h);
 // never matches messages of different sizes; 256 collectives of one group never run
 // at once (a rank completes one only after every rank has entered it).
 uint32_t data_tag(uint64_t signature, uint32_t seq);
+
+// The header in front of a byte message (send_bytes): its size says how much data
+// follows. Trivially copyable, like CollectiveHeader.
+struct BytesHeader {
+  static constexpr uint32_t kMagic = 0x314d4246;  // "FBM1"
+  uint32_t magic;
+  uint32_t seq;   // the sender's message number for (receiver, tag): names the data's slot
+  uint64_t size;  // the data's length in bytes
+};
+
+// The header at the front of `head` (at least sizeof(BytesHeader) bytes), received
+// from `sender` by operation `what`: the one place a byte message's size is read from
+// the wire. kDataLoss for a bad magic; kResourceExhausted, naming the size, the sender
+// and the limit, for a size over `limit` (the receiver's FERRY_MAX_MESSAGE_BYTES).
+absl::StatusOr<BytesHeader> parse_bytes_header(std::string_view what, std::span<const uint8_t> head, int sender,
+                                               uint64_t limit);
 
 // "[4, 3]"; for more than kMaxDims dimensions, the first ones and a count.
 std::string header_shape_string(const CollectiveHeader& h);

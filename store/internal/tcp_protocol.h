@@ -15,7 +15,9 @@
 // nonce_s and proof_s = proof(token, "ferry-store-server", {nonce_c, nonce_s}); the
 // client checks proof_s and sends kAuth with proof_c = proof(token,
 // "ferry-store-client", {nonce_c, nonce_s}); the server answers OK and its version,
-// or kUnauthenticated and closes. Only then does it serve requests (and count the
+// or kUnauthenticated and closes. A client whose check of proof_s fails sends kAuth
+// with an empty proof instead (a refusal: its real proof would let an impostor test
+// token guesses offline) and closes; the server logs the wrong token. Only then does it serve requests (and count the
 // connection as a worker). A server without a token answers a hello without a nonce
 // as before: the protocol without tokens is unchanged. Requests on one connection are
 // answered in order; a blocking request (get, wait, multi_get) carries its timeout and

@@ -319,20 +319,23 @@ absl::StatusOr<std::unique_ptr<Socket>> TCPStore::Client::connect_once(Clock::ti
         "store server at ", address_, " did not answer this client's job token with a challenge: it runs "
         "without FERRY_AUTH_TOKEN; set the same secret on every process of the job"));
   }
-  // Our proof goes even when the server's does not check out, so that the server
-  // logs why it refused us too.
   const bool server_knows = internal::auth::same_digest(
       server_proof, internal::auth::proof(token_, "ferry-store-server", {client_nonce, server_nonce}));
+  if (!server_knows) {
+    // No proof for a server that failed its own: an impostor could test guesses of
+    // the token against it offline. An empty one says we refuse, so that a real
+    // server with another token logs why.
+    (void)send_all(s->fd, Writer().u8(static_cast<uint8_t>(Op::kAuth)).str("").finish(), handshake_deadline);
+    return absl::UnauthenticatedError(absl::StrCat(
+        "store server at ", address_, " could not prove it knows this client's job token (its proof does not "
+        "match): FERRY_AUTH_TOKEN differs between this process and the server's; set the same secret on every "
+        "process of the job"));
+  }
   std::string client_proof = internal::auth::proof(token_, "ferry-store-client", {client_nonce, server_nonce});
   FERRY_RETURN_IF_ERROR(send_all(s->fd,
                                  Writer().u8(static_cast<uint8_t>(Op::kAuth)).str(client_proof).finish(),
                                  handshake_deadline));
   FERRY_RETURN_IF_ERROR(handshake_answer(s->fd, handshake_deadline).status());
-  if (!server_knows) {
-    return absl::UnauthenticatedError(absl::StrCat(
-        "store server at ", address_, " could not prove it knows this client's job token: FERRY_AUTH_TOKEN "
-        "differs between this process and the server's; set the same secret on every process of the job"));
-  }
   return s;
 }
 

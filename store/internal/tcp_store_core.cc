@@ -34,7 +34,28 @@ ServerCore::Conn* ServerCore::find(ConnId id) {
   return it == conns_.end() ? nullptr : it->second.get();
 }
 
+bool ServerCore::evict_oldest_handshaking(std::string_view why) {
+  if (handshaking_.empty()) return false;
+  const ConnId oldest = *handshaking_.begin();
+  // A flood would log a line per connection: log the 1st, 2nd, 4th, 8th... only.
+  ++evicted_;
+  if ((evicted_ & (evicted_ - 1)) == 0) {
+    FERRY_LOG(WARNING) << "store server: closing connection from " << conns_.at(oldest)->peer
+                       << ": still in its handshake when " << why << " (" << evicted_
+                       << " such connections closed so far)";
+  }
+  close(oldest, "");
+  return true;
+}
+
 bool ServerCore::on_open(ConnId id, std::string peer) {
+  if (handshaking_.size() >= limits_.max_handshaking) {
+    evict_oldest_handshaking(absl::StrCat(limits_.max_handshaking, " newer ones were in theirs"));
+  }
+  if (conns_.size() >= limits_.max_connections) {
+    evict_oldest_handshaking(absl::StrCat("the server reached its limit of ", limits_.max_connections,
+                                          " connections"));
+  }
   if (conns_.size() >= limits_.max_connections) {
     FERRY_LOG(WARNING) << "store server: refusing connection from " << peer << ": already serving "
                        << conns_.size() << " connections (the limit)";
@@ -47,6 +68,8 @@ bool ServerCore::on_open(ConnId id, std::string peer) {
   auto conn = std::make_unique<Conn>();
   conn->peer = std::move(peer);
   conns_.insert_or_assign(id, std::move(conn));
+  handshaking_.insert(id);
+  transport_.start_timer(id, limits_.handshake_timeout);
   return true;
 }
 
@@ -200,6 +223,12 @@ bool ServerCore::handle_auth(ConnId id, Conn& conn, Reader& r) {
     close(id, "malformed auth request");
     return false;
   }
+  if (client_proof.empty()) {
+    // The client checked our proof and refused it: it holds another token.
+    refuse(id, absl::UnauthenticatedError("the store server's job token does not match the client's"),
+           "refused: wrong job token (the client found this server's proof does not match its FERRY_AUTH_TOKEN)");
+    return false;
+  }
   std::string expected =
       auth::proof(limits_.auth_token, "ferry-store-client", {conn.client_nonce, conn.server_nonce});
   if (!auth::same_digest(client_proof, expected)) {
@@ -228,6 +257,8 @@ bool ServerCore::admit(ConnId id, Conn& conn, bool is_worker) {
     return false;
   }
   conn.greeted = true;
+  handshaking_.erase(id);
+  transport_.stop_timer(id);
   if (is_worker) {
     conn.worker = true;
     ++workers_;
@@ -452,7 +483,12 @@ void ServerCore::unpark(ConnId id, Conn& conn) {
 
 void ServerCore::on_timeout(ConnId id) {
   Conn* conn = find(id);
-  if (conn == nullptr || !conn->parked) return;
+  if (conn == nullptr) return;
+  if (!conn->greeted) {
+    close(id, absl::StrCat("no complete handshake within ", limits_.handshake_timeout.count(), " ms"));
+    return;
+  }
+  if (!conn->parked) return;
   std::vector<std::string> missing;
   for (const std::string& k : conn->parked->keys) {
     if (!data_.contains(k)) missing.push_back(k);
@@ -495,6 +531,7 @@ void ServerCore::close(ConnId id, std::string_view reason, bool flush) {
   }
   unpark(id, *it->second);
   if (it->second->worker) --workers_;
+  handshaking_.erase(id);
   conns_.erase(it);
   transport_.close(id, flush);
 }

@@ -15,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -66,6 +67,14 @@ struct ServerLimits {
   // kResourceExhausted (its client retries), since it belongs to another run, e.g. the
   // next run's rank reaching this run's server before the server has shut down.
   std::optional<int64_t> world_size;
+  // A connection that has not completed its handshake (the hello, and with a token
+  // the proof) this long after it opened is closed.
+  std::chrono::milliseconds handshake_timeout{std::chrono::seconds(5)};
+  // Connections still in their handshake, at most: a new one past it closes the
+  // oldest of them. They are closed too, oldest first, to make room when the server
+  // is at max_connections, so silent or unauthenticated connections never keep out a
+  // client that completes its handshake.
+  size_t max_handshaking = 64;
   // The job token ("" for none). With one, a connection is served only after it
   // proves it knows the token (see tcp_protocol.h); without one, a client that
   // presents a token is refused too (it expects this server to prove one).
@@ -80,7 +89,9 @@ class ServerCore {
   ServerCore& operator=(const ServerCore&) = delete;
 
   // A connection was accepted. Returns false (and has already answered and closed it
-  // through the transport) when the server is at max_connections.
+  // through the transport) when the server is at max_connections with connections
+  // that all completed their handshake; otherwise it closes the oldest connection
+  // still in its handshake when there is no room for a new one (see max_handshaking).
   bool on_open(ConnId id, std::string peer);
   // Bytes arrived on `id`.
   void on_data(ConnId id, const uint8_t* data, size_t size);
@@ -99,6 +110,8 @@ class ServerCore {
   // Workers ever admitted, those gone included.
   int64_t workers_admitted() const { return workers_admitted_; }
   size_t num_connections() const { return conns_.size(); }
+  // Connections that have not completed their handshake.
+  size_t num_handshaking() const { return handshaking_.size(); }
   // For tests: how many connections wait on `key`, and the capacity of `id`'s input
   // buffer (0 when it is unknown).
   size_t num_waiters(std::string_view key) const;
@@ -136,6 +149,8 @@ class ServerCore {
   };
 
   Conn* find(ConnId id);
+  // Closes the connection that has been in its handshake longest, if any.
+  bool evict_oldest_handshaking(std::string_view why);
   // Runs `id`'s buffered requests until one parks, the connection closes, or its
   // answers back up.
   void process(ConnId id);
@@ -168,6 +183,9 @@ class ServerCore {
   absl::flat_hash_map<ConnId, std::unique_ptr<Conn>> conns_;
   absl::flat_hash_map<std::string, Bytes> data_;
   absl::flat_hash_map<std::string, absl::flat_hash_set<ConnId>> waiters_;
+  // Connections still in their handshake, oldest (smallest id: ids grow) first.
+  std::set<ConnId> handshaking_;
+  uint64_t evicted_ = 0;  // handshaking connections closed to make room
   int64_t workers_ = 0;           // worker connections open now
   int64_t workers_admitted_ = 0;  // worker connections ever admitted (world_size refusal)
   std::function<void(uint8_t)> hook_;

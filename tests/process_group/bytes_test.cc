@@ -6,6 +6,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
+#include <fstream>
 #include <thread>
 #include <map>
 #include <string>
@@ -22,6 +24,7 @@ namespace ferry {
 namespace {
 
 using ::ferry::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
@@ -40,6 +43,16 @@ Bytes pattern(size_t n, int sender, int k) {
   Bytes b(n);
   for (size_t i = 0; i < n; ++i) b[i] = static_cast<uint8_t>(i * 31 + sender * 7 + k);
   return b;
+}
+
+// A line of /proc/self/status ("VmRSS", "VmHWM") in bytes.
+uint64_t status_bytes(const std::string& field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(field + ":", 0) == 0) return std::stoull(line.substr(field.size() + 1)) * 1024;
+  }
+  return 0;
 }
 
 // Around the inline limit (64 KiB less a 16-byte header), and well past it.
@@ -199,6 +212,117 @@ TEST(ProcessGroupBytesTest, ASendCanBeGivenUpOnWithoutBreakingTheGroup) {
       EXPECT_OK(group->barrier());
     }
   }));
+}
+
+// A member that announces more than the receiver's FERRY_MAX_MESSAGE_BYTES (issue 27,
+// finding 3: a 1 GiB announcement was zero-filled by a receiver whose limit was 256
+// MiB): recv_bytes and recv_bytes_stream refuse it, naming the size, the sender and
+// the limit, without allocating it, and the messages after it still arrive.
+TEST(ProcessGroupBytesTest, AnAnnouncementOverTheLimitIsRefusedWithoutAllocating) {
+  ferry::testing::TempDir dir;
+  ferry::testing::expect_all_succeed(ferry::testing::run_processes(2, [&](int rank) {
+    if (rank == 0) setenv("FERRY_MAX_MESSAGE_BYTES", std::to_string(256u << 20).c_str(), 1);
+    std::unique_ptr<ProcessGroup> group = connect(dir.path(), rank, 2);
+    ASSERT_NE(group, nullptr);
+    if (rank == 1) {
+      auto huge = std::make_shared<const Bytes>(size_t{1} << 30);
+      absl::Status sent[2];
+      std::thread senders[2];
+      for (int i = 0; i < 2; ++i) {
+        senders[i] = std::thread([&, i] {
+          sent[i] = group->send_bytes(huge, 0, /*tag=*/5 + 2 * i, ProcessGroup::kWaitIndefinitely);
+        });
+      }
+      // Rank 0 refused both: give up on them.
+      ASSERT_OK(group->recv_bytes(0, 6).status());
+      group->cancel_sends(0, "refused");
+      for (std::thread& t : senders) t.join();
+      for (const absl::Status& s : sent) EXPECT_THAT(s, StatusIs(absl::StatusCode::kUnavailable));
+      ASSERT_OK(group->send_bytes(Bytes{1, 2, 3}, 0, 5));
+      ASSERT_OK(group->send_bytes(Bytes{4, 5}, 0, 7));
+      ASSERT_OK(group->barrier());
+      return;
+    }
+    const uint64_t before = status_bytes("VmRSS");
+    auto refused = StatusIs(absl::StatusCode::kResourceExhausted,
+                            AllOf(HasSubstr("rank 1 announced a message of 1073741824 bytes"),
+                                  HasSubstr("limit of 268435456 bytes"), HasSubstr("FERRY_MAX_MESSAGE_BYTES")));
+    EXPECT_THAT(group->recv_bytes(1, 5), refused);
+    EXPECT_THAT(group->recv_bytes_stream(1, 7), refused);
+    EXPECT_LT(status_bytes("VmHWM"), before + (64u << 20)) << "RSS before: " << before;
+    ASSERT_OK(group->send_bytes(Bytes{}, 1, 6));
+    absl::StatusOr<ProcessGroup::ReceivedBytes> next = group->recv_bytes(1, 5);
+    ASSERT_OK(next.status());
+    EXPECT_EQ(next->data, (Bytes{1, 2, 3}));
+    next = group->recv_bytes_stream(1, 7);
+    ASSERT_OK(next.status());
+    EXPECT_EQ(next->data, (Bytes{4, 5}));
+    ASSERT_OK(group->barrier());
+  }, seconds(90)));
+}
+
+// all_gather_bytes allocates the total of every contribution on every rank: a total
+// over any rank's limit fails on every rank alike, naming it, before anything moves;
+// the group goes on.
+TEST(ProcessGroupBytesTest, AnAllGatherOverAnyRanksLimitFailsEverywhere) {
+  ferry::testing::TempDir dir;
+  ferry::testing::expect_all_succeed(ferry::testing::run_processes(3, [&](int rank) {
+    if (rank == 2) setenv("FERRY_MAX_MESSAGE_BYTES", std::to_string(1u << 20).c_str(), 1);
+    std::unique_ptr<ProcessGroup> group = connect(dir.path(), rank, 3);
+    ASSERT_NE(group, nullptr);
+    const uint64_t before = status_bytes("VmRSS");
+    EXPECT_THAT(group->all_gather_bytes(Bytes(rank == 0 ? (2u << 20) : 10)),
+                StatusIs(absl::StatusCode::kResourceExhausted,
+                         AllOf(HasSubstr("total 2097172 bytes"), HasSubstr("2097152 bytes, from rank 0"),
+                               HasSubstr("rank 2's limit of 1048576 bytes"))));
+    EXPECT_LT(status_bytes("VmHWM"), before + (32u << 20));
+    absl::StatusOr<std::vector<Bytes>> small = group->all_gather_bytes(Bytes{static_cast<uint8_t>(rank)});
+    ASSERT_OK(small.status());
+    EXPECT_EQ(*small, (std::vector<Bytes>{{0}, {1}, {2}}));
+  }, seconds(90)));
+}
+
+// A tensor whose shape does not match the receive is drained through one chunk of
+// memory, not a buffer of the announced size; one over the receiver's limit is
+// refused untaken.
+TEST(ProcessGroupBytesTest, AMismatchedTensorIsDrainedInChunksOrRefused) {
+  ferry::testing::TempDir dir;
+  ferry::testing::expect_all_succeed(ferry::testing::run_processes(2, [&](int rank) {
+    if (rank == 0) setenv("FERRY_MAX_MESSAGE_BYTES", std::to_string(256u << 20).c_str(), 1);
+    std::unique_ptr<ProcessGroup> group = connect(dir.path(), rank, 2);
+    ASSERT_NE(group, nullptr);
+    if (rank == 1) {
+      ASSERT_OK(group->send(*Tensor::zeros({200 << 20}, DType::kUInt8), 0));
+      Tensor sevens = *Tensor::zeros({3}, DType::kFloat32);
+      for (int i = 0; i < 3; ++i) static_cast<float*>(sevens.data())[i] = 7.0f;
+      ASSERT_OK(group->send(sevens, 0));
+      // A matching one of several chunks and a bit lands whole, in order.
+      Tensor big = *Tensor::zeros({(5 << 20) + 3}, DType::kUInt8);
+      Bytes expected = pattern(static_cast<size_t>(big.nbytes()), 1, 3);
+      std::memcpy(big.data(), expected.data(), expected.size());
+      ASSERT_OK(group->isend(big, 0).wait());
+      Work over = group->isend(*Tensor::zeros({300 << 20}, DType::kUInt8), 0);
+      ASSERT_OK(group->recv_bytes(0, 6).status());
+      group->shutdown();  // ends the wait of the refused send
+      EXPECT_THAT(over.wait(seconds(10)), StatusIs(absl::StatusCode::kCancelled));
+      return;
+    }
+    const uint64_t before = status_bytes("VmRSS");
+    Tensor small = *Tensor::zeros({3}, DType::kFloat32);
+    EXPECT_THAT(group->recv(small, 1), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("uint8 [209715200]")));
+    EXPECT_LT(status_bytes("VmHWM"), before + (64u << 20)) << "RSS before: " << before;
+    ASSERT_OK(group->recv(small, 1).status());
+    EXPECT_EQ(static_cast<const float*>(small.data())[2], 7.0f);
+    Tensor big = *Tensor::zeros({(5 << 20) + 3}, DType::kUInt8);
+    ASSERT_OK(group->recv(big, 1).status());
+    const Bytes expected = pattern(static_cast<size_t>(big.nbytes()), 1, 3);
+    EXPECT_EQ(std::memcmp(big.data(), expected.data(), expected.size()), 0);
+    EXPECT_THAT(group->recv(small, 1),
+                StatusIs(absl::StatusCode::kResourceExhausted,
+                         AllOf(HasSubstr("rank 1 announced a tensor of 314572800 bytes"),
+                               HasSubstr("limit of 268435456 bytes"))));
+    ASSERT_OK(group->send_bytes(Bytes{}, 1, 6));
+  }, seconds(90)));
 }
 
 }  // namespace

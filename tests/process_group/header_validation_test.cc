@@ -101,6 +101,43 @@ TEST(HeaderValidationTest, EveryCorruptFieldIsDataLossNamingRankAndField) {
   EXPECT_THAT(validate_header(bytes, 1, 2), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("a contribution of")));
 }
 
+// Sizes from the wire are bounded by the receiver's limit before anything is allocated
+// (issue 27, finding 3).
+TEST(HeaderValidationTest, AnnouncedSizesOverTheLimitAreRefused) {
+  auto gather = [](int64_t n, uint64_t limit) {
+    CollectiveHeader h = make_header(CollectiveKind::kAllGatherBytes, nullptr, 0, ReduceOp::kSum, absl::OkStatus(), n);
+    h.max_bytes = limit;
+    return h;
+  };
+  EXPECT_OK(check_headers({gather(600, 1000), gather(400, 1000)}, absl::OkStatus()));
+  EXPECT_THAT(check_headers({gather(600, 5000), gather(401, 1000), gather(0, 2000)}, absl::OkStatus()),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("total 1001 bytes"), HasSubstr("600 bytes, from rank 0"),
+                             HasSubstr("rank 1's limit of 1000 bytes"))));
+  // A corrupt limit of 0 fails every rank alike too.
+  EXPECT_THAT(check_headers({gather(1, 1000), gather(0, 0)}, absl::OkStatus()),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("rank 1's limit of 0 bytes")));
+
+  BytesHeader b{BytesHeader::kMagic, 3, uint64_t{1} << 30};
+  auto raw = [](const BytesHeader& h) {
+    std::vector<uint8_t> v(sizeof(h) + 4);
+    std::memcpy(v.data(), &h, sizeof(h));
+    return v;
+  };
+  EXPECT_THAT(parse_bytes_header("recv_bytes", raw(b), 2, uint64_t{256} << 20),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("recv_bytes: rank 2 announced a message of 1073741824 bytes"),
+                             HasSubstr("limit of 268435456 bytes"), HasSubstr("FERRY_MAX_MESSAGE_BYTES"))));
+  absl::StatusOr<BytesHeader> ok = parse_bytes_header("recv_bytes", raw(b), 2, uint64_t{1} << 30);
+  ASSERT_OK(ok.status());
+  EXPECT_EQ(ok->seq, 3u);
+  b.magic = 7;
+  EXPECT_THAT(parse_bytes_header("recv_bytes", raw(b), 2, UINT64_MAX),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("from rank 2 is corrupt")));
+  EXPECT_THAT(parse_bytes_header("recv_bytes", std::vector<uint8_t>(3), 2, UINT64_MAX),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("truncated")));
+}
+
 TEST(HeaderValidationTest, PointToPointHeaders) {
   constexpr uint8_t kP2P = 0x20;
   CollectiveHeader h = header_for(CollectiveKind::kBroadcast, {8}, DType::kInt64, /*root=seq*/ 12345);

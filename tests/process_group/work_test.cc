@@ -4,8 +4,12 @@
 
 #include <stdlib.h>
 
+#include <dirent.h>
+
+#include <algorithm>
 #include <atomic>
 #include <thread>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "process_group/process_group.h"
@@ -69,6 +73,60 @@ TEST(WorkCallbacks, CollectivesAndReceivesCompleteTheirFutures) {
     }
     ASSERT_OK(g.barrier());
   }, seconds(60)));
+}
+
+// This process's threads, from /proc/self/task.
+int thread_count() {
+  DIR* dir = opendir("/proc/self/task");
+  if (dir == nullptr) return -1;
+  int n = 0;
+  while (dirent* e = readdir(dir)) {
+    if (e->d_name[0] != '.') ++n;
+  }
+  closedir(dir);
+  return n;
+}
+
+// Issue 27, finding 14: every pending isend/irecv had a thread of its own, so 2,000
+// outstanding receives were 2,000 threads. They now wait on a bounded pool, and all
+// still complete, each with its own message.
+TEST(WorkCallbacks, ManyOutstandingReceivesCompleteOnABoundedPool) {
+  ferry::testing::TempDir dir;
+  ferry::testing::expect_all_succeed(ferry::testing::run_processes(2, [&](int rank) {
+    setenv("FERRY_SOCKET_IFNAME", "lo", 1);
+    auto store = FileStore::create(dir.path() + "/store", {});
+    ASSERT_OK(store.status());
+    auto group = ProcessGroup::create(std::shared_ptr<Store>(*std::move(store)), rank, 2, seconds(60));
+    ASSERT_OK(group.status());
+    ProcessGroup& g = **group;
+    constexpr int kOps = 2000;
+    const int before = thread_count();
+    int most = before;
+    std::vector<Tensor> tensors;
+    std::vector<Work> works;
+    std::atomic<int> done{0};
+    for (int i = 0; i < kOps; ++i) {
+      // Tags 0..6: receives of one tag take that tag's messages in order.
+      tensors.push_back(Tensor::from_vector<int64_t>({rank == 0 ? -1 : i}));
+      works.push_back(rank == 0 ? g.irecv(tensors.back(), 1, static_cast<uint32_t>(i % 7))
+                                : g.isend(tensors.back(), 0, static_cast<uint32_t>(i % 7)));
+      works.back().add_callback([&](const absl::Status& s) {
+        EXPECT_OK(s);
+        done.fetch_add(1);
+      });
+      if (i % 100 == 0) most = std::max(most, thread_count());
+    }
+    for (int i = 0; i < kOps; ++i) {
+      ASSERT_OK(works[static_cast<size_t>(i)].wait(seconds(60)));
+      if (i % 100 == 0) most = std::max(most, thread_count());
+      if (rank == 0) {
+        EXPECT_EQ((*tensors[static_cast<size_t>(i)].to_vector<int64_t>())[0], i);
+      }
+    }
+    EXPECT_EQ(done.load(), kOps);
+    EXPECT_LE(most, before + 100) << "threads before: " << before;
+    ASSERT_OK(g.barrier());
+  }, seconds(120)));
 }
 
 }  // namespace

@@ -1,9 +1,12 @@
 #include <cstring>
+#include <fstream>
+#include <string>
 
 #include "gtest/gtest.h"
 #include "serialization/error.h"
 #include "serialization/message.h"
 #include "serialization/types.h"
+#include "tests/testing/multi_process.h"
 #include "tests/testing/status_matchers.h"
 
 namespace ferry {
@@ -209,6 +212,63 @@ TEST(Payload, CountsAreCheckedAgainstTheElementsSmallestEncoding) {
   EXPECT_EQ(std::get<0>(*back), (std::vector<int64_t>{1, 2, 3}));
   EXPECT_EQ(std::get<1>(*back)[0], "a");
   EXPECT_EQ(std::get<3>(*back)[1], 5);
+}
+
+// A large value that encodes in one byte (a bool): a count checked against the
+// encoding's one byte per element says nothing of the memory 16 KiB elements take.
+struct Bulky {
+  bool flag = false;
+  char pad[16 * 1024] = {};
+  template <class Archive>
+  void serialize(Archive& ar) {
+    ar(flag);
+  }
+};
+
+// This process's peak resident memory (VmHWM) in bytes.
+uint64_t peak_rss() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  }
+  return 0;
+}
+
+// Issue 27, finding 4: a vector was sized n * sizeof(T) from a count that was only
+// checked against the bytes left (1 per Tensor, optional or user struct): a 1 GiB
+// payload for a std::vector<Tensor> made about 64 GiB. It now grows as elements decode.
+TEST(Payload, AVectorGrowsWithItsElementsNotWithItsCount) {
+  auto payload_with_count = [](uint64_t count, size_t filler, char fill) {
+    Message m(MessageType::kResponse, 1);
+    m.buffer().append(reinterpret_cast<const char*>(&count), 8);
+    m.buffer().append(filler, fill);
+    return m;
+  };
+  // A count of 2^30 with a few bytes: a clear error, nothing allocated.
+  EXPECT_THAT(read_payload<std::vector<Tensor>>(payload_with_count(uint64_t{1} << 30, 16, '\0')),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("declares 1073741824 elements")));
+  // 32,768 one-byte elements are present, but invalid from the first: sized up front
+  // that was 512 MiB. Measured in a child, whose peak starts small.
+  ferry::testing::expect_all_succeed(ferry::testing::run_processes(1, [&](int) {
+    Message m = payload_with_count(32768, 32768, '\x07');
+    const uint64_t before = peak_rss();
+    EXPECT_THAT(read_payload<std::vector<Bulky>>(m),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("invalid bool byte")));
+    EXPECT_LT(peak_rss(), before + (64u << 20)) << "peak before: " << before;
+  }));
+  // Honest ones still decode.
+  Message ok(MessageType::kResponse, 1);
+  {
+    PayloadWriter w(ok);
+    Tensor t = *Tensor::zeros({2}, DType::kInt32);
+    w(std::vector<Tensor>{t, Tensor(), t}, std::vector<std::optional<int32_t>>{1, std::nullopt});
+  }
+  auto back = read_payload<std::vector<Tensor>, std::vector<std::optional<int32_t>>>(ok);
+  ASSERT_OK(back.status());
+  EXPECT_EQ(std::get<0>(*back).size(), 3u);
+  EXPECT_FALSE(std::get<0>(*back)[1].defined());
+  EXPECT_EQ(std::get<1>(*back), (std::vector<std::optional<int32_t>>{1, std::nullopt}));
 }
 
 // Found by fuzz/payload_fuzz.cc: a 0-dim tensor's empty shape made the reader pass a

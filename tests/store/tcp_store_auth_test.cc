@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -17,11 +18,14 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "base/auth.h"
 #include "store/file_store.h"
 #include "store/tcp_store.h"
+#include "tests/store/raw_socket.h"
 #include "tests/testing/free_port.h"
 #include "tests/testing/multi_process.h"
 #include "tests/testing/status_matchers.h"
@@ -130,6 +134,56 @@ TEST(TCPStoreAuthTest, SameTokenServedOthersRefusedWithReasonsOnBothSides) {
   }, 60s));
 }
 
+// Issue 27, finding 2: every accepted socket counted toward max_connections (1024)
+// with no deadline for the hello or the proof, so silent connections filled the
+// store. 2,000 of them now cost the server at most max_handshaking, and a client with
+// the token still gets in, and is served, within 5 s.
+TEST(TCPStoreAuthTest, SilentConnectionsDoNotKeepOutAClientWithTheToken) {
+  TempDir dir;
+  expect_all_succeed(run_processes(2, [&](int rank) {
+    auto meet = meeting_point(dir.path());
+    ASSERT_NE(meet, nullptr);
+    if (rank == 0) {
+      TCPStoreServerOptions options;
+      options.host = "127.0.0.1";
+      options.auth_token = "job-secret";
+      auto server = TCPStoreServer::create(options);
+      ASSERT_TRUE(server.ok()) << server.status();
+      EXPECT_OK(meet->set("port", to_bytes(std::to_string((*server)->port()))));
+      EXPECT_OK(meet->wait({"done"}, 60s));
+      EXPECT_LE((*server)->num_connections(), 64 + 1);
+      return;
+    }
+    // 2,000 sockets and a few more.
+    rlimit files{};
+    ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &files), 0);
+    if (files.rlim_cur < 2100) {
+      ASSERT_GE(files.rlim_max, 2100u) << "cannot open 2,000 sockets here";
+      files.rlim_cur = files.rlim_max;
+      ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &files), 0);
+    }
+    auto port_text = meet->get("port");
+    ASSERT_TRUE(port_text.ok()) << port_text.status();
+    const uint16_t port = static_cast<uint16_t>(std::stoi(to_string(*port_text)));
+    std::vector<std::unique_ptr<ferry::testing::RawSocket>> silent;
+    for (int i = 0; i < 2000; ++i) {
+      silent.push_back(std::make_unique<ferry::testing::RawSocket>(port));
+      ASSERT_TRUE(silent.back()->connected()) << i;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    TCPStoreOptions good_options = client_options(port, std::string("job-secret"));
+    good_options.timeout = 5s;
+    auto good = TCPStore::create(good_options);
+    ASSERT_TRUE(good.ok()) << good.status();
+    EXPECT_OK((*good)->set("k", to_bytes("v")));
+    auto value = (*good)->get("k");
+    ASSERT_TRUE(value.ok()) << value.status();
+    EXPECT_EQ(to_string(*value), "v");
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+    EXPECT_OK(meet->set("done", to_bytes("1")));
+  }, 90s));
+}
+
 // A "server" that answers every hello with a frame announcing 1 GiB: the client must
 // refuse it from the length alone, allocating nothing for it.
 TEST(TCPStoreAuthTest, AnOversizeHandshakeAnswerIsRefusedBeforeAllocating) {
@@ -168,6 +222,91 @@ TEST(TCPStoreAuthTest, AnOversizeHandshakeAnswerIsRefusedBeforeAllocating) {
   // The client retries until its timeout, saying what the last attempt met.
   EXPECT_THAT(client.status(), StatusIs(absl::StatusCode::kDeadlineExceeded,
                                         AllOf(HasSubstr("answer of 1073741824 bytes"), HasSubstr("at most 1024"))));
+}
+
+// Issue 27, finding 12: a server whose proof does not check out gets no proof from
+// the client (an impostor could test guesses of a weak token against it offline),
+// only a refusal (an empty proof), so a real server with another token still logs why.
+TEST(TCPStoreAuthTest, AClientSendsNoProofToAServerThatFailedItsOwn) {
+  int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(listener, 16), 0);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const uint16_t port = ntohs(addr.sin_port);
+  std::vector<uint8_t> after_challenge;  // what the client sent after the challenge
+  std::thread impostor([&] {
+    pollfd p{listener, POLLIN, 0};
+    if (::poll(&p, 1, 10000) <= 0) return;
+    int fd = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) return;
+    uint8_t hello[256];
+    (void)::recv(fd, hello, sizeof(hello), 0);
+    std::vector<uint8_t> body{0};
+    ferry::testing::put_u32(body, 1);  // protocol version
+    ferry::testing::put_str(body, std::string(32, 'n'));
+    ferry::testing::put_str(body, std::string(32, 'p'));  // not a proof of anything
+    std::vector<uint8_t> f = ferry::testing::frame(body);
+    (void)::send(fd, f.data(), f.size(), MSG_NOSIGNAL);
+    // Until the client closes (or 10 s pass).
+    for (;;) {
+      pollfd q{fd, POLLIN, 0};
+      if (::poll(&q, 1, 10000) <= 0) break;
+      uint8_t buf[512];
+      ssize_t got = ::recv(fd, buf, sizeof(buf), 0);
+      if (got <= 0) break;
+      after_challenge.insert(after_challenge.end(), buf, buf + got);
+    }
+    ::close(fd);
+  });
+  auto client = TCPStore::create(client_options(port, std::string("job-secret-of-32-bytes-or-more!!")));
+  impostor.join();
+  ::close(listener);
+  EXPECT_THAT(client.status(), StatusIs(absl::StatusCode::kUnauthenticated,
+                                        AllOf(HasSubstr("could not prove"), HasSubstr("does not match"),
+                                              HasSubstr("FERRY_AUTH_TOKEN"))));
+  // One frame: kAuth (12) with an empty proof.
+  std::vector<uint8_t> refusal{12};
+  ferry::testing::put_u32(refusal, 0);
+  EXPECT_EQ(after_challenge, ferry::testing::frame(refusal));
+}
+
+// Issue 27, finding 12: a token shorter than 16 bytes is logged once per process, as
+// a warning that it can be guessed.
+TEST(TCPStoreAuthTest, AShortTokenWarnsOncePerProcess) {
+  TempDir dir;
+  const std::string log_path = dir.path() + "/log";
+  expect_all_succeed(run_processes(1, [&](int) {
+    int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    ASSERT_GE(fd, 0);
+    ASSERT_GE(::dup2(fd, STDERR_FILENO), 0);
+    ::close(fd);
+    // Earlier tests of this binary may have warned already, in the parent.
+    internal::auth::reset_short_token_warning_for_testing();
+    for (const char* token : {"0123456789abcdef", "short", "short2"}) {
+      TCPStoreServerOptions options;
+      options.host = "127.0.0.1";
+      options.auth_token = token;
+      auto server = TCPStoreServer::create(options);
+      ASSERT_TRUE(server.ok()) << server.status();
+      auto client = TCPStore::create(client_options((*server)->port(), std::string(token)));
+      ASSERT_TRUE(client.ok()) << client.status();
+    }
+    std::fflush(stderr);
+    std::string log = read_file(log_path);
+    size_t n = 0;
+    for (size_t at = log.find("shorter than 16 bytes"); at != std::string::npos;
+         at = log.find("shorter than 16 bytes", at + 1)) {
+      ++n;
+    }
+    EXPECT_EQ(n, 1u) << log;
+    EXPECT_THAT(log, HasSubstr("FERRY_AUTH_TOKEN")) << log;
+    EXPECT_THAT(log, ::testing::Not(HasSubstr("short2"))) << "the token itself is never logged";
+  }, 30s));
 }
 
 TEST(TCPStoreAuthTest, ClientWithATokenRefusesAServerWithout) {

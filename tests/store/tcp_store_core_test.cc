@@ -75,6 +75,12 @@ Bytes get_request(const std::string& key, uint64_t timeout_ms) {
   put_u64(body, timeout_ms);
   return frame(body);
 }
+Bytes check_request(const std::vector<std::string>& keys) {
+  Bytes body{static_cast<uint8_t>(Op::kCheck)};
+  put_u32(body, static_cast<uint32_t>(keys.size()));
+  for (const auto& k : keys) put_str(body, k);
+  return frame(body);
+}
 Bytes delete_request(const std::string& key) {
   Bytes body{static_cast<uint8_t>(Op::kDeleteKey)};
   put_str(body, key);
@@ -211,6 +217,8 @@ TEST_F(SmallLimitsTest, MultiGetAnswerOverTheLimitIsRefusedNotBuilt) {
   EXPECT_EQ(transport.code(1, 2), 0);
 }
 
+// Connections that completed their handshake fill max_connections; a new one is
+// refused with a reason.
 TEST_F(SmallLimitsTest, ConnectionsBeyondTheLimitAreRefused) {
   open(1);
   open(2);
@@ -220,6 +228,46 @@ TEST_F(SmallLimitsTest, ConnectionsBeyondTheLimitAreRefused) {
   EXPECT_EQ(transport.frames[3][0][4], static_cast<uint8_t>(absl::StatusCode::kResourceExhausted));
   core.on_disconnect(1, "");
   EXPECT_TRUE(core.on_open(4, "peer4"));
+}
+
+// Issue 27, finding 2: connections still in their handshake never keep a new one out:
+// at max_connections, or at max_handshaking, the oldest of them is closed; and each
+// has a deadline (its timer) that closes it when it fires before the handshake ends.
+TEST_F(SmallLimitsTest, ConnectionsInTheirHandshakeMakeRoomAndHaveADeadline) {
+  open(1);
+  ASSERT_TRUE(core.on_open(2, "silent"));
+  EXPECT_TRUE(transport.timers.contains(2)) << "the handshake deadline";
+  EXPECT_FALSE(transport.timers.contains(1)) << "stopped once the hello was served";
+  EXPECT_EQ(core.num_handshaking(), 1u);
+  // At the limit of 2: the silent one goes, the new one comes in.
+  ASSERT_TRUE(core.on_open(3, "new"));
+  EXPECT_TRUE(transport.closed.contains(2));
+  EXPECT_FALSE(transport.closed.contains(1));
+  EXPECT_EQ(core.num_connections(), 2u);
+  send(3, hello());
+  EXPECT_EQ(core.num_handshaking(), 0u);
+  // Both served: the next one is refused.
+  EXPECT_FALSE(core.on_open(4, "refused"));
+  core.on_disconnect(3, "");
+  // A connection whose deadline fires before its hello is closed.
+  ASSERT_TRUE(core.on_open(5, "slow"));
+  core.on_timeout(5);
+  EXPECT_TRUE(transport.closed.contains(5));
+  EXPECT_EQ(core.num_connections(), 1u);
+  EXPECT_EQ(core.num_handshaking(), 0u);
+  EXPECT_TRUE(core.invariants_hold());
+}
+
+TEST(CoreHandshakeLimitTest, TheOldestOfTooManyHandshakesIsClosed) {
+  RecordingTransport transport;
+  ServerLimits limits;
+  limits.max_handshaking = 3;
+  ServerCore core(transport, limits);
+  for (ConnId id = 1; id <= 10; ++id) ASSERT_TRUE(core.on_open(id, "silent"));
+  EXPECT_EQ(core.num_handshaking(), 3u);
+  EXPECT_EQ(core.num_connections(), 3u);
+  for (ConnId id = 1; id <= 7; ++id) EXPECT_TRUE(transport.closed.contains(id)) << id;
+  for (ConnId id = 8; id <= 10; ++id) EXPECT_FALSE(transport.closed.contains(id)) << id;
 }
 
 TEST_F(SmallLimitsTest, ClientThatDoesNotReadIsHeldBack) {
@@ -366,9 +414,11 @@ TEST_F(CoreAuthTest, WorkerCountsOnlyAfterAValidProofAndUncountsOnClose) {
   EXPECT_EQ(server_nonce.size(), auth::kNonceBytes);
   EXPECT_EQ(server_proof, auth::proof("job-secret", "ferry-store-server", {client_nonce, server_nonce}));
   EXPECT_EQ(core.num_workers(), 0) << "a hello alone does not count";
-  // No request is served before the proof.
-  send(1, set_request("k", "v"));
+  // No request is served before the proof: it closes the connection, and the key
+  // is not stored (checked below, once a connection is served).
+  send(1, set_request("k", "early"));
   EXPECT_TRUE(transport.closed.contains(1));
+  ASSERT_EQ(transport.frames[1].size(), 1u) << "no answer to the set";
   EXPECT_EQ(core.num_workers(), 0);
 
   ASSERT_TRUE(core.on_open(2, "w2"));
@@ -380,6 +430,10 @@ TEST_F(CoreAuthTest, WorkerCountsOnlyAfterAValidProofAndUncountsOnClose) {
   ASSERT_EQ(transport.frames[2].size(), 2u);
   EXPECT_EQ(transport.frames[2][1][4], 0) << "OK";
   EXPECT_EQ(core.num_workers(), 1);
+  send(2, check_request({"k"}));
+  ASSERT_EQ(transport.frames[2].size(), 3u);
+  EXPECT_EQ(transport.frames[2][2][4], 0);
+  EXPECT_EQ(transport.frames[2][2].back(), 0) << "the unauthenticated set stored nothing";
   send(2, set_request("k", "v"));
   EXPECT_EQ(transport.code(2, 1), 0);
   core.on_disconnect(2, "");
@@ -396,6 +450,20 @@ TEST_F(CoreAuthTest, WrongProofIsRefusedAndNeverCounted) {
   EXPECT_EQ(transport.frames[1][1][4], static_cast<uint8_t>(absl::StatusCode::kUnauthenticated));
   EXPECT_THAT(error_text(1, 1), HasSubstr("FERRY_AUTH_TOKEN"));
   EXPECT_EQ(core.num_workers(), 0);
+}
+
+// A client that found the server's proof wrong sends an empty one (issue 27,
+// finding 12): refused, never counted, and the server can say why.
+TEST_F(CoreAuthTest, AClientsRefusalIsRefused) {
+  ASSERT_TRUE(core.on_open(1, "w1"));
+  send(1, worker_hello(client_nonce));
+  challenge(1);
+  send(1, auth_request(""));
+  EXPECT_TRUE(transport.closed.contains(1));
+  ASSERT_EQ(transport.frames[1].size(), 2u);
+  EXPECT_EQ(transport.frames[1][1][4], static_cast<uint8_t>(absl::StatusCode::kUnauthenticated));
+  EXPECT_EQ(core.num_workers(), 0);
+  EXPECT_EQ(core.num_handshaking(), 0u);
 }
 
 TEST_F(CoreAuthTest, ReplayedProofOfAnotherConnectionIsRefused) {

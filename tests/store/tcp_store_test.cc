@@ -458,6 +458,8 @@ TEST(TCPStoreTest, MultiGetAnswerOverTheLimitFailsAndTheConnectionGoesOn) {
   EXPECT_EQ(three.size(), 3u);
 }
 
+// Clients that completed their handshake fill the limit; one that never sent its
+// hello does not (issue 27, finding 2): a new client closes it to get in.
 TEST(TCPStoreTest, ConnectionsBeyondTheLimitAreRefusedWithAReason) {
   TCPStoreServerOptions options;
   options.host = "127.0.0.1";
@@ -465,17 +467,42 @@ TEST(TCPStoreTest, ConnectionsBeyondTheLimitAreRefusedWithAReason) {
   FERRY_ASSERT_OK_AND_ASSIGN(auto server, TCPStoreServer::create(options));
   auto first = connect_to(server->port());
   ASSERT_NE(first, nullptr);
-  RawSocket second(server->port());
-  ASSERT_TRUE(second.connected());
+  auto second = connect_to(server->port());
+  ASSERT_NE(second, nullptr);
   ASSERT_TRUE(eventually([&] { return server->num_connections() == 2; }));
   auto refused = TCPStore::create("127.0.0.1", server->port(), false, std::nullopt, 300ms);
   EXPECT_THAT(refused, StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("limit of 2 connections")));
   EXPECT_EQ(server->num_connections(), 2);
-  second.close();
+  second.reset();
   ASSERT_TRUE(eventually([&] { return server->num_connections() == 1; }));
+  RawSocket silent(server->port());
+  ASSERT_TRUE(silent.connected());
+  ASSERT_TRUE(eventually([&] { return server->num_connections() == 2; }));
   auto admitted = connect_to(server->port());
   ASSERT_NE(admitted, nullptr);
   EXPECT_OK(admitted->set("k", to_bytes("v")));
+  EXPECT_TRUE(silent.closed_by_peer(5s)) << "the silent connection made room";
+  EXPECT_EQ(server->num_connections(), 2);
+}
+
+// A connection that does not complete its handshake within handshake_timeout is
+// closed (issue 27, finding 2); one that does is served past it.
+TEST(TCPStoreTest, AConnectionWithoutAHandshakeIsClosedAtItsDeadline) {
+  TCPStoreServerOptions options;
+  options.host = "127.0.0.1";
+  options.handshake_timeout = 200ms;
+  FERRY_ASSERT_OK_AND_ASSIGN(auto server, TCPStoreServer::create(options));
+  RawSocket silent(server->port());
+  ASSERT_TRUE(silent.connected());
+  auto client = connect_to(server->port());
+  ASSERT_NE(client, nullptr);
+  EXPECT_TRUE(silent.closed_by_peer(5s));
+  std::this_thread::sleep_for(300ms);
+  EXPECT_OK(client->set("k", to_bytes("v")));
+  EXPECT_EQ(server->num_connections(), 1);
+  options.handshake_timeout = 0ms;
+  EXPECT_THAT(TCPStoreServer::create(options), StatusIs(absl::StatusCode::kInvalidArgument,
+                                                        HasSubstr("handshake_timeout must be positive")));
 }
 
 TEST(TCPStoreTest, PipelinedClientThatReadsLateGetsEveryAnswerInOrder) {
