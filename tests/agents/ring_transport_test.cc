@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <new>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "absl/strings/str_split.h"
 #include "agents/core/transport_set.h"
 #include "agents/ring/factory.h"
+#include "agents/ring/ring.h"
 #include "agents/tensorpipe/factory.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -155,6 +157,61 @@ TEST(RingTransport, HostileHellosAreRefusedAndTheWorkerGoesOn) {
   EXPECT_EQ(victim.events->received_[0].wire.metadata, "still here");
   close(silent);
   close(garbage);
+}
+
+// A peer that completes the handshake and then writes what no ferry writer would: a
+// frame of an unknown kind, or a ring position that cannot be. The victim ends that
+// connection, saying why, and reads nothing further from it.
+TEST(RingTransport, AHostileRingIsClosedSayingWhy) {
+  struct Case {
+    const char* what;
+    bool corrupt_head;
+    const char* expected;
+  };
+  for (const Case& c : {Case{"an unknown frame kind", false, "unknown frame kind"},
+                        Case{"an impossible head", true, "ring position is corrupt"}}) {
+    SCOPED_TRACE(c.what);
+    Side victim(make_ring_transport("victim"));
+    constexpr size_t kRing = 4096;
+    const size_t segment_bytes = internal::ring::kHeaderBytes + 2 * kRing;
+    int segment_fd = memfd_of(segment_bytes, true);
+    int bell_fd = memfd_of(internal::ring::kBellBytes, true);
+    void* segment = mmap(nullptr, segment_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, segment_fd, 0);
+    ASSERT_NE(segment, MAP_FAILED);
+    auto* header = new (segment) internal::ring::SegmentHeader();
+    int fd = connect_raw(socket_name(victim.address));
+    ASSERT_GE(fd, 0);
+    Hello hello;
+    hello.pid = static_cast<uint32_t>(getpid());
+    hello.ring_bytes = kRing;
+    send_with_fds(fd, &hello, sizeof(hello), {segment_fd, bell_fd});
+    ASSERT_TRUE(victim.events->wait_for([&] { return !victim.events->accepted_.empty(); }));
+    uint8_t* forward = static_cast<uint8_t*>(segment) + internal::ring::kHeaderBytes;
+    if (c.corrupt_head) {
+      header->forward.head.store(3 * kRing);
+    } else {
+      uint32_t frame[6] = {7, 0, 0, 0, 0, 0};
+      std::memcpy(forward, frame, sizeof(frame));
+      header->forward.head.store(sizeof(frame));
+    }
+    // Nothing rang the victim's bell: another peer's traffic wakes its data thread.
+    Side other(make_ring_transport("other"));
+    other.transport->connect(nullptr, "victim", victim.address)->write(text("wake up"));
+    ASSERT_TRUE(victim.events->wait_for([&] { return !victim.events->closed_.empty(); }));
+    EXPECT_THAT(std::string(victim.events->closed_[0].second.message()), HasSubstr(c.expected));
+    EXPECT_EQ(victim.events->closed_[0].first, victim.events->accepted_[0]);
+    char byte;
+    timeval tv{5, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    ssize_t n;
+    while ((n = recv(fd, &byte, 1, 0)) > 0) {
+    }
+    EXPECT_EQ(n, 0);  // the victim closed our socket
+    close(fd);
+    close(segment_fd);
+    close(bell_fd);
+    munmap(segment, segment_bytes);
+  }
 }
 
 TEST(RingTransport, ReachesOnlyItsOwnHostAndNetworkNamespace) {
