@@ -46,4 +46,16 @@ absl::Status exchange_addresses(Agent& agent, Store& store, int world_size, cons
   return agent.set_members(std::move(members));
 }
 
+absl::StatusOr<std::shared_ptr<Agent>> join_static_group(absl::StatusOr<std::shared_ptr<Agent>> started,
+                                                         Store& store, int world_size, const std::string& prefix,
+                                                         std::chrono::milliseconds timeout) {
+  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<Agent> agent, std::move(started));
+  absl::Status joined = exchange_addresses(*agent, store, world_size, prefix, timeout);
+  if (!joined.ok()) {
+    agent->shutdown();
+    return joined;
+  }
+  return agent;
+}
+
 }  // namespace ferry

@@ -8,9 +8,11 @@
 #pragma once
 
 #include <chrono>
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "agents/core/agent.h"
 #include "store/store.h"
 
@@ -22,5 +24,11 @@ namespace ferry {
 // within `timeout`, a name used by two ranks (naming both), the store's errors.
 absl::Status exchange_addresses(Agent& agent, Store& store, int world_size, const std::string& prefix,
                                 std::chrono::milliseconds timeout);
+
+// An adapter's create(): the agent `started` (its start()'s result), then
+// exchange_addresses; the agent is shut down when that fails.
+absl::StatusOr<std::shared_ptr<Agent>> join_static_group(absl::StatusOr<std::shared_ptr<Agent>> started,
+                                                         Store& store, int world_size, const std::string& prefix,
+                                                         std::chrono::milliseconds timeout);
 
 }  // namespace ferry

@@ -35,14 +35,8 @@ absl::StatusOr<std::shared_ptr<Agent>> RingAgent::create(std::shared_ptr<Store> 
   if (store == nullptr) return absl::InvalidArgumentError("store is null");
   const std::string prefix = options.agent.store_prefix;
   const std::chrono::milliseconds timeout = options.init_timeout;
-  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<Agent> agent,
-                         start(store, std::move(name), rank, std::move(options), std::move(handler)));
-  absl::Status joined = exchange_addresses(*agent, *store, world_size, prefix, timeout);
-  if (!joined.ok()) {
-    agent->shutdown();
-    return joined;
-  }
-  return agent;
+  return join_static_group(start(store, std::move(name), rank, std::move(options), std::move(handler)), *store,
+                           world_size, prefix, timeout);
 }
 
 }  // namespace ferry

@@ -130,10 +130,8 @@ absl::StatusOr<std::shared_ptr<Agent>> TensorPipeAgent::create(std::shared_ptr<S
   if (!handler) return absl::InvalidArgumentError("request handler is empty");
   std::chrono::milliseconds init_timeout = options.init_timeout;
   const std::string prefix = options.store_prefix;
-  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<Agent> agent,
-                         start(store, name, rank, std::move(options), std::move(handler)));
-  FERRY_RETURN_IF_ERROR(exchange_addresses(*agent, *store, world_size, prefix, init_timeout));
-  return agent;
+  return join_static_group(start(store, name, rank, std::move(options), std::move(handler)), *store, world_size,
+                           prefix, init_timeout);
 }
 
 namespace {
