@@ -397,7 +397,6 @@ class Pipe final : public Connection, public std::enable_shared_from_this<Pipe> 
     rx_ = ring::Consumer(in, in_data, ring_bytes);
   }
   bool attached() const { return shared_ != nullptr; }
-  int fd() const { return fd_; }
 
   // Control thread: the peer's bell is mapped; from now on writes wake it.
   void meet(Mapping bell, pid_t pid) {
@@ -532,6 +531,10 @@ class Pipe final : public Connection, public std::enable_shared_from_this<Pipe> 
     if (fd_ >= 0) shutdown(fd_, SHUT_RDWR);
   }
 
+  // Has the data thread end the connection with `why` (after delivering what the ring
+  // still holds); once, whoever finds the end first.
+  void end(Endpoint& home, absl::Status why);
+
   std::atomic<bool> reported{false};
   std::atomic<bool> ending{false};  // a kGone is posted
   std::atomic<bool> broken{false};  // the ring cannot be read any further
@@ -565,12 +568,15 @@ class Pipe final : public Connection, public std::enable_shared_from_this<Pipe> 
   bool fail_locked(const char* why) {
     queue_.clear();
     tx_pending_.store(false);
-    if (!ending.exchange(true)) {
-      if (std::shared_ptr<Endpoint> home = home_.lock()) {
-        home->post({Endpoint::Command::kGone, shared_from_this(), absl::DataLossError(why)});
-      }
-    }
+    if (std::shared_ptr<Endpoint> home = home_.lock()) end(*home, absl::DataLossError(why));
     return false;
+  }
+
+  // Gives the bytes read back to the peer, waking it if it waits for room.
+  void release_read() {
+    if (rx_.unreleased() && rx_.release()) {
+      if (ring::Bell* bell = peer_bell_.load(std::memory_order_acquire)) ring::ring(bell);
+    }
   }
 
   // The receive side's state between calls: which part of a frame comes next.
@@ -670,9 +676,7 @@ bool Pipe::receive(Endpoint& home, const std::shared_ptr<TransportEvents>& event
   uint64_t avail = 0;
   if (!rx_.available(avail)) {
     broken.store(true);
-    if (!ending.exchange(true)) {
-      home.post({Endpoint::Command::kGone, shared_from_this(), absl::DataLossError("the peer's ring position is corrupt")});
-    }
+    end(home, absl::DataLossError("the peer's ring position is corrupt"));
     return false;
   }
   if (avail == 0 || broken.load()) return false;
@@ -775,10 +779,7 @@ bool Pipe::receive(Endpoint& home, const std::shared_ptr<TransportEvents>& event
           }
         }
         stage_ = Stage::kFixed;
-        // Give the producer its space back before the message is handled.
-        if (rx_.unreleased() && rx_.release()) {
-          if (ring::Bell* bell = peer_bell_.load(std::memory_order_acquire)) ring::ring(bell);
-        }
+        release_read();  // the producer gets its room back before the message is handled
         home.messages_in.fetch_add(1, std::memory_order_relaxed);
         events->on_message(self, std::move(wire_));
         wire_ = Wire{};
@@ -788,13 +789,15 @@ bool Pipe::receive(Endpoint& home, const std::shared_ptr<TransportEvents>& event
     }
   }
 out:
-  if (rx_.unreleased() && rx_.release()) {
-    if (ring::Bell* bell = peer_bell_.load(std::memory_order_acquire)) ring::ring(bell);
-  }
+  release_read();
   return true;
 }
 
 }  // namespace
+
+void Pipe::end(Endpoint& home, absl::Status why) {
+  if (!ending.exchange(true)) home.post({Endpoint::Command::kGone, shared_from_this(), std::move(why)});
+}
 
 void Endpoint::report(const std::shared_ptr<Pipe>& pipe, absl::Status why) {
   if (pipe->reported.exchange(true)) return;
@@ -831,6 +834,7 @@ bool Endpoint::step() {
           break;
         case Command::kGone:
           // What the peer wrote before it went is still in the ring: deliver it first.
+          // Bounded, because a peer that closed its socket may still write the ring.
           if (e) {
             for (int i = 0; i < 1 << 20 && !c.pipe->reported.load() && c.pipe->receive(*this, e); ++i) {
             }
@@ -1029,11 +1033,8 @@ void Endpoint::on_socket(uint64_t id, uint32_t what) {
       sockets.erase(id);
     }
     epoll_ctl(epoll_fd, EPOLL_CTL_DEL, s.fd, nullptr);
-    if (!pipe->ending.exchange(true)) {
-      post({Command::kGone, pipe,
-            n > 0 ? absl::DataLossError("an unexpected packet on the ring's socket")
-                  : absl::UnavailableError("the connection was closed by its peer")});
-    }
+    pipe->end(*this, n > 0 ? absl::DataLossError("an unexpected packet on the ring's socket")
+                           : absl::UnavailableError("the connection was closed by its peer"));
     return;
   }
 }
@@ -1064,7 +1065,7 @@ RingTransport::RingTransport(std::string name, RingOptions options) : endpoint_(
   Endpoint& e = *endpoint_;
   e.name = std::move(name);
   e.ring_bytes = pick(options.ring_bytes, "FERRY_RING_KB", 256);
-  e.in_place_bytes = options.in_place_bytes != 0 ? options.in_place_bytes : pick(0, "FERRY_RING_IN_PLACE_KB", 64);
+  e.in_place_bytes = pick(options.in_place_bytes, "FERRY_RING_IN_PLACE_KB", 64);
   std::random_device rd;
   e.probe = (uint64_t{rd()} << 32) | rd() | 1;
 }
