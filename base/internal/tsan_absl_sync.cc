@@ -1,5 +1,5 @@
 // ThreadSanitizer builds only (FERRY_SANITIZE=thread): makes Debian's Abseil
-// synchronization primitives visible to TSan.
+// synchronization primitives, and absl::Status's shared count, visible to TSan.
 //
 // Debian's libabsl_synchronization is not built with -fsanitize=thread, so absl::Mutex's
 // lock and unlock are plain atomics and futex calls TSan never sees: every access guarded
@@ -32,6 +32,7 @@
 #include <type_traits>
 
 #include "absl/base/options.h"
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
@@ -238,6 +239,19 @@ bool Notification::WaitForNotificationWithDeadline(Time deadline) const {
   const bool r = fn(this, deadline);
   if (r) __tsan_acquire(const_cast<Notification*>(this));
   return r;
+}
+
+// A Status with a message shares one heap rep among its copies, counted with atomics
+// inside libabsl_status, which TSan never sees: a copy read on one thread and the last
+// copy dropped on another (the rep freed) looked like a race. Every drop publishes what
+// its thread did, and takes in what earlier drops published, so the one that frees the
+// rep comes after every reader, as the count's acquire-release makes it.
+void Status::UnrefNonInlined(uintptr_t rep) {
+  static auto fn = real_fn<void (*)(uintptr_t)>("N", "6Status15UnrefNonInlinedEm");
+  void* shared = reinterpret_cast<void*>(rep);
+  __tsan_release(shared);
+  __tsan_acquire(shared);
+  fn(rep);
 }
 
 ABSL_NAMESPACE_END

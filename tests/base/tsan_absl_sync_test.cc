@@ -4,9 +4,12 @@
 // that the primitives work.
 #include <atomic>
 #include <cstdio>
+#include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
@@ -100,6 +103,26 @@ TEST(TsanAbslSync, MutexesReusedAtOneAddressStartFresh) {
     t.join();
     EXPECT_EQ(value, 2);
     delete mu;
+  }
+}
+
+// The count a Status's copies share lives in libabsl_status, which TSan does not see:
+// the copy read here and dropped before the thread drops the last one (which frees the
+// message) must not look like a race. The flag between them is relaxed, so only the
+// hook on Status::UnrefNonInlined orders the read before the free.
+TEST(TsanAbslSync, AStatusReadOnOneThreadAndFreedOnAnotherIsOrdered) {
+  for (int i = 0; i < 100; ++i) {
+    auto status = std::make_unique<absl::Status>(absl::UnavailableError("peer w2 was lost"));
+    std::atomic<bool> dropped{false};
+    std::thread last([copy = *status, &dropped]() mutable {
+      while (!dropped.load(std::memory_order_relaxed)) {
+      }
+      copy = absl::OkStatus();
+    });
+    EXPECT_EQ(std::string(status->message()), "peer w2 was lost");
+    status.reset();
+    dropped.store(true, std::memory_order_relaxed);
+    last.join();
   }
 }
 

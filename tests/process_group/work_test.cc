@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <thread>
 #include <vector>
 
@@ -122,6 +123,12 @@ TEST(WorkCallbacks, ManyOutstandingReceivesCompleteOnABoundedPool) {
       if (rank == 0) {
         EXPECT_EQ((*tensors[static_cast<size_t>(i)].to_vector<int64_t>())[0], i);
       }
+    }
+    // A wait ends when the operation completes; its callbacks run just after, on the
+    // pool thread that completed it.
+    const auto deadline = std::chrono::steady_clock::now() + seconds(30);
+    while (done.load() < kOps && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     EXPECT_EQ(done.load(), kOps);
     EXPECT_LE(most, before + 100) << "threads before: " << before;
