@@ -39,6 +39,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "base/progress.h"
 #include "base/status.h"
 #include "base/thread_role.h"
 
@@ -129,6 +130,35 @@ bool spin_until(Ready ready, std::chrono::microseconds window = spin_window()) {
   return found;
 }
 
+// spin_until, driving every registered transport (base/progress.h) between polls, so
+// that what the caller waits for may arrive through the caller's own thread. Without
+// a registered transport, or nested in a poll, it is spin_until.
+template <typename Ready>
+bool drive_until(Ready ready, std::chrono::microseconds window = spin_window()) {
+  if (window.count() == 0 || driving_progress()) return spin_until(ready, window);
+  const std::vector<std::shared_ptr<Progress>>& progress = registered_progress();
+  if (progress.empty()) return spin_until(ready, window);
+  set_driving_progress(true);
+  for (const std::shared_ptr<Progress>& p : progress) p->enter();
+  auto until = std::chrono::steady_clock::now() + window;
+  bool found = false;
+  do {
+    if (ready()) {
+      found = true;
+      break;
+    }
+    bool moved = false;
+    for (const std::shared_ptr<Progress>& p : progress) moved |= p->poll();
+    if (moved) continue;
+    std::this_thread::yield();
+  } while (std::chrono::steady_clock::now() < until);
+  for (const std::shared_ptr<Progress>& p : progress) p->leave();
+  set_driving_progress(false);
+  if (!found) found = ready();
+  note_spin(found);
+  return found;
+}
+
 template <typename T>
 struct IsStatusOr : std::false_type {};
 template <typename T>
@@ -196,7 +226,7 @@ class FutureState : public std::enable_shared_from_this<FutureState<T>> {
   bool wait(std::optional<std::chrono::milliseconds> timeout) {
     if (ready()) return true;
     auto start = std::chrono::steady_clock::now();
-    if (spin_until([this] { return ready(); })) return true;
+    if (drive_until([this] { return ready(); })) return true;
     std::unique_lock<std::mutex> lock(mu_);
     auto done = [this] { return result_.has_value(); };
     bool arrived = true;

@@ -137,7 +137,7 @@ void ThreadPool::State::run() {
       polled_since = Clock::now();
       spinning.fetch_add(1, std::memory_order_acq_rel);
       lock.unlock();
-      bool found = spin_until([this] { return queued.load(std::memory_order_acquire) > 0; }, spin_window(poll_window));
+      bool found = drive_until([this] { return queued.load(std::memory_order_acquire) > 0; }, spin_window(poll_window));
       lock.lock();
       spinning.fetch_sub(1, std::memory_order_acq_rel);
       if (found || !tasks.empty() || stopping) continue;

@@ -35,6 +35,7 @@
 #include "base/env.h"
 #include "base/future.h"
 #include "base/logging.h"
+#include "base/progress.h"
 #include "base/thread_role.h"
 
 namespace ferry::internal {
@@ -307,10 +308,18 @@ struct RingTransport::Endpoint : std::enable_shared_from_this<Endpoint> {
   std::deque<uint64_t> pending_hellos;             // guarded by mu
   std::atomic<uint64_t> next_id{16};               // below: the listener, the stop fd
 
-  std::vector<std::shared_ptr<Pipe>> active;  // the data thread's
+  // Whoever steps holds step_mu: the data thread, or a thread that polls the rings
+  // while it waits for something (base/progress.h: a caller for its reply, an idle
+  // pool thread for a request). While such drivers are there, the data thread sleeps
+  // and peers need not ring: the last driver to leave asks them to again.
+  std::mutex step_mu;
+  std::vector<std::shared_ptr<Pipe>> active;  // guarded by step_mu
+  std::atomic<int> drivers{0};
+  std::atomic<bool> parked{false};  // the data thread sleeps on the bell
+  std::unique_ptr<ProgressRegistration> progress;
 
   std::atomic<uint64_t> opened{0}, accepted{0}, refused{0}, sleeps{0}, in_place_reads{0}, messages_in{0},
-      messages_out{0};
+      messages_out{0}, driven{0};
   PollWindow window;  // the data thread's polls
 
   void post(Command command) {
@@ -324,8 +333,12 @@ struct RingTransport::Endpoint : std::enable_shared_from_this<Endpoint> {
   }
 
   void run_data();
+  bool park();
   bool step();
   bool ready() const;
+  bool drive();
+  void enter_driver();
+  void leave_driver();
   void run_control();
   void on_listener();
   void on_socket(uint64_t id, uint32_t what);
@@ -870,23 +883,104 @@ void Endpoint::run_data() {
   TransportThreadScope transport_thread;
   AgentThreadScope agent_thread;
   while (!stopping.load(std::memory_order_relaxed)) {
-    if (step()) continue;
+    bool progress = false;
+    {
+      std::lock_guard<std::mutex> lock(step_mu);
+      progress = step();
+    }
+    if (progress) continue;
     // Poll as every waiting thread of ferry does (base/future.h): for a window that
-    // adapts to how soon work came, and not while the host is crowded.
+    // adapts to how soon work came, and not while the host is crowded, nor while a
+    // waiting thread drives the rings (it would only take a core from that thread).
     Clock::time_point idle = Clock::now();
-    if (spin_until([this] { return ready(); }, spin_window(window))) continue;
-    bell->sleeping.store(1, std::memory_order_seq_cst);
-    uint32_t seq = bell->seq.load(std::memory_order_acquire);
-    if (ready()) {
-      bell->sleeping.store(0, std::memory_order_relaxed);
+    auto work = [this] {
+      if (drivers.load(std::memory_order_relaxed) > 0) return true;
+      std::unique_lock<std::mutex> lock(step_mu, std::try_to_lock);
+      return lock.owns_lock() && ready();
+    };
+    if (drivers.load(std::memory_order_relaxed) == 0 && spin_until(work, spin_window(window)) &&
+        drivers.load(std::memory_order_relaxed) == 0) {
       continue;
     }
-    sleeps.fetch_add(1, std::memory_order_relaxed);
-    ring::futex_wait(&bell->seq, seq);
-    bell->sleeping.store(0, std::memory_order_relaxed);
-    window.missed_wait(Clock::now() - idle);
+    if (park()) window.missed_wait(Clock::now() - idle);
   }
 }
+
+// Sleeps on the bell until it rings; true if no thread was driving the rings. Alone,
+// it first asks peers to ring; otherwise the last driver to leave does (leave_driver).
+// The bell's count is read before anyone is checked, so a ring after that wakes it.
+bool Endpoint::park() {
+  parked.store(true, std::memory_order_seq_cst);
+  const uint32_t seq = bell->seq.load(std::memory_order_seq_cst);
+  const bool alone = drivers.load(std::memory_order_seq_cst) == 0;
+  if (alone) bell->sleeping.store(1, std::memory_order_seq_cst);
+  bool work = false;
+  {
+    std::lock_guard<std::mutex> lock(step_mu);
+    work = ready();
+  }
+  if (!(work && alone) && !stopping.load()) {
+    sleeps.fetch_add(1, std::memory_order_relaxed);
+    ring::futex_wait(&bell->seq, seq);
+  }
+  parked.store(false, std::memory_order_seq_cst);
+  bell->sleeping.store(0, std::memory_order_relaxed);
+  return alone;
+}
+
+bool Endpoint::drive() {
+  if (stopping.load(std::memory_order_relaxed)) return false;
+  std::unique_lock<std::mutex> lock(step_mu, std::try_to_lock);
+  if (!lock.owns_lock() || stopping.load(std::memory_order_relaxed)) return false;
+  TransportThreadScope transport_thread;
+  AgentThreadScope agent_thread;
+  if (!step()) return false;
+  driven.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+void Endpoint::enter_driver() {
+  drivers.fetch_add(1, std::memory_order_seq_cst);
+  // This thread reads the rings now: peers need not wake the data thread.
+  bell->sleeping.store(0, std::memory_order_relaxed);
+}
+
+void Endpoint::leave_driver() {
+  if (drivers.fetch_sub(1, std::memory_order_seq_cst) != 1 || !parked.load(std::memory_order_seq_cst)) return;
+  // The last driver, and the data thread sleeps: peers must ring it again, and what
+  // came since the last poll must not wait for the next message.
+  bell->sleeping.store(1, std::memory_order_seq_cst);
+  bool work = false;
+  {
+    std::lock_guard<std::mutex> lock(step_mu);
+    work = ready();
+  }
+  if (work) ring::ring(bell);
+}
+
+namespace {
+
+// What a waiting thread does for the rings (base/progress.h). Holds the endpoint
+// weakly: threads may keep it a little after the transport closed.
+class RingProgress final : public Progress {
+ public:
+  explicit RingProgress(std::weak_ptr<Endpoint> endpoint) : endpoint_(std::move(endpoint)) {}
+  void enter() override {
+    if (std::shared_ptr<Endpoint> e = endpoint_.lock()) e->enter_driver();
+  }
+  void leave() override {
+    if (std::shared_ptr<Endpoint> e = endpoint_.lock()) e->leave_driver();
+  }
+  bool poll() override {
+    std::shared_ptr<Endpoint> e = endpoint_.lock();
+    return e != nullptr && e->drive();
+  }
+
+ private:
+  std::weak_ptr<Endpoint> endpoint_;
+};
+
+}  // namespace
 
 void Endpoint::watch(uint64_t id, int fd, std::weak_ptr<Pipe> pipe, bool awaiting_hello) {
   {
@@ -1105,6 +1199,7 @@ absl::StatusOr<std::string> RingTransport::listen(std::weak_ptr<TransportEvents>
   e.address = absl::StrCat("ring ring://", host_scope(), "/", e.socket_name, "\n");
   e.data_thread = std::thread([endpoint = endpoint_] { endpoint->run_data(); });
   e.control_thread = std::thread([endpoint = endpoint_] { endpoint->run_control(); });
+  e.progress = std::make_unique<ProgressRegistration>(std::make_shared<RingProgress>(endpoint_));
   return e.address;
 }
 
@@ -1186,6 +1281,7 @@ void RingTransport::close() {
     if (e.stopping.exchange(true)) return;
     e.commands.clear();
   }
+  e.progress.reset();
   if (e.bell != nullptr) {
     e.bell->seq.fetch_add(1);
     ring::futex_wake(&e.bell->seq);
@@ -1196,7 +1292,11 @@ void RingTransport::close() {
     (void)!::write(e.stop_fd, &one, sizeof(one));
   }
   if (e.control_thread.joinable()) e.control_thread.join();
-  std::vector<std::shared_ptr<Pipe>> pipes = std::move(e.active);
+  std::vector<std::shared_ptr<Pipe>> pipes;
+  {
+    std::lock_guard<std::mutex> lock(e.step_mu);  // a driver may be stepping still
+    pipes = std::move(e.active);
+  }
   {
     std::lock_guard<std::mutex> lock(e.mu);
     for (auto& [id, s] : e.sockets) {
@@ -1240,6 +1340,8 @@ std::map<std::string, std::string> RingTransport::debug_info() const {
           {"ring_messages_out", std::to_string(e.messages_out.load())},
           {"ring_in_place_reads", std::to_string(e.in_place_reads.load())},
           {"ring_sleeps", std::to_string(e.sleeps.load())},
+          {"ring_driven", std::to_string(e.driven.load())},
+          {"ring_parked", e.parked.load() ? "1" : "0"},
           {"ring_poll_us", std::to_string(e.window.get().count())}};
 }
 

@@ -13,7 +13,10 @@
 // Two threads per worker: the data thread moves bytes out of the rings, delivers every
 // event and sleeps on the worker's bell when idle, after a spin that adapts to how soon
 // work came the last times; the control thread accepts sockets, exchanges the memfds
-// and watches for ends.
+// and watches for ends. A thread of the worker that polls while it waits (a caller for
+// its reply, an idle pool thread: base/progress.h) does the data thread's work itself
+// meanwhile, and the data thread sleeps: events are then delivered on that thread,
+// under a TransportThreadScope, one thread at a time as always.
 #pragma once
 
 #include <map>

@@ -10,6 +10,7 @@
 #include <new>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -18,6 +19,7 @@
 #include "agents/ring/factory.h"
 #include "agents/ring/ring.h"
 #include "agents/tensorpipe/factory.h"
+#include "base/progress.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "store/hash_store.h"
@@ -253,6 +255,66 @@ TEST(RingTransport, LargeTensorsAreReadInPlaceAndSmallOnesCrossTheRing) {
   ASSERT_EQ(got.tensors[1].nbytes(), small.size() * sizeof(float));
   EXPECT_EQ(std::memcmp(got.tensors[1].data(), small.data(), got.tensors[1].nbytes()), 0);
   EXPECT_EQ(info(*b.transport, "ring_in_place_reads"), "1");
+}
+
+// Polls `done` for up to 20 s.
+bool eventually(const std::function<bool()>& done) {
+  auto until = std::chrono::steady_clock::now() + seconds(20);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+// A thread that polls while it waits (base/progress.h: a caller for its reply) takes
+// what arrives meanwhile off the ring itself, while the data thread sleeps. When the
+// last such thread stops, the data thread is back, and what came just before is not
+// left waiting for the next message.
+TEST(RingTransport, AWaitingThreadDeliversWhatArrivesWhileItPolls) {
+  Side a(make_ring_transport("a"));
+  Side b(make_ring_transport("b"));
+  std::shared_ptr<Connection> out = a.transport->connect(nullptr, "b", b.address);
+  out->write(text("first"));
+  ASSERT_TRUE(b.events->wait_for([&] { return b.events->received_.size() == 1; }));
+  const std::thread::id me = std::this_thread::get_id();
+  EXPECT_NE(b.events->received_[0].thread, me);
+
+  const std::vector<std::shared_ptr<internal::Progress>>& progress = internal::registered_progress();
+  ASSERT_EQ(progress.size(), 2u);  // a's and b's
+  for (const auto& p : progress) p->enter();
+  ASSERT_TRUE(eventually([&] { return info(*b.transport, "ring_parked") == "1"; }));
+  out->write(text("polled"));
+  ASSERT_TRUE(eventually([&] {
+    for (const auto& p : progress) p->poll();
+    return b.events->messages() == 2;
+  }));
+  EXPECT_EQ(b.events->received_[1].wire.metadata, "polled");
+  EXPECT_EQ(b.events->received_[1].thread, me);
+  EXPECT_NE(info(*b.transport, "ring_driven"), "0");
+
+  out->write(text("between"));
+  for (const auto& p : progress) p->leave();
+  ASSERT_TRUE(b.events->wait_for([&] { return b.events->received_.size() == 3; }));
+  EXPECT_EQ(b.events->received_[2].wire.metadata, "between");
+  EXPECT_NE(b.events->received_[2].thread, me);
+  out->write(text("after"));
+  ASSERT_TRUE(b.events->wait_for([&] { return b.events->received_.size() == 4; }));
+  EXPECT_NE(b.events->received_[3].thread, me);
+}
+
+// A closed transport's progress does nothing, from threads that still hold it.
+TEST(RingTransport, ProgressOfAClosedTransportDoesNothing) {
+  std::vector<std::shared_ptr<internal::Progress>> held;
+  {
+    Side a(make_ring_transport("a"));
+    held = internal::registered_progress();
+    ASSERT_EQ(held.size(), 1u);
+  }
+  EXPECT_TRUE(internal::registered_progress().empty());
+  held[0]->enter();
+  EXPECT_FALSE(held[0]->poll());
+  held[0]->leave();
 }
 
 TEST(RingTransport, OptionsAreChecked) {

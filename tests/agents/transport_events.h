@@ -13,6 +13,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -28,6 +29,7 @@ class Recorder final : public TransportEvents {
   struct Received {
     std::shared_ptr<Connection> connection;
     Wire wire;
+    std::thread::id thread;  // the one that delivered it
   };
 
   void on_accepted(const std::shared_ptr<Connection>& connection) override {
@@ -43,7 +45,7 @@ class Recorder final : public TransportEvents {
   }
   void on_message(const std::shared_ptr<Connection>& connection, Wire wire) override {
     std::lock_guard<std::mutex> lock(mu_);
-    received_.push_back({connection, std::move(wire)});
+    received_.push_back({connection, std::move(wire), std::this_thread::get_id()});
     cv_.notify_all();
   }
   void on_closed(const std::shared_ptr<Connection>& connection, absl::Status why) override {
