@@ -885,8 +885,9 @@ void Endpoint::run_data() {
   while (!stopping.load(std::memory_order_relaxed)) {
     bool progress = false;
     {
-      std::lock_guard<std::mutex> lock(step_mu);
-      progress = step();
+      // A driver holding the lock does this thread's work: never wait for it.
+      std::unique_lock<std::mutex> lock(step_mu, std::try_to_lock);
+      if (lock.owns_lock()) progress = step();
     }
     if (progress) continue;
     // Poll as every waiting thread of ferry does (base/future.h): for a window that
@@ -909,17 +910,18 @@ void Endpoint::run_data() {
 // Sleeps on the bell until it rings; true if no thread was driving the rings. Alone,
 // it first asks peers to ring; otherwise the last driver to leave does (leave_driver).
 // The bell's count is read before anyone is checked, so a ring after that wakes it.
+// The lock held by someone else means a driver came, which will do the same on leaving.
 bool Endpoint::park() {
   parked.store(true, std::memory_order_seq_cst);
   const uint32_t seq = bell->seq.load(std::memory_order_seq_cst);
   const bool alone = drivers.load(std::memory_order_seq_cst) == 0;
-  if (alone) bell->sleeping.store(1, std::memory_order_seq_cst);
   bool work = false;
-  {
-    std::lock_guard<std::mutex> lock(step_mu);
-    work = ready();
+  if (alone) {
+    bell->sleeping.store(1, std::memory_order_seq_cst);
+    std::unique_lock<std::mutex> lock(step_mu, std::try_to_lock);
+    work = lock.owns_lock() && ready();
   }
-  if (!(work && alone) && !stopping.load()) {
+  if (!work && !stopping.load()) {
     sleeps.fetch_add(1, std::memory_order_relaxed);
     ring::futex_wait(&bell->seq, seq);
   }
@@ -949,12 +951,19 @@ void Endpoint::leave_driver() {
   if (drivers.fetch_sub(1, std::memory_order_seq_cst) != 1 || !parked.load(std::memory_order_seq_cst)) return;
   // The last driver, and the data thread sleeps: peers must ring it again, and what
   // came since the last poll must not wait for the next message.
+  // The lock held by someone else means another driver, or the data thread awake.
+  // What came is delivered here once more (completing other calls' futures, queueing
+  // requests) rather than by waking the data thread: only what comes after wakes it.
   bell->sleeping.store(1, std::memory_order_seq_cst);
-  bool work = false;
-  {
-    std::lock_guard<std::mutex> lock(step_mu);
-    work = ready();
+  std::unique_lock<std::mutex> lock(step_mu, std::try_to_lock);
+  if (!lock.owns_lock() || !ready()) return;
+  if (!stopping.load(std::memory_order_relaxed)) {
+    TransportThreadScope transport_thread;
+    AgentThreadScope agent_thread;
+    if (step()) driven.fetch_add(1, std::memory_order_relaxed);
   }
+  const bool work = ready();
+  lock.unlock();
   if (work) ring::ring(bell);
 }
 

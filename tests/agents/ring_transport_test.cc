@@ -269,8 +269,8 @@ bool eventually(const std::function<bool()>& done) {
 
 // A thread that polls while it waits (base/progress.h: a caller for its reply) takes
 // what arrives meanwhile off the ring itself, while the data thread sleeps. When the
-// last such thread stops, the data thread is back, and what came just before is not
-// left waiting for the next message.
+// last such thread stops, what came just before is not left waiting for the next
+// message (the leaving thread delivers it), and the data thread is back.
 TEST(RingTransport, AWaitingThreadDeliversWhatArrivesWhileItPolls) {
   Side a(make_ring_transport("a"));
   Side b(make_ring_transport("b"));
@@ -297,7 +297,6 @@ TEST(RingTransport, AWaitingThreadDeliversWhatArrivesWhileItPolls) {
   for (const auto& p : progress) p->leave();
   ASSERT_TRUE(b.events->wait_for([&] { return b.events->received_.size() == 3; }));
   EXPECT_EQ(b.events->received_[2].wire.metadata, "between");
-  EXPECT_NE(b.events->received_[2].thread, me);
   out->write(text("after"));
   ASSERT_TRUE(b.events->wait_for([&] { return b.events->received_.size() == 4; }));
   EXPECT_NE(b.events->received_[3].thread, me);
