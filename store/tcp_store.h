@@ -47,9 +47,11 @@ struct TCPStoreServerOptions {
   // its proof) within handshake_timeout is closed. At most max_handshaking connections
   // may be in their handshake at once: a new one closes the oldest of them, as does a
   // new one when the server is at max_connections, so silent or unauthenticated
-  // connections cannot keep a legitimate client out.
+  // connections cannot keep a legitimate client out. 512 lets that many workers join
+  // at once without any being closed (they retry) while their handshakes queue for the
+  // server's thread; 64 closed half of 256 workers starting together on 2 cores.
   std::chrono::milliseconds handshake_timeout = std::chrono::seconds(5);
-  size_t max_handshaking = 64;
+  size_t max_handshaking = 512;
   // Answers a connection may leave unread before the server stops handling (and
   // reading) its further requests until it reads them.
   size_t max_queued_bytes = 4u << 20;

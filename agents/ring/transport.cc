@@ -828,6 +828,8 @@ bool Endpoint::ready() const {
 }
 
 bool Endpoint::step() {
+  // An empty poll, what a waiting thread mostly does, costs a few loads.
+  if (!ready()) return false;
   bool progress = false;
   std::shared_ptr<TransportEvents> e = events.lock();
   if (has_commands.load(std::memory_order_acquire)) {
@@ -969,24 +971,19 @@ void Endpoint::leave_driver() {
 
 namespace {
 
-// What a waiting thread does for the rings (base/progress.h). Holds the endpoint
-// weakly: threads may keep it a little after the transport closed.
+// What a waiting thread does for the rings (base/progress.h). Threads may hold it a
+// little after the transport closed (until their next wait): then drive() does
+// nothing. It holds the endpoint itself, not weakly, since a poll is the hot path;
+// close() drops the registration, which ends the cycle.
 class RingProgress final : public Progress {
  public:
-  explicit RingProgress(std::weak_ptr<Endpoint> endpoint) : endpoint_(std::move(endpoint)) {}
-  void enter() override {
-    if (std::shared_ptr<Endpoint> e = endpoint_.lock()) e->enter_driver();
-  }
-  void leave() override {
-    if (std::shared_ptr<Endpoint> e = endpoint_.lock()) e->leave_driver();
-  }
-  bool poll() override {
-    std::shared_ptr<Endpoint> e = endpoint_.lock();
-    return e != nullptr && e->drive();
-  }
+  explicit RingProgress(std::shared_ptr<Endpoint> endpoint) : endpoint_(std::move(endpoint)) {}
+  void enter() override { endpoint_->enter_driver(); }
+  void leave() override { endpoint_->leave_driver(); }
+  bool poll() override { return endpoint_->drive(); }
 
  private:
-  std::weak_ptr<Endpoint> endpoint_;
+  const std::shared_ptr<Endpoint> endpoint_;
 };
 
 }  // namespace

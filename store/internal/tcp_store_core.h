@@ -74,7 +74,7 @@ struct ServerLimits {
   // oldest of them. They are closed too, oldest first, to make room when the server
   // is at max_connections, so silent or unauthenticated connections never keep out a
   // client that completes its handshake.
-  size_t max_handshaking = 64;
+  size_t max_handshaking = 512;
   // The job token ("" for none). With one, a connection is served only after it
   // proves it knows the token (see tcp_protocol.h); without one, a client that
   // presents a token is refused too (it expects this server to prove one).
