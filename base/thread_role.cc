@@ -7,6 +7,7 @@ namespace {
 thread_local bool agent_thread = false;
 thread_local bool transport_thread = false;
 thread_local bool inline_serving = false;
+thread_local bool user_driving = false;
 
 }  // namespace
 
@@ -16,5 +17,7 @@ void set_on_transport_thread(bool on) { transport_thread = on; }
 bool on_transport_thread() { return transport_thread; }
 void set_serving_inline(bool on) { inline_serving = on; }
 bool serving_inline() { return inline_serving; }
+void set_driving_for_user(bool on) { user_driving = on; }
+bool driving_for_user() { return user_driving; }
 
 }  // namespace ferry::internal

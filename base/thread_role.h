@@ -35,6 +35,12 @@ bool on_transport_thread();
 void set_serving_inline(bool on);
 bool serving_inline();
 
+// Marks the calling thread as a user's thread (not one an agent owns) that delivers a
+// transport's messages while it waits for a result (base/progress.h). It may hold the
+// user's locks, so agents run no inline function there: such requests go to the pool.
+void set_driving_for_user(bool on);
+bool driving_for_user();
+
 // Runs `work` on a thread of its own that is joined when the process exits: for
 // teardown that the calling thread cannot do itself (it would join itself). Defined
 // in threads.cc.
@@ -59,6 +65,19 @@ class TransportThreadScope {
   ~TransportThreadScope() { set_on_transport_thread(previous_); }
   TransportThreadScope(const TransportThreadScope&) = delete;
   TransportThreadScope& operator=(const TransportThreadScope&) = delete;
+
+ private:
+  bool previous_;
+};
+
+// Marks the calling thread as a user's thread driving a transport, for the scope's
+// duration, when it is not an agent's thread already.
+class UserDrivingScope {
+ public:
+  UserDrivingScope() : previous_(driving_for_user()) { set_driving_for_user(!on_agent_thread()); }
+  ~UserDrivingScope() { set_driving_for_user(previous_); }
+  UserDrivingScope(const UserDrivingScope&) = delete;
+  UserDrivingScope& operator=(const UserDrivingScope&) = delete;
 
  private:
   bool previous_;

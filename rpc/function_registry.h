@@ -15,9 +15,12 @@
 //
 // Where a function runs: by default on the worker pool, where it may block and make
 // calls of its own. A function registered with Serving::kInline runs right on the
-// transport thread that received the call, with no hand-off, so a call to it costs
-// about what a raw message round trip costs. It MUST NOT BLOCK (no waiting, no I/O, no
-// locks held for long): the transport thread stops while it runs. Calls it makes
+// thread that received the call, with no hand-off, so a call to it costs about what a
+// raw message round trip costs. That is the transport's thread, or, over the ring, an
+// idle pool thread that polls the rings (base/progress.h); never a user's thread that
+// delivers messages while it waits for a reply (the request goes to the pool then). It
+// MUST NOT BLOCK (no waiting, no I/O, no locks held for long): the transport stops
+// while it runs. Calls it makes
 // (rpc_sync, rpc_async, remote, RRef arguments that must notify their owner) fail at
 // once with kFailedPrecondition. Calls carrying CUDA tensors still go to the pool.
 //
@@ -121,7 +124,7 @@ struct OwnedValue {
 // Where a registered function runs (see the file comment).
 enum class Serving {
   kPool,    // on the worker pool: may block and make calls
-  kInline,  // on the transport thread: must not block; makes no calls
+  kInline,  // on the transport's (or an idle pool) thread: must not block; makes no calls
 };
 
 struct RegisteredFunction {

@@ -780,9 +780,10 @@ void Agent::on_request(const std::shared_ptr<Connection>& from, Wire wire) {
     return;
   }
   if (request->type() == MessageType::kRequest && !any_device_target(wire.targets) && options_.serves_inline &&
-      options_.serves_inline(*request)) {
+      !internal::driving_for_user() && options_.serves_inline(*request)) {
     // No hop: the handler promised not to block. Counted like a pool task, so sync()
-    // and join() see it.
+    // and join() see it. Never on a user's thread that delivers while it waits: it may
+    // hold a lock the handler takes.
     activity_->enter();
     {
       InlineServingScope scope;

@@ -936,6 +936,7 @@ bool Endpoint::drive() {
   if (stopping.load(std::memory_order_relaxed)) return false;
   std::unique_lock<std::mutex> lock(step_mu, std::try_to_lock);
   if (!lock.owns_lock() || stopping.load(std::memory_order_relaxed)) return false;
+  UserDrivingScope user;  // before the thread counts as the agent's below
   TransportThreadScope transport_thread;
   AgentThreadScope agent_thread;
   if (!step()) return false;
@@ -960,6 +961,7 @@ void Endpoint::leave_driver() {
   std::unique_lock<std::mutex> lock(step_mu, std::try_to_lock);
   if (!lock.owns_lock() || !ready()) return;
   if (!stopping.load(std::memory_order_relaxed)) {
+    UserDrivingScope user;
     TransportThreadScope transport_thread;
     AgentThreadScope agent_thread;
     if (step()) driven.fetch_add(1, std::memory_order_relaxed);

@@ -60,6 +60,7 @@ std::vector<Backend> backends() {
     };
   };
   return {
+      {"tensorpipe_ring", tensorpipe("ring")},
       {"tensorpipe_shm", tensorpipe("shm")},
       {"tensorpipe_uv", tensorpipe("uv")},
       {"process_group",
@@ -109,6 +110,51 @@ TEST_P(Inline, CallsFromAnInlineFunctionAreRefused) {
       // The worker keeps serving both kinds after the refusals.
       EXPECT_EQ(rpc_sync<int64_t>(name_of(1), "add", int64_t{1}, int64_t{1}), 2);
       EXPECT_FALSE(rpc_sync<bool>(name_of(1), "pooled_where"));
+    }
+    ASSERT_OK(shutdown());
+  }));
+}
+
+// Over the ring, a user's thread waiting for a reply delivers what arrives meanwhile
+// (base/progress.h). An inline function must not run there: it would see that thread's
+// thread-local state and could meet the locks it holds. Worker 0 waits 400 ms in a call
+// while polling all along (FERRY_SPIN_US), with a mark set on its thread, and worker 2
+// calls an inline function of worker 0 that reports the mark, over and over meanwhile.
+thread_local bool in_user_code = false;
+std::atomic<bool> started{false}, stopped{false};
+
+TEST(InlineRing, NeverServedOnAUserThreadThatWaits) {
+  ferry::testing::TempDir dir;
+  ferry::testing::expect_all_succeed(ferry::testing::run_processes(3, [&](int rank) {
+    setenv("FERRY_SPIN_US", "1000000", 1);
+    (void)register_function("slow", [] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(400));
+      return true;
+    });
+    (void)register_function("on_user_thread", [] { return in_user_code; }, Serving::kInline);
+    (void)register_function("start", [] { return !started.exchange(true); });
+    (void)register_function("stop", [] { return !stopped.exchange(true); });
+    TensorPipeRpcBackendOptions options;
+    options.init_method = "file://" + dir.path() + "/store";
+    options.transports = std::vector<std::string>{"ring"};
+    ASSERT_OK(init_rpc(name_of(rank), rank, 3, options));
+    if (rank == 0) {
+      in_user_code = true;
+      EXPECT_TRUE(rpc_sync<bool>(name_of(2), "start"));  // worker 2 calls from now on
+      EXPECT_TRUE(rpc_sync<bool>(name_of(1), "slow"));
+      in_user_code = false;
+      EXPECT_TRUE(rpc_sync<bool>(name_of(2), "stop"));
+    } else if (rank == 2) {
+      int calls = 0;
+      while (!stopped.load()) {
+        if (!started.load()) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          continue;
+        }
+        EXPECT_FALSE(rpc_sync<bool>(name_of(0), "on_user_thread", RpcTimeout{std::chrono::seconds(10)}));
+        ++calls;
+      }
+      EXPECT_GT(calls, 0);
     }
     ASSERT_OK(shutdown());
   }));
