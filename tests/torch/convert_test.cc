@@ -125,6 +125,20 @@ TEST(ToTorch, SamePointerAndFerryStorageLivesWhileTorchHoldsIt) {
   EXPECT_EQ(frees.load(), 1);
 }
 
+// Where libtorch has no CUDA (Debian's is CPU-only), a CUDA ferry::Tensor cannot
+// become an at::Tensor: the error says so instead of handing out a tensor whose
+// kernels would fail later. The host-backed runtime stands in for a GPU.
+TEST(ToTorch, CudaTensorWithoutCudaInLibtorch) {
+  if (at::hasCUDA()) GTEST_SKIP() << "this libtorch has CUDA";
+  std::shared_ptr<CudaRuntime> previous = set_cuda_runtime(std::make_shared<HostBackedCudaRuntime>(1));
+  {
+    FERRY_ASSERT_OK_AND_ASSIGN(Tensor f, Tensor::zeros({4}, DType::kFloat32, Device::cuda(0)));
+    EXPECT_THAT(to_torch(f), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                      HasSubstr("to_torch: libtorch cannot wrap a Tensor(float32, [4], cuda:0)")));
+  }
+  set_cuda_runtime(previous);
+}
+
 TEST(TorchDtypes, EveryFerryDtypeMapsOneToOne) {
   for (int i = 0; i < kNumDTypes; ++i) {
     DType dtype = static_cast<DType>(i);
@@ -183,26 +197,6 @@ TEST(TorchDlpack, FromTorchIntoDlpackAndBack) {
   EXPECT_EQ(frees.load(), 0);
   back = at::Tensor();
   EXPECT_EQ(frees.load(), 1);
-}
-
-}  // namespace
-}  // namespace ferry
-
-namespace ferry {
-namespace {
-
-// Where libtorch has no CUDA (Debian's is CPU-only), a CUDA ferry::Tensor cannot
-// become an at::Tensor: the error says so instead of handing out a tensor whose
-// kernels would fail later. The host-backed runtime stands in for a GPU.
-TEST(ToTorch, CudaTensorWithoutCudaInLibtorch) {
-  if (at::hasCUDA()) GTEST_SKIP() << "this libtorch has CUDA";
-  std::shared_ptr<CudaRuntime> previous = set_cuda_runtime(std::make_shared<HostBackedCudaRuntime>(1));
-  {
-    FERRY_ASSERT_OK_AND_ASSIGN(Tensor f, Tensor::zeros({4}, DType::kFloat32, Device::cuda(0)));
-    EXPECT_THAT(to_torch(f), StatusIs(absl::StatusCode::kFailedPrecondition,
-                                      HasSubstr("to_torch: libtorch cannot wrap a Tensor(float32, [4], cuda:0)")));
-  }
-  set_cuda_runtime(previous);
 }
 
 }  // namespace
