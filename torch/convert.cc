@@ -94,8 +94,33 @@ absl::StatusOr<Tensor> from_torch(const at::Tensor& tensor) {
   return Tensor::from_blob(std::move(storage), std::move(shape), dtype, device);
 }
 
+namespace {
+
+void delete_storage_reference(void* context) { delete static_cast<std::shared_ptr<void>*>(context); }
+
+// A CPU at::Tensor over ferry's storage, built the way at::empty builds one but around
+// memory it does not own. at::from_blob does the same through a std::function deleter
+// and device checks, which made an echo of a 4 KiB at::Tensor 9% slower than that of a
+// ferry::Tensor; this is half the cost.
+at::Tensor wrap_cpu(const Tensor& tensor) {
+  // libtorch's DataPtr owns the context from here on and deletes it with the storage.
+  c10::DataPtr data(tensor.data(), new std::shared_ptr<void>(tensor.storage()), &delete_storage_reference,
+                    c10::Device(c10::DeviceType::CPU));
+  c10::Storage storage(c10::Storage::use_byte_size_t(), tensor.nbytes(), std::move(data), /*allocator=*/nullptr,
+                       /*resizable=*/false);
+  at::Tensor out = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
+      c10::scalarTypeToTypeMeta(to_torch_dtype(tensor.dtype())));
+  out.unsafeGetTensorImpl()->set_sizes_contiguous(tensor.shape());
+  return out;
+}
+
+}  // namespace
+
 absl::StatusOr<at::Tensor> to_torch(const Tensor& tensor) {
   if (!tensor.defined()) return at::Tensor();
+  if (tensor.device().is_cpu()) return wrap_cpu(tensor);
+  // Other devices through from_blob, which checks that libtorch has the device.
   c10::Device device = tensor.device().is_cuda()
                            ? c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(tensor.device().index()))
                            : c10::Device(c10::DeviceType::CPU);
