@@ -36,7 +36,8 @@ namespace ferry {
 // `tensor`, so the memory stays alive until both sides are gone, in whichever order.
 // Writing through either side is visible on the other: the caller must not modify the
 // tensor while ferry sends it (until the call's future completes).
-// An undefined at::Tensor gives an undefined ferry::Tensor.
+// An undefined at::Tensor gives an undefined ferry::Tensor; one with no elements (whose
+// data_ptr() may be null) gives a fresh empty ferry::Tensor of the same shape.
 // Errors: InvalidArgument for a non-contiguous or negated view, naming its sizes and
 // strides; Unimplemented for a dtype, layout or device ferry lacks, naming it.
 [[nodiscard]] absl::StatusOr<Tensor> from_torch(const at::Tensor& tensor);
