@@ -125,7 +125,7 @@ struct SideResult {
   std::vector<EchoResult> cuda_echo;
   std::vector<EchoResult> pinned_copy;
   // Ferry built with the torch component only: the echo of an at::Tensor of each echo
-  // size (tools/bench/torch_echo.h), measured right after the ferry::Tensor echo.
+  // size (tools/bench/torch_echo.h), measured in turns with the ferry::Tensor echo.
   std::vector<EchoResult> torch_echo;
   // The cores the measuring process could run on (1 when the bench pinned it).
   int client_cores = 0;

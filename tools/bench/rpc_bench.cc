@@ -126,6 +126,32 @@ absl::Status check_echo(const Tensor& sent, const Tensor& got) {
   return absl::OkStatus();
 }
 
+// The latencies of two kinds of call measured in turns, a then b, then b then a, and
+// so on, so that neither gets a warmer cache, a quieter host or the pages the other
+// just freed by always coming second.
+template <typename CallA, typename CallB>
+absl::StatusOr<std::pair<LatencyStats, LatencyStats>> time_alternating(int warmup, int iterations, CallA a,
+                                                                       CallB b) {
+  for (int i = 0; i < warmup; ++i) {
+    FERRY_RETURN_IF_ERROR(a(i));
+    FERRY_RETURN_IF_ERROR(b(i));
+  }
+  std::vector<double> samples_a, samples_b;
+  samples_a.reserve(static_cast<size_t>(iterations));
+  samples_b.reserve(static_cast<size_t>(iterations));
+  for (int i = 0; i < iterations; ++i) {
+    const bool a_first = i % 2 == 0;
+    Clock::time_point t0 = Clock::now();
+    FERRY_RETURN_IF_ERROR(a_first ? a(i) : b(i));
+    Clock::time_point t1 = Clock::now();
+    FERRY_RETURN_IF_ERROR(a_first ? b(i) : a(i));
+    Clock::time_point t2 = Clock::now();
+    samples_a.push_back(micros_between(a_first ? t0 : t1, a_first ? t1 : t2));
+    samples_b.push_back(micros_between(a_first ? t1 : t0, a_first ? t2 : t1));
+  }
+  return std::make_pair(latency_stats(samples_a), latency_stats(samples_b));
+}
+
 // Latency of rpc_sync calls made by `call` (which returns the status of one call).
 template <typename Call>
 absl::StatusOr<LatencyStats> time_calls(int warmup, int iterations, Call call) {
@@ -279,14 +305,18 @@ absl::Status ferry_measure(const MeasurePlan& plan, bool cuda, std::chrono::mill
     uint8_t* p = t.data_ptr<uint8_t>();
     for (size_t i = 0; i < bytes; ++i) p[i] = static_cast<uint8_t>(i * 7);
     auto echo = [&t](int) { return check_echo(t, rpc_sync<Tensor>(kServerName, kEcho, t)); };
-    FERRY_ASSIGN_OR_RETURN(LatencyStats rtt, time_calls(plan.echo_warmup, plan.echo_iterations[k], echo));
-    out.echo.push_back(EchoResult{bytes, rtt, 2.0 * static_cast<double>(bytes) / (rtt.median_us * 1e3)});
+    LatencyStats rtt;
     if (torch_echo_available()) {
-      FERRY_ASSIGN_OR_RETURN(LatencyStats torch_rtt, time_calls(plan.echo_warmup, plan.echo_iterations[k],
-                                                                torch_echo_call(kServerName, bytes)));
+      // The at::Tensor echo in turns with the ferry::Tensor one: their ratio is the figure.
+      FERRY_ASSIGN_OR_RETURN(auto both, time_alternating(plan.echo_warmup, plan.echo_iterations[k], echo,
+                                                         torch_echo_call(kServerName, bytes)));
+      rtt = both.first;
       out.torch_echo.push_back(
-          EchoResult{bytes, torch_rtt, 2.0 * static_cast<double>(bytes) / (torch_rtt.median_us * 1e3)});
+          EchoResult{bytes, both.second, 2.0 * static_cast<double>(bytes) / (both.second.median_us * 1e3)});
+    } else {
+      FERRY_ASSIGN_OR_RETURN(rtt, time_calls(plan.echo_warmup, plan.echo_iterations[k], echo));
     }
+    out.echo.push_back(EchoResult{bytes, rtt, 2.0 * static_cast<double>(bytes) / (rtt.median_us * 1e3)});
     if (!cuda) continue;
     FERRY_ASSIGN_OR_RETURN(Tensor on_device, t.to(Device::cuda(0)));
     auto cuda_echo = [&on_device](int) -> absl::Status {
