@@ -9,8 +9,8 @@
 // and pushes the gradients back with rpc_async, without waiting for the other
 // trainers: the server's optimizer steps on each push as it arrives (asynchronous
 // training; Adam rather than SGD with momentum, since asynchrony already acts as
-// momentum and the two together diverged here with 3 trainers). at::Tensors (and vectors of them) are the calls' arguments and results
-// (torch/wire.h). The trainers print their loss curves; the driver evaluates the
+// momentum and the two together diverged here with 3 trainers). at::Tensors (and
+// vectors of them) are the calls' arguments and results (torch/wire.h). The trainers print their loss curves; the driver evaluates the
 // model on held-out data before and after, and exits 1 unless the loss fell to a
 // quarter or less, or an update went missing.
 //
