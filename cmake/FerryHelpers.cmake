@@ -1,11 +1,16 @@
-# ferry_add_library(NAME <folder> SRCS ... HDRS ... DEPS ... PRIVATE_DEPS ...)
+# ferry_add_library(NAME <folder> SRCS ... HDRS ... DEPS ... PRIVATE_DEPS ... [EXPORT set])
 #
 # Makes the library ferry_<folder>, aliased ferry::<folder>, modelled on Abseil's
 # absl_cc_library. HDRS are public headers, installed under include/<folder>/ and
 # included from the repo root ("tensor/tensor.h"). A dependency is PUBLIC (DEPS)
 # only when a public header includes it; everything else goes in PRIVATE_DEPS.
+# EXPORT names the install export set (default ferryTargets); an optional component
+# has its own, loaded by ferryConfig.cmake only when the component is asked for.
 function(ferry_add_library)
-  cmake_parse_arguments(FAL "" "NAME" "SRCS;HDRS;DEPS;PRIVATE_DEPS" ${ARGN})
+  cmake_parse_arguments(FAL "" "NAME;EXPORT" "SRCS;HDRS;DEPS;PRIVATE_DEPS" ${ARGN})
+  if(NOT FAL_EXPORT)
+    set(FAL_EXPORT ferryTargets)
+  endif()
   set(_t ferry_${FAL_NAME})
   add_library(${_t} STATIC ${FAL_SRCS})
   add_library(ferry::${FAL_NAME} ALIAS ${_t})
@@ -18,7 +23,7 @@ function(ferry_add_library)
     target_link_options(${_t} INTERFACE -fsanitize=${FERRY_SANITIZE})
   endif()
   if(FERRY_INSTALL)
-    install(TARGETS ${_t} EXPORT ferryTargets
+    install(TARGETS ${_t} EXPORT ${FAL_EXPORT}
       ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
       FILE_SET HEADERS DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/ferry)
   endif()

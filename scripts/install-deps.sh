@@ -8,6 +8,7 @@ packages=(
   libtensorpipe-dev libgloo-dev libuv1-dev libcereal-dev libabsl-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libssl-dev
+  libdlpack-dev libtorch-dev
   clang-14 libfuzzer-14-dev
   python3 python3-matplotlib
   iproute2

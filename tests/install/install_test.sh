@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# usage: install_test.sh CMAKE BUILD_DIR CONSUMER_SRC WORK_DIR
+# usage: install_test.sh CMAKE BUILD_DIR CONSUMER_SRC WORK_DIR [TORCH_CONSUMER_SRC]
+# With TORCH_CONSUMER_SRC (a build with the torch component), that project must find
+# find_package(ferry COMPONENTS torch) and run.
 set -euo pipefail
-cmake=$1 build=$2 consumer=$3 work=$4
+cmake=$1 build=$2 consumer=$3 work=$4 torch_consumer=${5:-}
 rm -rf "$work"
 mkdir -p "$work"
 "$cmake" --install "$build" --prefix "$work/prefix" >"$work/install.log"
@@ -18,5 +20,15 @@ if "$cmake" -S "$consumer" -B "$work/build-v" -G Ninja -DCMAKE_PREFIX_PATH="$wor
      -DFERRY_WANTED_VERSION=99.0 >"$work/configure-v.log" 2>&1; then
   echo "find_package(ferry 99.0) unexpectedly succeeded" >&2
   exit 1
+fi
+if [ -n "$torch_consumer" ]; then
+  test -f "$work/prefix/lib/cmake/ferry/ferryTorchTargets.cmake"
+  test -f "$work/prefix/include/ferry/torch/wire.h"
+  "$cmake" -S "$torch_consumer" -B "$work/build-torch" -G Ninja -DCMAKE_PREFIX_PATH="$work/prefix" \
+    >"$work/configure-torch.log"
+  "$cmake" --build "$work/build-torch" >"$work/build-torch.log"
+  out=$("$work/build-torch/consumer_torch")
+  echo "$out"
+  test "$out" = "consumer_torch: same pointer"
 fi
 echo "install test passed"

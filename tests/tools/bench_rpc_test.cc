@@ -60,7 +60,7 @@ TEST(BenchRpc, QuickJsonHasEveryFigureAndTarget) {
   EXPECT_EQ(j["iterations"]["echo"].size(), 3u);  // 4 KiB, 64 KiB, 1 MiB
   expect_positive(j, "seconds", "top level");
 
-  const std::vector<std::string> metrics = {
+  std::vector<std::string> metrics = {
       "small_call_rtt_median",
       "small_call_rtt_p99",
       "small_call_inline_rtt_median",
@@ -88,10 +88,19 @@ TEST(BenchRpc, QuickJsonHasEveryFigureAndTarget) {
       "echo_1MiB_rtt_median",
       "echo_1MiB_bandwidth",
   };
-  const std::vector<std::string> targets = {
+  std::vector<std::string> targets = {
       "inline_small_call_latency",   "pooled_small_call_latency", "tiny_tensor_latency",
       "calls_per_s_16_outstanding",  "calls_per_s_256_outstanding", "echo_bandwidth_4KiB",
       "echo_bandwidth_64KiB",        "echo_bandwidth_1MiB"};
+#ifdef FERRY_BENCH_TORCH
+  // A ferry command linked with libtorch also echoes at::Tensors, beside the ferry::Tensor
+  // echo, with a target at the smallest and largest size.
+  for (const char* size : {"4KiB", "64KiB", "1MiB"}) {
+    metrics.push_back(std::string("torch_echo_") + size + "_rtt_median");
+  }
+  targets.push_back("torch_echo_latency_4KiB");
+  targets.push_back("torch_echo_latency_1MiB");
+#endif
   // Targets and figures are named by what they measure, never by a tracker's numbers.
   EXPECT_THAT(j.dump(), Not(ContainsRegex("[Ii]ssue[ -]?[0-9]")));
   ASSERT_TRUE(j.contains("transports"));

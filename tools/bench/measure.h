@@ -124,6 +124,9 @@ struct SideResult {
   // pinned cudaMemcpy of the same bytes host to device and back, at each echo size.
   std::vector<EchoResult> cuda_echo;
   std::vector<EchoResult> pinned_copy;
+  // Ferry built with the torch component only: the echo of an at::Tensor of each echo
+  // size (tools/bench/torch_echo.h), measured in turns with the ferry::Tensor echo.
+  std::vector<EchoResult> torch_echo;
   // The cores the measuring process could run on (1 when the bench pinned it).
   int client_cores = 0;
   // Ferry on the ring only: the ring's own round trip with no agent above it
@@ -132,7 +135,7 @@ struct SideResult {
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(SideResult, side, transport, channels, small_call, small_call_inline,
                                    small_call_chained, tiny_tensor, throughput, throughput_inline, echo, cuda_echo,
-                                   pinned_copy, client_cores, transport_floor)
+                                   pinned_copy, torch_echo, client_cores, transport_floor)
 
 // The cores the calling process may run on (its affinity mask).
 int allowed_cores();

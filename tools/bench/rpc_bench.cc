@@ -30,6 +30,7 @@
 #include "tools/bench/raw_tensorpipe.h"
 #include "tools/bench/ring_floor.h"
 #include "tools/bench/report.h"
+#include "tools/bench/torch_echo.h"
 
 namespace ferry::tools::bench {
 namespace {
@@ -74,6 +75,7 @@ absl::Status from_exception(const char* what) { return absl::InternalError(absl:
 absl::Status register_bench_functions() {
   FERRY_RETURN_IF_ERROR(register_function(kNoop, [](int64_t x) { return x; }));
   FERRY_RETURN_IF_ERROR(register_function(kNoopInline, [](int64_t x) { return x; }, Serving::kInline));
+  FERRY_RETURN_IF_ERROR(register_torch_echo());
   return register_function(kEcho, [](Tensor t) { return t; });
 }
 
@@ -122,6 +124,32 @@ absl::Status check_echo(const Tensor& sent, const Tensor& got) {
         absl::StrCat("echo of ", sent.nbytes(), " bytes came back with ", got.nbytes(), " bytes"));
   }
   return absl::OkStatus();
+}
+
+// The latencies of two kinds of call measured in turns, a then b, then b then a, and
+// so on, so that neither gets a warmer cache, a quieter host or the pages the other
+// just freed by always coming second.
+template <typename CallA, typename CallB>
+absl::StatusOr<std::pair<LatencyStats, LatencyStats>> time_alternating(int warmup, int iterations, CallA a,
+                                                                       CallB b) {
+  for (int i = 0; i < warmup; ++i) {
+    FERRY_RETURN_IF_ERROR(a(i));
+    FERRY_RETURN_IF_ERROR(b(i));
+  }
+  std::vector<double> samples_a, samples_b;
+  samples_a.reserve(static_cast<size_t>(iterations));
+  samples_b.reserve(static_cast<size_t>(iterations));
+  for (int i = 0; i < iterations; ++i) {
+    const bool a_first = i % 2 == 0;
+    Clock::time_point t0 = Clock::now();
+    FERRY_RETURN_IF_ERROR(a_first ? a(i) : b(i));
+    Clock::time_point t1 = Clock::now();
+    FERRY_RETURN_IF_ERROR(a_first ? b(i) : a(i));
+    Clock::time_point t2 = Clock::now();
+    samples_a.push_back(micros_between(a_first ? t0 : t1, a_first ? t1 : t2));
+    samples_b.push_back(micros_between(a_first ? t1 : t0, a_first ? t2 : t1));
+  }
+  return std::make_pair(latency_stats(samples_a), latency_stats(samples_b));
 }
 
 // Latency of rpc_sync calls made by `call` (which returns the status of one call).
@@ -277,7 +305,17 @@ absl::Status ferry_measure(const MeasurePlan& plan, bool cuda, std::chrono::mill
     uint8_t* p = t.data_ptr<uint8_t>();
     for (size_t i = 0; i < bytes; ++i) p[i] = static_cast<uint8_t>(i * 7);
     auto echo = [&t](int) { return check_echo(t, rpc_sync<Tensor>(kServerName, kEcho, t)); };
-    FERRY_ASSIGN_OR_RETURN(LatencyStats rtt, time_calls(plan.echo_warmup, plan.echo_iterations[k], echo));
+    LatencyStats rtt;
+    if (torch_echo_available()) {
+      // The at::Tensor echo in turns with the ferry::Tensor one: their ratio is the figure.
+      FERRY_ASSIGN_OR_RETURN(auto both, time_alternating(plan.echo_warmup, plan.echo_iterations[k], echo,
+                                                         torch_echo_call(kServerName, bytes)));
+      rtt = both.first;
+      out.torch_echo.push_back(
+          EchoResult{bytes, both.second, 2.0 * static_cast<double>(bytes) / (both.second.median_us * 1e3)});
+    } else {
+      FERRY_ASSIGN_OR_RETURN(rtt, time_calls(plan.echo_warmup, plan.echo_iterations[k], echo));
+    }
     out.echo.push_back(EchoResult{bytes, rtt, 2.0 * static_cast<double>(bytes) / (rtt.median_us * 1e3)});
     if (!cuda) continue;
     FERRY_ASSIGN_OR_RETURN(Tensor on_device, t.to(Device::cuda(0)));
@@ -515,6 +553,15 @@ std::vector<MetricRow> metric_rows(const TransportResult& t) {
     rows.push_back({absl::StrCat("echo_", size, "_bandwidth"), absl::StrCat("echo ", size, " bandwidth (both ways)"),
                     "GB/s", "bandwidth", f.gb_per_s, r.gb_per_s, f.round_trip.samples, f.bytes, std::nullopt});
   }
+  // With the torch component, the "raw" figure is the ferry::Tensor echo of the same size.
+  for (size_t k = 0; k < t.ferry.torch_echo.size() && k < t.ferry.echo.size(); ++k) {
+    const EchoResult& a = t.ferry.torch_echo[k];
+    const EchoResult& f = t.ferry.echo[k];
+    std::string size = size_label(a.bytes);
+    rows.push_back({absl::StrCat("torch_echo_", size, "_rtt_median"),
+                    absl::StrCat("at::Tensor echo ", size, " RTT (raw: ferry::Tensor echo)"), "us", "latency",
+                    a.round_trip.median_us, f.round_trip.median_us, a.round_trip.samples, a.bytes, std::nullopt});
+  }
   // With --device cuda, the "raw" figure is a pinned cudaMemcpy there and back.
   for (size_t k = 0; k < t.ferry.cuda_echo.size() && k < t.ferry.pinned_copy.size(); ++k) {
     const EchoResult& f = t.ferry.cuda_echo[k];
@@ -683,6 +730,15 @@ std::vector<TargetResult> evaluate_targets(const RpcBenchReport& report) {
       add(absl::StrCat("echo_bandwidth_", size_label(f.bytes)),
           absl::StrCat("echo bandwidth at ", size_label(f.bytes), " >= 0.9x raw TensorPipe's"),
           f.gb_per_s / t.raw.echo[k].gb_per_s, 0.9, false, f.bytes);
+    }
+    // An at::Tensor costs what a ferry::Tensor of the same size costs (issue 29): at
+    // the smallest echo, where wrapping would show, and the largest, where a copy would.
+    for (size_t k = 0; k < t.ferry.torch_echo.size() && k < t.ferry.echo.size(); ++k) {
+      const EchoResult& a = t.ferry.torch_echo[k];
+      if (k != 0 && k + 1 != t.ferry.torch_echo.size()) continue;
+      add(absl::StrCat("torch_echo_latency_", size_label(a.bytes)),
+          absl::StrCat("at::Tensor echo median RTT at ", size_label(a.bytes), " <= 1.05x ferry::Tensor's"),
+          a.round_trip.median_us / t.ferry.echo[k].round_trip.median_us, 1.05, true, a.bytes);
     }
   }
   return out;
