@@ -357,7 +357,11 @@ void Agent::open_link(const PeerAddress& peer, std::shared_ptr<Session> session)
     return;
   }
   connection->write(internal::auth_message(AuthKind::kHello, {self_.name, std::to_string(self_.id), session->nonce_c}));
-  if (session->stage == Stage::kOpen) flush(connection);
+  if (session->stage == Stage::kOpen) {
+    flush(connection);
+  } else {
+    expect_challenge(peer, session);
+  }
   if (session->closed.load(std::memory_order_acquire)) {
     // It ended before it was in the table (a peer we share no transport with).
     absl::Status why;
@@ -367,6 +371,34 @@ void Agent::open_link(const PeerAddress& peer, std::shared_ptr<Session> session)
     }
     on_closed(connection, std::move(why));
   }
+}
+
+void Agent::expect_challenge(const PeerAddress& peer, const std::shared_ptr<Session>& session) {
+  // An acceptor that never answers (stopped, or not a ferry worker) would otherwise hold
+  // the requests queued behind the handshake forever, those without a timeout too
+  // (issue 27, finding 8). `open` turns on when its challenge came and our requests
+  // went; what happens after that is the heartbeat's to judge.
+  std::weak_ptr<Agent> weak = weak_from_this();
+  std::weak_ptr<Session> weak_session = session;
+  const std::chrono::milliseconds limit = options_.handshake_timeout;
+  calls_->run_at(Clock::now() + limit, [weak, weak_session, id = peer.info.id, name = peer.info.name, limit] {
+    std::shared_ptr<Agent> agent = weak.lock();
+    std::shared_ptr<Session> s = weak_session.lock();
+    if (!agent || !s || s->open.load(std::memory_order_acquire)) return;
+    std::shared_ptr<Connection> connection;
+    {
+      std::lock_guard<std::mutex> lock(agent->links_mu_);
+      auto it = agent->links_.find(id);
+      if (it == agent->links_.end() || it->second.session != s) return;  // ended or replaced meanwhile
+      connection = std::move(it->second.connection);
+      agent->links_.erase(it);
+    }
+    // Out of the table first, so the close reports nothing more.
+    if (connection != nullptr) connection->close();
+    agent->on_peer_lost(id, absl::UnavailableError(absl::StrCat(
+                                "worker \"", name, "\" (id ", id, ") did not answer this worker's job-token hello within ",
+                                limit.count(), " ms (handshake_timeout); is it stopped, or not a ferry worker?")));
+  });
 }
 
 void Agent::flush(const std::shared_ptr<Connection>& connection) {

@@ -83,7 +83,8 @@ struct AgentOptions {
   // worker logs why. All workers of a group must agree.
   std::string auth_token;
   // With a token: how long a peer's connection may stay unauthenticated before it is
-  // closed.
+  // closed, and how long a connection this worker opens may wait for the peer's
+  // challenge before the peer is lost (its calls fail with kUnavailable naming it).
   std::chrono::milliseconds handshake_timeout{std::chrono::seconds(5)};
   // Device channels tried before staging, in order (Agent::channel_for).
   std::vector<std::shared_ptr<DeviceChannel>> device_channels;
@@ -192,6 +193,9 @@ class Agent final : public RpcAgent, public TransportEvents, public std::enable_
   // Connects the link whose first send this was, writes the hello, and (without a
   // token) lets the waiting requests follow.
   void open_link(const PeerAddress& peer, std::shared_ptr<internal::Session> session);
+  // With a token: a link whose acceptor sent no challenge within handshake_timeout is
+  // dropped and its peer lost.
+  void expect_challenge(const PeerAddress& peer, const std::shared_ptr<internal::Session>& session);
   void flush(const std::shared_ptr<Connection>& connection);
   void drop_connection(int peer);
   // Handshake steps (agents/core/handshake.h).

@@ -4,12 +4,14 @@
 // id that already has an open pipe) is refused. Agents exchange addresses through a
 // FileStore in a temporary directory.
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "agents/tensorpipe/factory.h"
 #include "gmock/gmock.h"
@@ -136,6 +138,56 @@ TEST(AgentAuthTest, MissingTokenIsRefusedBothWays) {
   expect_mismatch_refused("secret-a", std::string(""), "has no job token but this pipe presented one",
                           "requires the job token and this pipe presented none",
                           "it sent no job-token hello", "it presents a job token and this worker has none");
+}
+
+// Issue 27, finding 8: the opener of a pipe had no deadline for the acceptor's
+// challenge, so with the heartbeat off a call with no timeout to a worker stopped
+// right after init (its socket accepted by the kernel, never answered) waited forever.
+TEST(AgentAuthTest, AnOpenerGivesUpOnAPeerThatNeverAnswersItsHello) {
+  TempDir dir;
+  std::vector<ferry::testing::ProcessResult> results = run_processes(2, [&](int rank) {
+    auto store = file_store(dir.path(), "store");
+    ASSERT_NE(store, nullptr);
+    std::string name = "w" + std::to_string(rank);
+    TensorPipeAgentOptions options = options_with("job-secret");
+    options.heartbeat_interval = 0ms;  // only the handshake's deadline can tell
+    auto agent = TensorPipeAgent::create(store, name, rank, 2, options, echo_handler(name));
+    ASSERT_TRUE(agent.ok()) << agent.status();
+    if (rank == 1) {
+      ASSERT_OK(store->set("pid", to_bytes(std::to_string(getpid()))));
+      raise(SIGSTOP);
+      return;
+    }
+    auto pid = store->get("pid", 30s);
+    ASSERT_TRUE(pid.ok()) << pid.status();
+    pid_t peer = static_cast<pid_t>(std::stol(to_string(*pid)));
+    for (int i = 0; i < 2000; ++i) {
+      std::ifstream stat("/proc/" + std::to_string(peer) + "/stat");
+      std::string line;
+      std::getline(stat, line);
+      size_t paren = line.rfind(')');
+      if (paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'T') break;
+      std::this_thread::sleep_for(5ms);
+    }
+    Message m(MessageType::kRequest, 0);
+    m.buffer() += "hello?";
+    auto start = std::chrono::steady_clock::now();
+    Future<Message> forever = (*agent)->send(1, std::move(m), 0ms);  // no timeout
+    // The handshake's deadline is 5 s (AgentOptions::handshake_timeout); 30 s bounds a hang.
+    (void)forever.wait_for(30s);
+    if (!forever.is_ready()) {
+      kill(peer, SIGKILL);
+      FAIL() << "a call to w1, which never answered the hello, had not ended after 30 s";
+    }
+    EXPECT_THAT(forever.status(), StatusIs(absl::StatusCode::kUnavailable,
+                                           AllOf(HasSubstr("\"w1\""), HasSubstr("did not answer"))));
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 25s);
+    kill(peer, SIGKILL);
+    (*agent)->shutdown();
+  }, 90s);
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_TRUE(results[0].exited && results[0].exit_code == 0) << results[0].describe();
+  EXPECT_EQ(results[1].term_signal, SIGKILL) << results[1].describe();
 }
 
 TEST(AgentAuthTest, SpoofedWorkerNameOrIdIsRefused) {

@@ -322,6 +322,49 @@ bool is_stopped(pid_t pid) {
   return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'T';
 }
 
+// Issue 27, finding 8: a peer stopped right after init, before any call reached it, was
+// never heard from, so the heartbeat left it alone and a call with no timeout waited
+// forever. Now silence since the first call counts as silence since a reply does.
+TEST_P(AgentConformance, APeerStoppedBeforeAnyCallIsDeclaredLost) {
+  SKIP_IF_IN_PROCESS("a stopped peer");
+  ferry::testing::TempDir dir;
+  std::vector<ferry::testing::ProcessResult> results = run_workers(GetParam(), 2, [&](int rank) {
+    auto agent = make(GetParam(), dir.path(), rank, 2);
+    std::shared_ptr<Store> store = file_store(dir.path());
+    if (rank == 1) {
+      ASSERT_OK(store->set("pid", to_bytes(std::to_string(getpid()))));
+      raise(SIGSTOP);
+      return;
+    }
+    pid_t peer = static_cast<pid_t>(std::stol(to_string(*store->get("pid", seconds(20)))));
+    for (int i = 0; i < 2000 && !is_stopped(peer); ++i) std::this_thread::sleep_for(milliseconds(5));
+    ASSERT_TRUE(is_stopped(peer));
+    auto start = std::chrono::steady_clock::now();
+    // The first call of this worker to w1, with no timeout.
+    Future<Message> forever = agent->send(1, request("hello?"), milliseconds(0));
+    // The heartbeat is 300 ms here: lost within about a second. 20 s only bounds a hang.
+    (void)forever.wait_for(seconds(20));
+    if (!forever.is_ready()) {
+      kill(peer, SIGKILL);
+      FAIL() << "a call to w1, stopped before any call reached it, had not ended after 20 s";
+    }
+    absl::Status why = forever.status();
+    EXPECT_TRUE(why.code() == absl::StatusCode::kUnavailable || why.code() == absl::StatusCode::kDeadlineExceeded)
+        << why;
+    EXPECT_THAT(why, StatusIs(why.code(), HasSubstr("\"w1\"")));
+    EXPECT_LT(std::chrono::steady_clock::now() - start, seconds(15));
+    // Later calls end too.
+    Future<Message> again = agent->send(1, request("again"), milliseconds(0));
+    (void)again.wait_for(seconds(20));
+    EXPECT_TRUE(again.is_ready());
+    kill(peer, SIGKILL);
+    agent->shutdown();
+  }, seconds(60));
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_TRUE(results[0].exited && results[0].exit_code == 0) << results[0].describe();
+  EXPECT_EQ(results[1].term_signal, SIGKILL) << results[1].describe();
+}
+
 // A peer that stops reading (SIGSTOP, sockets open) holds up nothing but calls to
 // itself: calls to the third worker keep completing while large messages to the
 // stopped one are stuck, and those fail with kUnavailable once the heartbeat gives up.
