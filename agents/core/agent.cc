@@ -843,10 +843,12 @@ void Agent::serve(const std::shared_ptr<Connection>& from, std::vector<std::stri
   // up the transport.
   absl::Status landed = targets.empty() ? absl::OkStatus() : land(request.tensors(), targets);
   Message reply;
+  ServingRequest serving{from, table, member, caller, request.id()};
   if (!landed.ok()) {
     reply = make_error_message(request.id(), self_.name,
                                absl::Status(landed.code(), absl::StrCat(self_.name, ": ", landed.message())));
   } else {
+    ServingScope scope(this, &serving);
     try {
       if (request.type() == MessageType::kControl) {
         std::shared_ptr<const RequestHandler> control;
@@ -870,7 +872,14 @@ void Agent::serve(const std::shared_ptr<Connection>& from, std::vector<std::stri
                                  absl::UnknownError(absl::StrCat(self_.name, ": request handler threw")));
     }
   }
-  reply.set_id(request.id());
+  // A deferred reply goes when its handler's continuation sends it (see defer()).
+  if (serving.deferred) return;
+  send_reply(from, member, caller, request.id(), std::move(reply));
+}
+
+void Agent::send_reply(const std::shared_ptr<Connection>& from, const Member* member, const WorkerInfo& caller,
+                       uint64_t id, Message reply) {
+  reply.set_id(id);
   requests_served_.fetch_add(1, std::memory_order_relaxed);
   Wire wire;
   wire.tensors = std::move(reply.tensors());
@@ -886,11 +895,74 @@ void Agent::serve(const std::shared_ptr<Connection>& from, std::vector<std::stri
   } else {
     // The result holds a tensor that cannot travel back: the caller gets why.
     Message error = make_error_message(
-        request.id(), self_.name,
+        id, self_.name,
         absl::Status(staged.code(), absl::StrCat(self_.name, ": the reply cannot be sent: ", staged.message())));
     wire = Wire{error.seal(), {}, {}};
   }
   from->write(std::move(wire));
+}
+
+// ---- Deferred replies (agents/rpc_agent.h's defer_reply).
+
+struct DeferredReply::State {
+  // Sends the reply or an error for it, and counts the request out; called once.
+  std::function<void(absl::StatusOr<Message>)> deliver;
+  std::atomic<bool> done{false};
+  ~State() {
+    if (!done.exchange(true)) {
+      deliver(absl::InternalError("the request's handler deferred its reply, then dropped it without sending one"));
+    }
+  }
+};
+
+void DeferredReply::send(Message reply) const {
+  if (state_ == nullptr || state_->done.exchange(true)) return;
+  state_->deliver(std::move(reply));
+}
+
+namespace {
+thread_local Agent::ServingRequest* serving_now = nullptr;
+}  // namespace
+
+Agent::ServingScope::ServingScope(Agent* agent, ServingRequest* request) : previous_(serving_now) {
+  request->agent = agent;
+  serving_now = request;
+}
+Agent::ServingScope::~ServingScope() { serving_now = previous_; }
+
+DeferredReply defer_reply(std::optional<std::chrono::milliseconds> timeout) {
+  if (serving_now == nullptr || serving_now->deferred) return DeferredReply();
+  return serving_now->agent->defer(*serving_now, timeout);
+}
+
+DeferredReply Agent::defer(ServingRequest& request, std::optional<std::chrono::milliseconds> timeout) {
+  request.deferred = true;
+  // Counted like the pool task it replaces, so sync() and join() wait for the reply.
+  activity_->enter();
+  auto state = std::make_shared<DeferredReply::State>();
+  std::weak_ptr<Agent> weak = weak_from_this();
+  state->deliver = [weak, activity = activity_, from = request.from, table = request.table, member = request.member,
+                    caller = request.caller, id = request.id](absl::StatusOr<Message> reply) {
+    if (std::shared_ptr<Agent> agent = weak.lock()) {
+      Message m = reply.ok() ? *std::move(reply)
+                             : make_error_message(id, agent->self_.name,
+                                                  absl::Status(reply.status().code(),
+                                                               absl::StrCat(agent->self_.name, ": ",
+                                                                            reply.status().message())));
+      agent->send_reply(from, member, caller, id, std::move(m));
+    }
+    activity->exit();
+  };
+  if (timeout.has_value()) {
+    std::weak_ptr<DeferredReply::State> weak_state = state;
+    calls_->run_at(Clock::now() + *timeout, [weak_state, limit = *timeout] {
+      std::shared_ptr<DeferredReply::State> s = weak_state.lock();
+      if (s == nullptr || s->done.exchange(true)) return;
+      s->deliver(absl::DeadlineExceededError(
+          absl::StrCat("the reply to this request was not ready within ", limit.count(), " ms")));
+    });
+  }
+  return DeferredReply(std::move(state));
 }
 
 void Agent::on_reply(int peer, Wire wire) {

@@ -167,6 +167,29 @@ class Agent final : public RpcAgent, public TransportEvents, public std::enable_
   void watch(int peer, bool watched) override;
   std::map<std::string, std::string> debug_info() const override;
 
+  // The request a pool thread is serving, for defer_reply() (agents/rpc_agent.h).
+  struct ServingRequest {
+    std::shared_ptr<Connection> from;
+    std::shared_ptr<const internal::Membership::Table> table;  // keeps `member` alive
+    const internal::Member* member;
+    WorkerInfo caller;
+    uint64_t id;
+    bool deferred = false;
+    Agent* agent = nullptr;
+  };
+  // Makes `request` the one defer_reply() on this thread defers, while it lives.
+  class ServingScope {
+   public:
+    ServingScope(Agent* agent, ServingRequest* request);
+    ~ServingScope();
+    ServingScope(const ServingScope&) = delete;
+    ServingScope& operator=(const ServingScope&) = delete;
+
+   private:
+    ServingRequest* previous_;
+  };
+  DeferredReply defer(ServingRequest& request, std::optional<std::chrono::milliseconds> timeout);
+
   // TransportEvents.
   void on_accepted(const std::shared_ptr<Connection>& connection) override;
   absl::Status on_header(Connection& connection, uint64_t metadata_bytes,
@@ -213,6 +236,11 @@ class Agent final : public RpcAgent, public TransportEvents, public std::enable_
   void on_reply(int peer, Wire wire);
   void on_peer_lost(int peer, absl::Status why);
   void serve(const std::shared_ptr<Connection>& from, std::vector<std::string> targets, Message request);
+  // The tail of serve(): stages the reply's tensors back through the caller's channel
+  // and writes it on `from`. `member` (null for a caller not in the table) must outlive
+  // the call.
+  void send_reply(const std::shared_ptr<Connection>& from, const internal::Member* member, const WorkerInfo& caller,
+                  uint64_t id, Message reply);
   void forget_lost(int id);
   // Pings `peer`; one that does not answer within `wait` (and sent nothing since) is lost.
   void suspect(int peer, std::chrono::milliseconds wait);

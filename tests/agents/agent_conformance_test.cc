@@ -153,12 +153,32 @@ Message request(std::string_view text) {
   return m;
 }
 
+// Deferred replies the handler keeps unsent ("defer:hold").
+std::mutex held_mu;
+std::vector<DeferredReply> held;
+
 // Answers "<text>" with "<text> from <caller> via <me>" and the same tensors;
 // "sleep:<ms>" after sleeping; "throw" by throwing; "error" with an error reply;
-// "die" by killing its own process.
+// "die" by killing its own process; "defer:send", "defer:drop" and "defer:hold" by
+// deferring the reply (defer_reply, 300 ms) and then sending it at once, dropping it,
+// or keeping it unsent.
 RequestHandler handler_for(const std::string& me) {
   return [me](const Message& m, const WorkerInfo& from) {
     std::string text(m.payload());
+    if (text.rfind("defer:", 0) == 0) {
+      DeferredReply later = defer_reply(milliseconds(300));
+      if (!later.valid()) return make_error_message(m.id(), me, absl::InternalError("defer_reply() gave nothing"));
+      if (text == "defer:send") {
+        Message reply(MessageType::kResponse, 0);
+        reply.buffer() += absl::StrCat("later from ", me);
+        later.send(std::move(reply));
+        later.send(Message(MessageType::kResponse, 0));  // once only
+      } else if (text == "defer:hold") {
+        std::lock_guard<std::mutex> lock(held_mu);
+        held.push_back(later);
+      }
+      return Message(MessageType::kResponse, m.id());  // ignored
+    }
     if (text.rfind("sleep:", 0) == 0) std::this_thread::sleep_for(milliseconds(std::stoi(text.substr(6))));
     if (text == "throw") throw std::runtime_error("kaboom");
     if (text == "error") return make_error_message(m.id(), me, absl::FailedPreconditionError(me + ": not today"));
@@ -231,6 +251,25 @@ TEST_P(AgentConformance, RemoteErrorsNameTheirWorker) {
                 StatusIs(absl::StatusCode::kUnknown, HasSubstr(name_of(peer) + ": request handler threw: kaboom")));
     EXPECT_THAT(agent->send(peer, request("error")).result(),
                 StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr(name_of(peer) + ": not today")));
+    EXPECT_OK(agent->join(seconds(20)));
+    agent->shutdown();
+  }));
+}
+
+// A handler may send its reply later (defer_reply): once, from any thread; one it
+// drops or never sends still ends the call, and join() waits for nothing more.
+TEST_P(AgentConformance, DeferredRepliesAreSentOnceDroppedOrTimedOut) {
+  ferry::testing::TempDir dir;
+  ferry::testing::expect_all_succeed(run_workers(GetParam(), 2, [&](int rank) {
+    auto agent = make(GetParam(), dir.path(), rank, 2);
+    const int peer = 1 - rank;
+    absl::StatusOr<Message> sent = agent->send(peer, request("defer:send")).result();
+    ASSERT_OK(sent.status());
+    EXPECT_EQ(sent->payload(), absl::StrCat("later from ", name_of(peer)));
+    EXPECT_THAT(agent->send(peer, request("defer:drop")).result(),
+                StatusIs(absl::StatusCode::kInternal, HasSubstr("dropped it without sending one")));
+    EXPECT_THAT(agent->send(peer, request("defer:hold"), milliseconds(0)).result(),
+                StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("not ready within 300 ms")));
     EXPECT_OK(agent->join(seconds(20)));
     agent->shutdown();
   }));
