@@ -1,6 +1,7 @@
 #include "agents/core/agent.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -96,6 +97,10 @@ absl::StatusOr<std::shared_ptr<Agent>> Agent::start(WorkerInfo self, std::shared
   if (store == nullptr) return absl::InvalidArgumentError("store is null");
   if (!handler) return absl::InvalidArgumentError("request handler is empty");
   if (transport == nullptr) return absl::InvalidArgumentError("transport is null");
+  if (options.max_requests_in_flight < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_requests_in_flight must be at least 1, got ", options.max_requests_in_flight));
+  }
   if (options.num_worker_threads < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("num_worker_threads must be at least 1, got ", options.num_worker_threads));
@@ -287,10 +292,14 @@ Future<Message> Agent::send(int to, Message message, std::optional<std::chrono::
                                                             map_towards(*maps, peer->info.name), peer->info.name);
     if (!staged.ok()) return make_ready_future<Message>(std::move(staged));
   }
-  CallTable::Started call = calls_->start(to, peer->info.name, timeout.value_or(options_.rpc_timeout));
+  const std::chrono::milliseconds limit = timeout.value_or(options_.rpc_timeout);
+  CallTable::Started call = calls_->start(to, peer->info.name, limit);
   message.set_id(call.id);
+  // The server drops a request whose caller gave up before it ran.
+  message.set_timeout(limit);
+  const bool counted = message.type() == MessageType::kRequest;
   wire.metadata = message.seal();
-  write_request(*peer, std::move(wire));
+  write_request(*peer, std::move(wire), counted ? std::optional<uint64_t>(call.id) : std::nullopt);
   // Lost (or shut down) while this call was being registered: on_peer_lost may have
   // swept the table before the call was in it.
   if (any_lost_.load(std::memory_order_acquire)) {
@@ -302,7 +311,7 @@ Future<Message> Agent::send(int to, Message message, std::optional<std::chrono::
   return std::move(call.future);
 }
 
-void Agent::write_request(const PeerAddress& peer, Wire wire) {
+void Agent::write_request(const PeerAddress& peer, Wire wire, std::optional<uint64_t> counted) {
   Link link;
   bool opens = false;
   {
@@ -323,7 +332,7 @@ void Agent::write_request(const PeerAddress& peer, Wire wire) {
   if (!s.open.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(s.mu);
     if (!s.open.load(std::memory_order_relaxed)) {
-      s.pending.push_back(std::move(wire));
+      s.pending.push_back(internal::Outgoing{std::move(wire), counted.value_or(0)});
       if (!opens) return;
     }
   }
@@ -338,7 +347,49 @@ void Agent::write_request(const PeerAddress& peer, Wire wire) {
     if (it == links_.end() || it->second.session != link.session) return;  // dropped meanwhile
     link.connection = it->second.connection;
   }
-  link.connection->write(std::move(wire));
+  if (counted) {
+    write_counted(link.connection, std::move(wire), *counted);
+  } else {
+    link.connection->write(std::move(wire));
+  }
+}
+
+void Agent::write_counted(const std::shared_ptr<Connection>& connection, Wire wire, uint64_t id) {
+  Session& s = *connection->session();
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    // Behind those already held, in order.
+    if (!s.held.empty() || s.in_flight.size() >= static_cast<size_t>(options_.max_requests_in_flight)) {
+      s.held.push_back(internal::Outgoing{std::move(wire), id});
+      return;
+    }
+    s.in_flight.insert(id);
+  }
+  connection->write(std::move(wire));
+}
+
+void Agent::answered(const std::shared_ptr<Connection>& connection, uint64_t id) {
+  Session& s = *connection->session();
+  std::vector<Wire> go;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (s.in_flight.erase(id) == 0) return;
+    while (!s.held.empty() && s.in_flight.size() < static_cast<size_t>(options_.max_requests_in_flight)) {
+      internal::Outgoing next = std::move(s.held.front());
+      s.held.pop_front();
+      // A call that ended while held (timed out) is not sent at all; one that goes
+      // carries the time its caller has left, not the time it had when it was made.
+      std::optional<Clock::time_point> deadline = calls_->deadline_of(next.counted);
+      if (!deadline) continue;
+      if (*deadline != Clock::time_point::max()) {
+        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*deadline - Clock::now());
+        Message::reseal_timeout(next.wire.metadata, std::max(left, std::chrono::milliseconds(1)));
+      }
+      s.in_flight.insert(next.counted);
+      go.push_back(std::move(next.wire));
+    }
+  }
+  for (Wire& w : go) connection->write(std::move(w));
 }
 
 void Agent::open_link(const PeerAddress& peer, std::shared_ptr<Session> session) {
@@ -404,7 +455,7 @@ void Agent::expect_challenge(const PeerAddress& peer, const std::shared_ptr<Sess
 void Agent::flush(const std::shared_ptr<Connection>& connection) {
   Session& s = *connection->session();
   for (;;) {
-    std::vector<Wire> batch;
+    std::vector<internal::Outgoing> batch;
     {
       std::lock_guard<std::mutex> lock(s.mu);
       if (s.pending.empty()) {
@@ -413,7 +464,13 @@ void Agent::flush(const std::shared_ptr<Connection>& connection) {
       }
       batch.swap(s.pending);
     }
-    for (Wire& w : batch) connection->write(std::move(w));
+    for (internal::Outgoing& o : batch) {
+      if (o.counted != 0) {
+        write_counted(connection, std::move(o.wire), o.counted);
+      } else {
+        connection->write(std::move(o.wire));
+      }
+    }
   }
 }
 
@@ -508,6 +565,11 @@ void Agent::on_message(const std::shared_ptr<Connection>& connection, Wire wire)
           // A worker with a job token refuses a connection that opened without one.
           on_verdict(connection, wire);
           return;
+        }
+        if (wire.metadata.size() >= Message::kHeaderSize) {
+          uint64_t id;
+          std::memcpy(&id, wire.metadata.data() + 8, sizeof(id));
+          answered(connection, id);
         }
         on_reply(s.peer, std::move(wire));
         return;
@@ -811,6 +873,22 @@ void Agent::on_request(const std::shared_ptr<Connection>& from, Wire wire) {
     from->write(Wire{refused.seal(), {}, {}});
     return;
   }
+  if (request->type() == MessageType::kRequest &&
+      s.serving.fetch_add(1, std::memory_order_relaxed) >= options_.max_requests_in_flight) {
+    // A ferry caller holds its requests beyond the cap itself; one that sends more
+    // (another configuration, or not ferry) is refused before anything is queued, so a
+    // flood cannot grow this worker (issue 27, finding 10).
+    s.serving.fetch_sub(1, std::memory_order_relaxed);
+    Message refused = make_error_message(
+        request->id(), self_.name,
+        absl::ResourceExhaustedError(absl::StrCat(
+            "worker \"", self_.name, "\" already has ", options_.max_requests_in_flight, " requests from ",
+            describe(s), " in flight (max_requests_in_flight); this one was refused unrun. Do all workers use the "
+            "same max_requests_in_flight?")));
+    from->write(Wire{refused.seal(), {}, {}});
+    return;
+  }
+  const Clock::time_point arrived = Clock::now();
   if (request->type() == MessageType::kRequest && !any_device_target(wire.targets) && options_.serves_inline &&
       options_.serves_inline(*request)) {
     // No hop: the handler promised not to block. Counted like a pool task, so sync()
@@ -818,18 +896,21 @@ void Agent::on_request(const std::shared_ptr<Connection>& from, Wire wire) {
     activity_->enter();
     {
       InlineServingScope scope;
-      serve(from, std::move(wire.targets), *std::move(request));
+      serve(from, std::move(wire.targets), *std::move(request), arrived);
     }
     activity_->exit();
     return;
   }
   std::weak_ptr<Agent> weak = weak_from_this();
-  pool_->post([weak, from, targets = std::move(wire.targets), request = *std::move(request)]() mutable {
-    if (std::shared_ptr<Agent> agent = weak.lock()) agent->serve(from, std::move(targets), std::move(request));
+  pool_->post([weak, from, targets = std::move(wire.targets), request = *std::move(request), arrived]() mutable {
+    if (std::shared_ptr<Agent> agent = weak.lock()) {
+      agent->serve(from, std::move(targets), std::move(request), arrived);
+    }
   });
 }
 
-void Agent::serve(const std::shared_ptr<Connection>& from, std::vector<std::string> targets, Message request) {
+void Agent::serve(const std::shared_ptr<Connection>& from, std::vector<std::string> targets, Message request,
+                  Clock::time_point arrived) {
   const Session& s = *from->session();
   // The table is held for the whole request: the handler gets its entry by reference.
   std::shared_ptr<const Membership::Table> table = members_.snapshot();
@@ -841,9 +922,24 @@ void Agent::serve(const std::shared_ptr<Connection>& from, std::vector<std::stri
   const WorkerInfo& caller = member == nullptr ? unknown : member->info;
   // Tensors bound for a device land here, on the pool: a device copy must not hold
   // up the transport.
+  const bool counted = request.type() == MessageType::kRequest;
+  // A request its caller gave up on (it waited here past its timeout) is not run: the
+  // caller failed it already, and running it would only feed a backlog.
+  const std::optional<std::chrono::milliseconds> timeout = request.timeout();
+  const std::chrono::milliseconds waited =
+      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - arrived);
+  if (timeout && waited >= *timeout) {
+    send_reply(from, member, caller, request.id(), counted,
+               make_error_message(request.id(), self_.name,
+                                  absl::DeadlineExceededError(absl::StrCat(
+                                      self_.name, ": the request waited ", waited.count(),
+                                      " ms to run, past its caller's timeout of ", timeout->count(),
+                                      " ms; it was dropped unrun"))));
+    return;
+  }
   absl::Status landed = targets.empty() ? absl::OkStatus() : land(request.tensors(), targets);
   Message reply;
-  ServingRequest serving{from, table, member, caller, request.id()};
+  ServingRequest serving{from, table, member, caller, request.id(), counted};
   if (!landed.ok()) {
     reply = make_error_message(request.id(), self_.name,
                                absl::Status(landed.code(), absl::StrCat(self_.name, ": ", landed.message())));
@@ -874,11 +970,12 @@ void Agent::serve(const std::shared_ptr<Connection>& from, std::vector<std::stri
   }
   // A deferred reply goes when its handler's continuation sends it (see defer()).
   if (serving.deferred) return;
-  send_reply(from, member, caller, request.id(), std::move(reply));
+  send_reply(from, member, caller, request.id(), counted, std::move(reply));
 }
 
 void Agent::send_reply(const std::shared_ptr<Connection>& from, const Member* member, const WorkerInfo& caller,
-                       uint64_t id, Message reply) {
+                       uint64_t id, bool counted, Message reply) {
+  if (counted) from->session()->serving.fetch_sub(1, std::memory_order_relaxed);
   reply.set_id(id);
   requests_served_.fetch_add(1, std::memory_order_relaxed);
   Wire wire;
@@ -942,14 +1039,15 @@ DeferredReply Agent::defer(ServingRequest& request, std::optional<std::chrono::m
   auto state = std::make_shared<DeferredReply::State>();
   std::weak_ptr<Agent> weak = weak_from_this();
   state->deliver = [weak, activity = activity_, from = request.from, table = request.table, member = request.member,
-                    caller = request.caller, id = request.id](absl::StatusOr<Message> reply) {
+                    caller = request.caller, id = request.id,
+                    counted = request.counted](absl::StatusOr<Message> reply) {
     if (std::shared_ptr<Agent> agent = weak.lock()) {
       Message m = reply.ok() ? *std::move(reply)
                              : make_error_message(id, agent->self_.name,
                                                   absl::Status(reply.status().code(),
                                                                absl::StrCat(agent->self_.name, ": ",
                                                                             reply.status().message())));
-      agent->send_reply(from, member, caller, id, std::move(m));
+      agent->send_reply(from, member, caller, id, counted, std::move(m));
     }
     activity->exit();
   };

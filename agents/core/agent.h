@@ -7,8 +7,10 @@
 //   - the job-token handshake on every connection (agents/core/handshake.h), its size
 //     limits, deadline and cap on unauthenticated connections;
 //   - serving: requests decoded on the transport thread, run on the worker pool,
-//     replies routed back on the connection they came on; pings answered without user
-//     code;
+//     replies routed back on the connection they came on (or later, defer_reply);
+//     pings answered without user code; at most max_requests_in_flight requests per
+//     caller in flight (the caller holds the rest), and requests whose caller's
+//     timeout passed before they ran dropped unrun;
 //   - the membership: a versioned table that can grow and shrink while calls run,
 //     and the dynamic-group protocol over it (agents/core/dynamic_group.h);
 //   - heartbeats on idle peers with calls pending;
@@ -86,6 +88,12 @@ struct AgentOptions {
   // closed, and how long a connection this worker opens may wait for the peer's
   // challenge before the peer is lost (its calls fail with kUnavailable naming it).
   std::chrono::milliseconds handshake_timeout{std::chrono::seconds(5)};
+  // Requests (kRequest) in flight between one caller and this worker: a caller writes
+  // at most this many to a peer before replies come back, holding the rest (its
+  // memory, not the server's); a server answers a caller that sends more anyway
+  // with kResourceExhausted, unrun. Pings and control requests are not counted. All
+  // workers of a group should agree. At least 1.
+  int max_requests_in_flight = 1024;
   // Device channels tried before staging, in order (Agent::channel_for).
   std::vector<std::shared_ptr<DeviceChannel>> device_channels;
 };
@@ -174,6 +182,7 @@ class Agent final : public RpcAgent, public TransportEvents, public std::enable_
     const internal::Member* member;
     WorkerInfo caller;
     uint64_t id;
+    bool counted;
     bool deferred = false;
     Agent* agent = nullptr;
   };
@@ -212,7 +221,13 @@ class Agent final : public RpcAgent, public TransportEvents, public std::enable_
   bool linked_to(int peer) const;
 
   // Sending: the connection to `peer`, opened (and its handshake begun) on first use.
-  void write_request(const PeerAddress& peer, Wire wire);
+  // `counted`: the call id of a kRequest, which waits for room under
+  // max_requests_in_flight.
+  void write_request(const PeerAddress& peer, Wire wire, std::optional<uint64_t> counted);
+  // Writes `wire` on an open link unless max_requests_in_flight are out; then it is held.
+  void write_counted(const std::shared_ptr<Connection>& connection, Wire wire, uint64_t id);
+  // A reply to request `id` came on `connection`'s link: its room goes to the next held.
+  void answered(const std::shared_ptr<Connection>& connection, uint64_t id);
   // Connects the link whose first send this was, writes the hello, and (without a
   // token) lets the waiting requests follow.
   void open_link(const PeerAddress& peer, std::shared_ptr<internal::Session> session);
@@ -235,12 +250,16 @@ class Agent final : public RpcAgent, public TransportEvents, public std::enable_
   void on_request(const std::shared_ptr<Connection>& from, Wire wire);
   void on_reply(int peer, Wire wire);
   void on_peer_lost(int peer, absl::Status why);
-  void serve(const std::shared_ptr<Connection>& from, std::vector<std::string> targets, Message request);
+  // `arrived`: when the request was read, to drop it unrun once its caller's timeout
+  // has passed.
+  void serve(const std::shared_ptr<Connection>& from, std::vector<std::string> targets, Message request,
+             std::chrono::steady_clock::time_point arrived);
   // The tail of serve(): stages the reply's tensors back through the caller's channel
   // and writes it on `from`. `member` (null for a caller not in the table) must outlive
   // the call.
+  // `counted`: a kRequest, counted in its connection's serving until now.
   void send_reply(const std::shared_ptr<Connection>& from, const internal::Member* member, const WorkerInfo& caller,
-                  uint64_t id, Message reply);
+                  uint64_t id, bool counted, Message reply);
   void forget_lost(int id);
   // Pings `peer`; one that does not answer within `wait` (and sent nothing since) is lost.
   void suspect(int peer, std::chrono::milliseconds wait);

@@ -131,6 +131,13 @@ CallTable::Clock::time_point CallTable::last_heard(int peer) const {
   return it == heard_.end() ? Clock::time_point() : it->second;
 }
 
+std::optional<CallTable::Clock::time_point> CallTable::deadline_of(uint64_t id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = calls_.find(id);
+  if (it == calls_.end()) return std::nullopt;
+  return it->second.deadline;
+}
+
 size_t CallTable::pending() const {
   std::lock_guard<std::mutex> lock(mu_);
   return calls_.size();

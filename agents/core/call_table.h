@@ -62,6 +62,8 @@ class CallTable {
   // Fails every pending call.
   size_t fail_all(const absl::Status& status);
   size_t pending() const;
+  // Call `id`'s deadline (max(): none), or nullopt when it is no longer pending.
+  std::optional<Clock::time_point> deadline_of(uint64_t id) const;
   // When the last reply from `peer` arrived (heartbeat on); the epoch if none since
   // its pipe came up.
   Clock::time_point last_heard(int peer) const;

@@ -153,6 +153,9 @@ Message request(std::string_view text) {
   return m;
 }
 
+// How many "mark" requests this process ran.
+std::atomic<int> marks{0};
+
 // Deferred replies the handler keeps unsent ("defer:hold").
 std::mutex held_mu;
 std::vector<DeferredReply> held;
@@ -180,6 +183,19 @@ RequestHandler handler_for(const std::string& me) {
       return Message(MessageType::kResponse, m.id());  // ignored
     }
     if (text.rfind("sleep:", 0) == 0) std::this_thread::sleep_for(milliseconds(std::stoi(text.substr(6))));
+    if (text == "mark") marks.fetch_add(1);
+    if (text == "marks?") {
+      Message reply(MessageType::kResponse, m.id());
+      reply.buffer() += std::to_string(marks.load());
+      return reply;
+    }
+    if (text.rfind("flood", 0) == 0) {
+      // A slow function whose large argument is not sent back.
+      std::this_thread::sleep_for(milliseconds(5));
+      Message reply(MessageType::kResponse, m.id());
+      reply.buffer() += "ok";
+      return reply;
+    }
     if (text == "throw") throw std::runtime_error("kaboom");
     if (text == "error") return make_error_message(m.id(), me, absl::FailedPreconditionError(me + ": not today"));
     if (text == "die") raise(SIGKILL);
@@ -350,6 +366,84 @@ TEST_P(AgentConformance, ASilentPeerIsDeclaredLostByTheHeartbeat) {
   ASSERT_EQ(results.size(), 2u);
   EXPECT_TRUE(results[0].exited && results[0].exit_code == 0) << results[0].describe();
   EXPECT_EQ(results[1].term_signal, SIGKILL) << results[1].describe();
+}
+
+// This process's resident memory now ("VmRSS") or at its peak ("VmHWM"), in bytes.
+uint64_t memory(const std::string& which) {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind(which + ":", 0) == 0) return std::stoull(line.substr(which.size() + 1)) * 1024;
+  }
+  return 0;
+}
+
+// Issue 27, finding 10: the server took every request it read, so a caller flooding a
+// slow function grew the server by every request queued. Requests in flight per caller
+// are capped now (AgentOptions::max_requests_in_flight): the caller holds the rest.
+TEST_P(AgentConformance, AFloodOfCallsKeepsTheServersMemoryBounded) {
+  SKIP_IF_IN_PROCESS("measuring the server's memory apart from the caller's");
+  ferry::testing::TempDir dir;
+  ferry::testing::expect_all_succeed(run_workers(GetParam(), 2, [&](int rank) {
+    auto agent = make(GetParam(), dir.path(), rank, 2);
+    std::shared_ptr<Store> store = file_store(dir.path());
+    if (rank == 1) {
+      const uint64_t before = memory("VmRSS");
+      ASSERT_OK(store->set("ready", to_bytes("1")));
+      ASSERT_OK(store->wait({"flooded"}, seconds(120)));
+      const uint64_t peak = memory("VmHWM");
+      // 10,000 requests of 16 KiB are 160 MiB; the cap holds at most 16 MiB of them.
+      EXPECT_LT(peak, before + (64u << 20)) << "the server grew from " << (before >> 20) << " MiB to a peak of "
+                                            << (peak >> 20) << " MiB while flooded";
+      EXPECT_OK(agent->join(seconds(60)));
+      agent->shutdown();
+      return;
+    }
+    ASSERT_OK(store->wait({"ready"}, seconds(30)));
+    constexpr int kCalls = 10000;
+    const std::string payload = "flood" + std::string(16 << 10, 'x');
+    std::vector<Future<Message>> calls;
+    calls.reserve(kCalls);
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < kCalls; ++i) calls.push_back(agent->send(1, request(payload), seconds(60)));
+    int failed = 0;
+    for (Future<Message>& f : calls) {
+      (void)f.wait_for(seconds(60));
+      ASSERT_TRUE(f.is_ready()) << "a call of the flood never ended";
+      if (!f.status().ok()) {
+        // An error is an answer; a call lost without one is not.
+        if (++failed <= 3) ADD_FAILURE() << f.status();
+      }
+    }
+    EXPECT_EQ(failed, 0);
+    EXPECT_LT(std::chrono::steady_clock::now() - start, seconds(60));
+    ASSERT_OK(store->set("flooded", to_bytes("1")));
+    EXPECT_OK(agent->join(seconds(60)));
+    agent->shutdown();
+  }, seconds(180)));
+}
+
+// Issue 27, finding 10: a request whose caller had given up (its deadline passed while
+// it waited for a pool thread) still ran. It is dropped now, answered with
+// kDeadlineExceeded.
+TEST_P(AgentConformance, ARequestWhoseDeadlinePassedBeforeItRanIsNotRun) {
+  ferry::testing::TempDir dir;
+  ferry::testing::expect_all_succeed(run_workers(GetParam(), 2, [&](int rank) {
+    auto agent = make(GetParam(), dir.path(), rank, 2);
+    if (rank == 0) {
+      // More sleepers than any kind's pool has threads: the mark waits behind them.
+      std::vector<Future<Message>> sleepers;
+      for (int i = 0; i < 48; ++i) sleepers.push_back(agent->send(1, request("sleep:300"), milliseconds(0)));
+      Future<Message> mark = agent->send(1, request("mark"), milliseconds(100));
+      EXPECT_THAT(mark.result(), StatusIs(absl::StatusCode::kDeadlineExceeded));
+      for (Future<Message>& f : sleepers) EXPECT_OK(f.status());
+      absl::StatusOr<Message> ran = agent->send(1, request("marks?"), milliseconds(0)).result();
+      ASSERT_OK(ran.status());
+      EXPECT_EQ(ran->payload(), "0") << "a request whose caller's deadline had passed was run";
+    }
+    EXPECT_OK(agent->join(seconds(30)));
+    agent->shutdown();
+  }));
 }
 
 // Whether process `pid` is stopped (state T in /proc/<pid>/stat).
@@ -709,6 +803,36 @@ TEST_P(AgentConformance, MembersJoinAndLeaveWhileCallsRun) {
     EXPECT_EQ(heard, expected);
     agent->shutdown();
   }));
+}
+
+// A caller that sends more requests than the server takes in flight (another
+// max_requests_in_flight, or not ferry) has the excess refused unrun with
+// kResourceExhausted, saying why; nothing is queued for it and every call ends.
+TEST(AgentBackpressure, RequestsBeyondTheServersCapAreRefusedUnrun) {
+  ferry::testing::TempDir dir;
+  ferry::testing::expect_all_succeed(ferry::testing::run_threads(2, [&](int rank) {
+    InprocAgentOptions options;
+    options.init_timeout = seconds(20);
+    options.agent.num_worker_threads = 4;
+    options.agent.max_requests_in_flight = rank == 0 ? 64 : 4;  // the caller allows more than the server
+    auto agent = InprocAgent::create(file_store(dir.path()), name_of(rank), rank, 2, options, handler_for(name_of(rank)));
+    ASSERT_OK(agent.status());
+    if (rank == 0) {
+      std::vector<Future<Message>> calls;
+      for (int i = 0; i < 32; ++i) calls.push_back((*agent)->send(1, request("sleep:200"), seconds(20)));
+      int refused = 0;
+      for (Future<Message>& f : calls) {
+        absl::Status s = f.status();
+        if (s.ok()) continue;
+        EXPECT_THAT(s, StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("max_requests_in_flight")));
+        ++refused;
+      }
+      EXPECT_GE(refused, 1);
+      EXPECT_LE(refused, 28);  // at least the 4 the server took ran
+    }
+    EXPECT_OK((*agent)->join(seconds(20)));
+    (*agent)->shutdown();
+  }, seconds(60)));
 }
 
 INSTANTIATE_TEST_SUITE_P(Agents, AgentConformance, ::testing::ValuesIn(kinds()),
