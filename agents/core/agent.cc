@@ -189,6 +189,8 @@ absl::Status Agent::remove_member(int id, MembershipChange why) {
                                                                   ") was lost"));
   calls_->fail_peer(id, status);
   drop_connection(id);
+  // A leaver closes its own pipes once its calls are done; a lost one never will.
+  if (why == MembershipChange::kLost) close_incoming(id);
   forget_lost(id);
   notify(gone.info, why);
   return absl::OkStatus();
@@ -749,25 +751,25 @@ void Agent::on_proof(const std::shared_ptr<Connection>& connection, const Wire& 
                         "\"'s: set FERRY_AUTH_TOKEN to the same secret on every worker"));
     return;
   }
-  bool duplicate = false;
+  // The newer of two pipes claiming one id wins: a worker opens a second only when it
+  // lost its first (a restarted process, a host that vanished without a FIN), and the
+  // older one, still open here, is stale (issue 27, finding 7: it refused the
+  // replacement). The claim was proved with the token and fits the membership.
+  std::shared_ptr<Connection> replaced;
   {
     std::lock_guard<std::mutex> lock(accepted_mu_);
     auto [it, fresh] = authenticated_.try_emplace(s.peer, connection);
     if (!fresh) {
-      if (it->second.expired()) {
-        it->second = connection;
-      } else {
-        duplicate = true;
-      }
+      replaced = it->second.lock();
+      it->second = connection;
     }
   }
-  if (duplicate) {
-    int id = s.peer;
-    s.peer = -1;  // the live connection keeps its claim
-    refuse(connection, absl::StrCat("worker id ", id, " already has an open pipe to this worker"),
-           absl::StrCat("worker \"", self_.name, "\" already has an open pipe from worker id ", id,
-                        "; a second one claiming it is refused"));
-    return;
+  if (replaced != nullptr) {
+    FERRY_LOG(WARNING) << self_.name << ": a new pipe from worker \"" << s.peer_name << "\" (id " << s.peer
+                       << ") replaces its older one, which is closed (a restarted worker, or one whose old pipe "
+                          "went stale)";
+    // Out of the table already: its close reports no loss.
+    replaced->close();
   }
   authenticated(*connection);
   connection->write(internal::auth_message(AuthKind::kAccepted, {}));
@@ -1133,11 +1135,28 @@ std::vector<WorkerInfo> Agent::worker_infos() const {
   return out;
 }
 
+void Agent::close_incoming(int peer) {
+  std::shared_ptr<Connection> connection;
+  {
+    std::lock_guard<std::mutex> lock(accepted_mu_);
+    auto it = authenticated_.find(peer);
+    if (it == authenticated_.end()) return;
+    connection = it->second.lock();
+    authenticated_.erase(it);
+  }
+  // Out of the table first: its close reports no second loss.
+  if (connection != nullptr) connection->close();
+}
+
 void Agent::on_peer_lost(int peer, absl::Status why) {
   if (shut_down_.load()) {
     calls_->fail_peer(peer, absl::CancelledError("the agent shut down"));
     return;
   }
+  // A lost peer that stopped (or whose host vanished) never closes its side of the
+  // pipe it opened to us; that pipe would keep its id (issue 27, finding 7). One that
+  // left (join() saw it arrive) closes its own.
+  if (!departing_.load()) close_incoming(peer);
   std::shared_ptr<const Membership::Table> table = members_.snapshot();
   const Member* member = table->find(peer);
   if (member == nullptr) {
@@ -1467,6 +1486,12 @@ std::map<std::string, std::string> Agent::debug_info() const {
   {
     std::lock_guard<std::mutex> lock(links_mu_);
     info["connections_out"] = std::to_string(links_.size());
+  }
+  {
+    std::lock_guard<std::mutex> lock(accepted_mu_);
+    size_t in = 0;
+    for (const auto& [id, connection] : authenticated_) in += connection.expired() ? 0 : 1;
+    info["connections_in"] = std::to_string(in);
   }
   for (const auto& [key, value] : staging_->debug_info()) info[key] = value;
   for (const std::shared_ptr<DeviceChannel>& channel : options_.device_channels) {

@@ -80,9 +80,10 @@ struct AgentOptions {
   // FERRY_AUTH_TOKEN default). With one, every connection starts with a
   // challenge-response in which the opener proves the token and the worker name and id
   // it claims; a connection without the token, with another one, or claiming a name or
-  // id the membership gives someone else (or an id that already has an open
-  // connection here) is refused: its calls fail with kUnauthenticated, and the refusing
-  // worker logs why. All workers of a group must agree.
+  // id the membership gives someone else is refused: its calls fail with
+  // kUnauthenticated, and the refusing worker logs why. A second connection that
+  // proves an id which already has one here replaces it (the older is closed: a
+  // restarted worker). All workers of a group must agree.
   std::string auth_token;
   // With a token: how long a peer's connection may stay unauthenticated before it is
   // closed, and how long a connection this worker opens may wait for the peer's
@@ -250,6 +251,8 @@ class Agent final : public RpcAgent, public TransportEvents, public std::enable_
   void on_request(const std::shared_ptr<Connection>& from, Wire wire);
   void on_reply(int peer, Wire wire);
   void on_peer_lost(int peer, absl::Status why);
+  // Closes the authenticated pipe `peer` opened to this worker, if any.
+  void close_incoming(int peer);
   // `arrived`: when the request was read, to drop it unrun once its caller's timeout
   // has passed.
   void serve(const std::shared_ptr<Connection>& from, std::vector<std::string> targets, Message request,
@@ -315,7 +318,7 @@ class Agent final : public RpcAgent, public TransportEvents, public std::enable_
   absl::flat_hash_map<int, Link> links_;  // guarded by links_mu_
   // Connections peers opened: those still authenticating, and the authenticated ones
   // by the id they proved (one per id).
-  std::mutex accepted_mu_;
+  mutable std::mutex accepted_mu_;
   absl::flat_hash_set<Connection*> unauthenticated_;                 // guarded by accepted_mu_
   absl::flat_hash_map<int, std::weak_ptr<Connection>> authenticated_;  // guarded by accepted_mu_
   std::atomic<uint64_t> handshakes_refused_{0};
