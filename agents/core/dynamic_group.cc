@@ -23,7 +23,6 @@ using internal::encode_record;
 
 namespace {
 
-constexpr char kPrefix[] = "ferry/rpc/dynamic/";
 constexpr char kMembersKey[] = "ferry/rpc/dynamic/members";
 // How long a member lets its calls to a leaver finish before failing them.
 constexpr std::chrono::seconds kDrain{30};
