@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -41,6 +42,36 @@ struct WorkerInfo {
 // agent's worker threads, never on a transport thread; may block (a user function
 // runs inside it) and may be called concurrently from several threads.
 using RequestHandler = std::function<Message(const Message& request, const WorkerInfo& from)>;
+
+// A reply that a request handler gives later, from any thread, instead of returning
+// it: the handler calls defer_reply() on the thread running it, returns any message
+// (it is ignored), and the reply goes to the caller when send() is called, so no pool
+// thread waits meanwhile. Copies share one reply. Thread-safe.
+class DeferredReply {
+ public:
+  struct State;  // the agent's
+
+  // An invalid reply (valid() is false); send() does nothing.
+  DeferredReply() = default;
+  explicit DeferredReply(std::shared_ptr<State> state) : state_(std::move(state)) {}
+
+  bool valid() const { return state_ != nullptr; }
+  // Sends `reply` (kResponse or kError; the agent sets its id) to the caller, once:
+  // later calls, and calls after the deadline passed, do nothing. Never blocks and may
+  // run on any thread, a future's callback included. When every copy is gone unsent,
+  // the caller gets kInternal saying the reply was dropped.
+  void send(Message reply) const;
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+// On a thread running a RequestHandler, for the request it runs: the reply goes
+// later, through the result (see DeferredReply). The agent counts the request as in
+// flight until then (join() waits for it); if no reply was sent within `timeout`
+// (none: never), the caller gets kDeadlineExceeded. Anywhere else: an invalid reply,
+// and the handler's return value is the reply as usual.
+DeferredReply defer_reply(std::optional<std::chrono::milliseconds> timeout);
 
 // Whether `request` may be served right on the transport thread that received it,
 // with no hop to the worker pool: only when its handler never blocks (it then runs

@@ -88,6 +88,7 @@ std::shared_ptr<RRefState> RRefContext::remote(std::string_view to, const std::s
       Entry& entry = table_[id];
       entry.record = record;
       entry.local = 1;
+      entry.created = true;
     }
     state->ctx = shared_from_this();
     state->owned = true;
@@ -139,6 +140,7 @@ std::shared_ptr<RRefState> RRefContext::make_local(OwnedValue value) {
   Entry& entry = table_[id];
   entry.record = std::move(record);
   entry.local = 1;
+  entry.created = true;
   return state;
 }
 

@@ -22,11 +22,17 @@ std::string Message::seal() {
   std::memcpy(h, &kMagic, 2);
   h[2] = static_cast<char>(kVersion);
   h[3] = static_cast<char>(type_);
-  std::memset(h + 4, 0, 4);
+  std::memcpy(h + 4, &timeout_ms_, 4);
   std::memcpy(h + 8, &id_, 8);
   std::string out = std::move(buffer_);
   buffer_.assign(kHeaderSize, '\0');
   return out;
+}
+
+void Message::reseal_timeout(std::string& wire, std::chrono::milliseconds timeout) {
+  if (wire.size() < kHeaderSize) return;
+  uint32_t field = timeout_field(timeout);
+  std::memcpy(wire.data() + 4, &field, 4);
 }
 
 absl::StatusOr<Message> Message::parse(std::string wire, std::vector<Tensor> tensors) {
@@ -50,6 +56,7 @@ absl::StatusOr<Message> Message::parse(std::string wire, std::vector<Tensor> ten
   uint64_t id = 0;
   std::memcpy(&id, wire.data() + 8, 8);
   Message m(static_cast<MessageType>(type), id);
+  std::memcpy(&m.timeout_ms_, wire.data() + 4, 4);
   m.buffer_ = std::move(wire);
   m.tensors_ = std::move(tensors);
   return m;

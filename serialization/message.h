@@ -13,7 +13,9 @@
 //   absl::StatusOr<Message> back = Message::parse(std::move(wire), {});
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -36,7 +38,8 @@ const char* message_type_name(MessageType type);
 // A value type: cheap to move; copying shares the tensors' storage. Thread-compatible.
 class Message {
  public:
-  // Wire header: magic (2 bytes), version (1), type (1), reserved (4), id (8).
+  // Wire header: magic (2 bytes), version (1), type (1), timeout in ms (4; 0: none),
+  // id (8).
   static constexpr size_t kHeaderSize = 16;
   static constexpr uint16_t kMagic = 0xFE77;
   static constexpr uint8_t kVersion = 1;
@@ -53,6 +56,14 @@ class Message {
   void set_type(MessageType type) { type_ = type; }
   uint64_t id() const { return id_; }
   void set_id(uint64_t id) { id_ = id; }
+  // A request's timeout as its caller counts it (none: unset or zero), so that its
+  // receiver can drop it unrun once the caller has given up. Longer ones saturate at
+  // about 49 days.
+  std::optional<std::chrono::milliseconds> timeout() const {
+    if (timeout_ms_ == 0) return std::nullopt;
+    return std::chrono::milliseconds(timeout_ms_);
+  }
+  void set_timeout(std::chrono::milliseconds timeout) { timeout_ms_ = timeout_field(timeout); }
 
   // The header space followed by the payload; writers append to it.
   std::string& buffer() { return buffer_; }
@@ -70,10 +81,18 @@ class Message {
   // Rebuilds a message from a sealed buffer and the received tensors. Errors: a
   // buffer shorter than the header, a wrong magic or version, an unknown type.
   static absl::StatusOr<Message> parse(std::string wire, std::vector<Tensor> tensors);
+  // Rewrites the timeout in a sealed buffer (a request held back before it is sent).
+  static void reseal_timeout(std::string& wire, std::chrono::milliseconds timeout);
 
  private:
   MessageType type_;
   uint64_t id_;
+  uint32_t timeout_ms_ = 0;
+
+  static uint32_t timeout_field(std::chrono::milliseconds timeout) {
+    if (timeout.count() <= 0) return 0;
+    return timeout.count() >= int64_t{UINT32_MAX} ? UINT32_MAX : static_cast<uint32_t>(timeout.count());
+  }
   std::string buffer_;
   std::vector<Tensor> tensors_;
 };

@@ -1,6 +1,7 @@
 #include "agents/core/agent.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -96,6 +97,10 @@ absl::StatusOr<std::shared_ptr<Agent>> Agent::start(WorkerInfo self, std::shared
   if (store == nullptr) return absl::InvalidArgumentError("store is null");
   if (!handler) return absl::InvalidArgumentError("request handler is empty");
   if (transport == nullptr) return absl::InvalidArgumentError("transport is null");
+  if (options.max_requests_in_flight < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_requests_in_flight must be at least 1, got ", options.max_requests_in_flight));
+  }
   if (options.num_worker_threads < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("num_worker_threads must be at least 1, got ", options.num_worker_threads));
@@ -184,6 +189,8 @@ absl::Status Agent::remove_member(int id, MembershipChange why) {
                                                                   ") was lost"));
   calls_->fail_peer(id, status);
   drop_connection(id);
+  // A leaver closes its own pipes once its calls are done; a lost one never will.
+  if (why == MembershipChange::kLost) close_incoming(id);
   forget_lost(id);
   notify(gone.info, why);
   return absl::OkStatus();
@@ -287,10 +294,14 @@ Future<Message> Agent::send(int to, Message message, std::optional<std::chrono::
                                                             map_towards(*maps, peer->info.name), peer->info.name);
     if (!staged.ok()) return make_ready_future<Message>(std::move(staged));
   }
-  CallTable::Started call = calls_->start(to, peer->info.name, timeout.value_or(options_.rpc_timeout));
+  const std::chrono::milliseconds limit = timeout.value_or(options_.rpc_timeout);
+  CallTable::Started call = calls_->start(to, peer->info.name, limit);
   message.set_id(call.id);
+  // The server drops a request whose caller gave up before it ran.
+  message.set_timeout(limit);
+  const bool counted = message.type() == MessageType::kRequest;
   wire.metadata = message.seal();
-  write_request(*peer, std::move(wire));
+  write_request(*peer, std::move(wire), counted ? std::optional<uint64_t>(call.id) : std::nullopt);
   // Lost (or shut down) while this call was being registered: on_peer_lost may have
   // swept the table before the call was in it.
   if (any_lost_.load(std::memory_order_acquire)) {
@@ -302,7 +313,7 @@ Future<Message> Agent::send(int to, Message message, std::optional<std::chrono::
   return std::move(call.future);
 }
 
-void Agent::write_request(const PeerAddress& peer, Wire wire) {
+void Agent::write_request(const PeerAddress& peer, Wire wire, std::optional<uint64_t> counted) {
   Link link;
   bool opens = false;
   {
@@ -323,7 +334,7 @@ void Agent::write_request(const PeerAddress& peer, Wire wire) {
   if (!s.open.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(s.mu);
     if (!s.open.load(std::memory_order_relaxed)) {
-      s.pending.push_back(std::move(wire));
+      s.pending.push_back(internal::Outgoing{std::move(wire), counted.value_or(0)});
       if (!opens) return;
     }
   }
@@ -338,7 +349,49 @@ void Agent::write_request(const PeerAddress& peer, Wire wire) {
     if (it == links_.end() || it->second.session != link.session) return;  // dropped meanwhile
     link.connection = it->second.connection;
   }
-  link.connection->write(std::move(wire));
+  if (counted) {
+    write_counted(link.connection, std::move(wire), *counted);
+  } else {
+    link.connection->write(std::move(wire));
+  }
+}
+
+void Agent::write_counted(const std::shared_ptr<Connection>& connection, Wire wire, uint64_t id) {
+  Session& s = *connection->session();
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    // Behind those already held, in order.
+    if (!s.held.empty() || s.in_flight.size() >= static_cast<size_t>(options_.max_requests_in_flight)) {
+      s.held.push_back(internal::Outgoing{std::move(wire), id});
+      return;
+    }
+    s.in_flight.insert(id);
+  }
+  connection->write(std::move(wire));
+}
+
+void Agent::answered(const std::shared_ptr<Connection>& connection, uint64_t id) {
+  Session& s = *connection->session();
+  std::vector<Wire> go;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (s.in_flight.erase(id) == 0) return;
+    while (!s.held.empty() && s.in_flight.size() < static_cast<size_t>(options_.max_requests_in_flight)) {
+      internal::Outgoing next = std::move(s.held.front());
+      s.held.pop_front();
+      // A call that ended while held (timed out) is not sent at all; one that goes
+      // carries the time its caller has left, not the time it had when it was made.
+      std::optional<Clock::time_point> deadline = calls_->deadline_of(next.counted);
+      if (!deadline) continue;
+      if (*deadline != Clock::time_point::max()) {
+        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*deadline - Clock::now());
+        Message::reseal_timeout(next.wire.metadata, std::max(left, std::chrono::milliseconds(1)));
+      }
+      s.in_flight.insert(next.counted);
+      go.push_back(std::move(next.wire));
+    }
+  }
+  for (Wire& w : go) connection->write(std::move(w));
 }
 
 void Agent::open_link(const PeerAddress& peer, std::shared_ptr<Session> session) {
@@ -357,7 +410,11 @@ void Agent::open_link(const PeerAddress& peer, std::shared_ptr<Session> session)
     return;
   }
   connection->write(internal::auth_message(AuthKind::kHello, {self_.name, std::to_string(self_.id), session->nonce_c}));
-  if (session->stage == Stage::kOpen) flush(connection);
+  if (session->stage == Stage::kOpen) {
+    flush(connection);
+  } else {
+    expect_challenge(peer, session);
+  }
   if (session->closed.load(std::memory_order_acquire)) {
     // It ended before it was in the table (a peer we share no transport with).
     absl::Status why;
@@ -369,10 +426,38 @@ void Agent::open_link(const PeerAddress& peer, std::shared_ptr<Session> session)
   }
 }
 
+void Agent::expect_challenge(const PeerAddress& peer, const std::shared_ptr<Session>& session) {
+  // An acceptor that never answers (stopped, or not a ferry worker) would otherwise hold
+  // the requests queued behind the handshake forever, those without a timeout too
+  // (issue 27, finding 8). `open` turns on when its challenge came and our requests
+  // went; what happens after that is the heartbeat's to judge.
+  std::weak_ptr<Agent> weak = weak_from_this();
+  std::weak_ptr<Session> weak_session = session;
+  const std::chrono::milliseconds limit = options_.handshake_timeout;
+  calls_->run_at(Clock::now() + limit, [weak, weak_session, id = peer.info.id, name = peer.info.name, limit] {
+    std::shared_ptr<Agent> agent = weak.lock();
+    std::shared_ptr<Session> s = weak_session.lock();
+    if (!agent || !s || s->open.load(std::memory_order_acquire)) return;
+    std::shared_ptr<Connection> connection;
+    {
+      std::lock_guard<std::mutex> lock(agent->links_mu_);
+      auto it = agent->links_.find(id);
+      if (it == agent->links_.end() || it->second.session != s) return;  // ended or replaced meanwhile
+      connection = std::move(it->second.connection);
+      agent->links_.erase(it);
+    }
+    // Out of the table first, so the close reports nothing more.
+    if (connection != nullptr) connection->close();
+    agent->on_peer_lost(id, absl::UnavailableError(absl::StrCat(
+                                "worker \"", name, "\" (id ", id, ") did not answer this worker's job-token hello within ",
+                                limit.count(), " ms (handshake_timeout); is it stopped, or not a ferry worker?")));
+  });
+}
+
 void Agent::flush(const std::shared_ptr<Connection>& connection) {
   Session& s = *connection->session();
   for (;;) {
-    std::vector<Wire> batch;
+    std::vector<internal::Outgoing> batch;
     {
       std::lock_guard<std::mutex> lock(s.mu);
       if (s.pending.empty()) {
@@ -381,7 +466,13 @@ void Agent::flush(const std::shared_ptr<Connection>& connection) {
       }
       batch.swap(s.pending);
     }
-    for (Wire& w : batch) connection->write(std::move(w));
+    for (internal::Outgoing& o : batch) {
+      if (o.counted != 0) {
+        write_counted(connection, std::move(o.wire), o.counted);
+      } else {
+        connection->write(std::move(o.wire));
+      }
+    }
   }
 }
 
@@ -476,6 +567,11 @@ void Agent::on_message(const std::shared_ptr<Connection>& connection, Wire wire)
           // A worker with a job token refuses a connection that opened without one.
           on_verdict(connection, wire);
           return;
+        }
+        if (wire.metadata.size() >= Message::kHeaderSize) {
+          uint64_t id;
+          std::memcpy(&id, wire.metadata.data() + 8, sizeof(id));
+          answered(connection, id);
         }
         on_reply(s.peer, std::move(wire));
         return;
@@ -655,25 +751,25 @@ void Agent::on_proof(const std::shared_ptr<Connection>& connection, const Wire& 
                         "\"'s: set FERRY_AUTH_TOKEN to the same secret on every worker"));
     return;
   }
-  bool duplicate = false;
+  // The newer of two pipes claiming one id wins: a worker opens a second only when it
+  // lost its first (a restarted process, a host that vanished without a FIN), and the
+  // older one, still open here, is stale (issue 27, finding 7: it refused the
+  // replacement). The claim was proved with the token and fits the membership.
+  std::shared_ptr<Connection> replaced;
   {
     std::lock_guard<std::mutex> lock(accepted_mu_);
     auto [it, fresh] = authenticated_.try_emplace(s.peer, connection);
     if (!fresh) {
-      if (it->second.expired()) {
-        it->second = connection;
-      } else {
-        duplicate = true;
-      }
+      replaced = it->second.lock();
+      it->second = connection;
     }
   }
-  if (duplicate) {
-    int id = s.peer;
-    s.peer = -1;  // the live connection keeps its claim
-    refuse(connection, absl::StrCat("worker id ", id, " already has an open pipe to this worker"),
-           absl::StrCat("worker \"", self_.name, "\" already has an open pipe from worker id ", id,
-                        "; a second one claiming it is refused"));
-    return;
+  if (replaced != nullptr) {
+    FERRY_LOG(WARNING) << self_.name << ": a new pipe from worker \"" << s.peer_name << "\" (id " << s.peer
+                       << ") replaces its older one, which is closed (a restarted worker, or one whose old pipe "
+                          "went stale)";
+    // Out of the table already: its close reports no loss.
+    replaced->close();
   }
   authenticated(*connection);
   connection->write(internal::auth_message(AuthKind::kAccepted, {}));
@@ -779,6 +875,22 @@ void Agent::on_request(const std::shared_ptr<Connection>& from, Wire wire) {
     from->write(Wire{refused.seal(), {}, {}});
     return;
   }
+  if (request->type() == MessageType::kRequest &&
+      s.serving.fetch_add(1, std::memory_order_relaxed) >= options_.max_requests_in_flight) {
+    // A ferry caller holds its requests beyond the cap itself; one that sends more
+    // (another configuration, or not ferry) is refused before anything is queued, so a
+    // flood cannot grow this worker (issue 27, finding 10).
+    s.serving.fetch_sub(1, std::memory_order_relaxed);
+    Message refused = make_error_message(
+        request->id(), self_.name,
+        absl::ResourceExhaustedError(absl::StrCat(
+            "worker \"", self_.name, "\" already has ", options_.max_requests_in_flight, " requests from ",
+            describe(s), " in flight (max_requests_in_flight); this one was refused unrun. Do all workers use the "
+            "same max_requests_in_flight?")));
+    from->write(Wire{refused.seal(), {}, {}});
+    return;
+  }
+  const Clock::time_point arrived = Clock::now();
   if (request->type() == MessageType::kRequest && !any_device_target(wire.targets) && options_.serves_inline &&
       !internal::driving_for_user() && options_.serves_inline(*request)) {
     // No hop: the handler promised not to block. Counted like a pool task, so sync()
@@ -787,18 +899,21 @@ void Agent::on_request(const std::shared_ptr<Connection>& from, Wire wire) {
     activity_->enter();
     {
       InlineServingScope scope;
-      serve(from, std::move(wire.targets), *std::move(request));
+      serve(from, std::move(wire.targets), *std::move(request), arrived);
     }
     activity_->exit();
     return;
   }
   std::weak_ptr<Agent> weak = weak_from_this();
-  pool_->post([weak, from, targets = std::move(wire.targets), request = *std::move(request)]() mutable {
-    if (std::shared_ptr<Agent> agent = weak.lock()) agent->serve(from, std::move(targets), std::move(request));
+  pool_->post([weak, from, targets = std::move(wire.targets), request = *std::move(request), arrived]() mutable {
+    if (std::shared_ptr<Agent> agent = weak.lock()) {
+      agent->serve(from, std::move(targets), std::move(request), arrived);
+    }
   });
 }
 
-void Agent::serve(const std::shared_ptr<Connection>& from, std::vector<std::string> targets, Message request) {
+void Agent::serve(const std::shared_ptr<Connection>& from, std::vector<std::string> targets, Message request,
+                  Clock::time_point arrived) {
   const Session& s = *from->session();
   // The table is held for the whole request: the handler gets its entry by reference.
   std::shared_ptr<const Membership::Table> table = members_.snapshot();
@@ -810,12 +925,29 @@ void Agent::serve(const std::shared_ptr<Connection>& from, std::vector<std::stri
   const WorkerInfo& caller = member == nullptr ? unknown : member->info;
   // Tensors bound for a device land here, on the pool: a device copy must not hold
   // up the transport.
+  const bool counted = request.type() == MessageType::kRequest;
+  // A request its caller gave up on (it waited here past its timeout) is not run: the
+  // caller failed it already, and running it would only feed a backlog.
+  const std::optional<std::chrono::milliseconds> timeout = request.timeout();
+  const std::chrono::milliseconds waited =
+      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - arrived);
+  if (timeout && waited >= *timeout) {
+    send_reply(from, member, caller, request.id(), counted,
+               make_error_message(request.id(), self_.name,
+                                  absl::DeadlineExceededError(absl::StrCat(
+                                      self_.name, ": the request waited ", waited.count(),
+                                      " ms to run, past its caller's timeout of ", timeout->count(),
+                                      " ms; it was dropped unrun"))));
+    return;
+  }
   absl::Status landed = targets.empty() ? absl::OkStatus() : land(request.tensors(), targets);
   Message reply;
+  ServingRequest serving{from, table, member, caller, request.id(), counted};
   if (!landed.ok()) {
     reply = make_error_message(request.id(), self_.name,
                                absl::Status(landed.code(), absl::StrCat(self_.name, ": ", landed.message())));
   } else {
+    ServingScope scope(this, &serving);
     try {
       if (request.type() == MessageType::kControl) {
         std::shared_ptr<const RequestHandler> control;
@@ -839,7 +971,15 @@ void Agent::serve(const std::shared_ptr<Connection>& from, std::vector<std::stri
                                  absl::UnknownError(absl::StrCat(self_.name, ": request handler threw")));
     }
   }
-  reply.set_id(request.id());
+  // A deferred reply goes when its handler's continuation sends it (see defer()).
+  if (serving.deferred) return;
+  send_reply(from, member, caller, request.id(), counted, std::move(reply));
+}
+
+void Agent::send_reply(const std::shared_ptr<Connection>& from, const Member* member, const WorkerInfo& caller,
+                       uint64_t id, bool counted, Message reply) {
+  if (counted) from->session()->serving.fetch_sub(1, std::memory_order_relaxed);
+  reply.set_id(id);
   requests_served_.fetch_add(1, std::memory_order_relaxed);
   Wire wire;
   wire.tensors = std::move(reply.tensors());
@@ -855,11 +995,75 @@ void Agent::serve(const std::shared_ptr<Connection>& from, std::vector<std::stri
   } else {
     // The result holds a tensor that cannot travel back: the caller gets why.
     Message error = make_error_message(
-        request.id(), self_.name,
+        id, self_.name,
         absl::Status(staged.code(), absl::StrCat(self_.name, ": the reply cannot be sent: ", staged.message())));
     wire = Wire{error.seal(), {}, {}};
   }
   from->write(std::move(wire));
+}
+
+// ---- Deferred replies (agents/rpc_agent.h's defer_reply).
+
+struct DeferredReply::State {
+  // Sends the reply or an error for it, and counts the request out; called once.
+  std::function<void(absl::StatusOr<Message>)> deliver;
+  std::atomic<bool> done{false};
+  ~State() {
+    if (!done.exchange(true)) {
+      deliver(absl::InternalError("the request's handler deferred its reply, then dropped it without sending one"));
+    }
+  }
+};
+
+void DeferredReply::send(Message reply) const {
+  if (state_ == nullptr || state_->done.exchange(true)) return;
+  state_->deliver(std::move(reply));
+}
+
+namespace {
+thread_local Agent::ServingRequest* serving_now = nullptr;
+}  // namespace
+
+Agent::ServingScope::ServingScope(Agent* agent, ServingRequest* request) : previous_(serving_now) {
+  request->agent = agent;
+  serving_now = request;
+}
+Agent::ServingScope::~ServingScope() { serving_now = previous_; }
+
+DeferredReply defer_reply(std::optional<std::chrono::milliseconds> timeout) {
+  if (serving_now == nullptr || serving_now->deferred) return DeferredReply();
+  return serving_now->agent->defer(*serving_now, timeout);
+}
+
+DeferredReply Agent::defer(ServingRequest& request, std::optional<std::chrono::milliseconds> timeout) {
+  request.deferred = true;
+  // Counted like the pool task it replaces, so sync() and join() wait for the reply.
+  activity_->enter();
+  auto state = std::make_shared<DeferredReply::State>();
+  std::weak_ptr<Agent> weak = weak_from_this();
+  state->deliver = [weak, activity = activity_, from = request.from, table = request.table, member = request.member,
+                    caller = request.caller, id = request.id,
+                    counted = request.counted](absl::StatusOr<Message> reply) {
+    if (std::shared_ptr<Agent> agent = weak.lock()) {
+      Message m = reply.ok() ? *std::move(reply)
+                             : make_error_message(id, agent->self_.name,
+                                                  absl::Status(reply.status().code(),
+                                                               absl::StrCat(agent->self_.name, ": ",
+                                                                            reply.status().message())));
+      agent->send_reply(from, member, caller, id, counted, std::move(m));
+    }
+    activity->exit();
+  };
+  if (timeout.has_value()) {
+    std::weak_ptr<DeferredReply::State> weak_state = state;
+    calls_->run_at(Clock::now() + *timeout, [weak_state, limit = *timeout] {
+      std::shared_ptr<DeferredReply::State> s = weak_state.lock();
+      if (s == nullptr || s->done.exchange(true)) return;
+      s->deliver(absl::DeadlineExceededError(
+          absl::StrCat("the reply to this request was not ready within ", limit.count(), " ms")));
+    });
+  }
+  return DeferredReply(std::move(state));
 }
 
 void Agent::on_reply(int peer, Wire wire) {
@@ -932,11 +1136,28 @@ std::vector<WorkerInfo> Agent::worker_infos() const {
   return out;
 }
 
+void Agent::close_incoming(int peer) {
+  std::shared_ptr<Connection> connection;
+  {
+    std::lock_guard<std::mutex> lock(accepted_mu_);
+    auto it = authenticated_.find(peer);
+    if (it == authenticated_.end()) return;
+    connection = it->second.lock();
+    authenticated_.erase(it);
+  }
+  // Out of the table first: its close reports no second loss.
+  if (connection != nullptr) connection->close();
+}
+
 void Agent::on_peer_lost(int peer, absl::Status why) {
   if (shut_down_.load()) {
     calls_->fail_peer(peer, absl::CancelledError("the agent shut down"));
     return;
   }
+  // A lost peer that stopped (or whose host vanished) never closes its side of the
+  // pipe it opened to us; that pipe would keep its id (issue 27, finding 7). One that
+  // left (join() saw it arrive) closes its own.
+  if (!departing_.load()) close_incoming(peer);
   std::shared_ptr<const Membership::Table> table = members_.snapshot();
   const Member* member = table->find(peer);
   if (member == nullptr) {
@@ -1266,6 +1487,12 @@ std::map<std::string, std::string> Agent::debug_info() const {
   {
     std::lock_guard<std::mutex> lock(links_mu_);
     info["connections_out"] = std::to_string(links_.size());
+  }
+  {
+    std::lock_guard<std::mutex> lock(accepted_mu_);
+    size_t in = 0;
+    for (const auto& [id, connection] : authenticated_) in += connection.expired() ? 0 : 1;
+    info["connections_in"] = std::to_string(in);
   }
   for (const auto& [key, value] : staging_->debug_info()) info[key] = value;
   for (const std::shared_ptr<DeviceChannel>& channel : options_.device_channels) {

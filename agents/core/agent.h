@@ -7,8 +7,10 @@
 //   - the job-token handshake on every connection (agents/core/handshake.h), its size
 //     limits, deadline and cap on unauthenticated connections;
 //   - serving: requests decoded on the transport thread, run on the worker pool,
-//     replies routed back on the connection they came on; pings answered without user
-//     code;
+//     replies routed back on the connection they came on (or later, defer_reply);
+//     pings answered without user code; at most max_requests_in_flight requests per
+//     caller in flight (the caller holds the rest), and requests whose caller's
+//     timeout passed before they ran dropped unrun;
 //   - the membership: a versioned table that can grow and shrink while calls run,
 //     and the dynamic-group protocol over it (agents/core/dynamic_group.h);
 //   - heartbeats on idle peers with calls pending;
@@ -78,13 +80,21 @@ struct AgentOptions {
   // FERRY_AUTH_TOKEN default). With one, every connection starts with a
   // challenge-response in which the opener proves the token and the worker name and id
   // it claims; a connection without the token, with another one, or claiming a name or
-  // id the membership gives someone else (or an id that already has an open
-  // connection here) is refused: its calls fail with kUnauthenticated, and the refusing
-  // worker logs why. All workers of a group must agree.
+  // id the membership gives someone else is refused: its calls fail with
+  // kUnauthenticated, and the refusing worker logs why. A second connection that
+  // proves an id which already has one here replaces it (the older is closed: a
+  // restarted worker). All workers of a group must agree.
   std::string auth_token;
   // With a token: how long a peer's connection may stay unauthenticated before it is
-  // closed.
+  // closed, and how long a connection this worker opens may wait for the peer's
+  // challenge before the peer is lost (its calls fail with kUnavailable naming it).
   std::chrono::milliseconds handshake_timeout{std::chrono::seconds(5)};
+  // Requests (kRequest) in flight between one caller and this worker: a caller writes
+  // at most this many to a peer before replies come back, holding the rest (its
+  // memory, not the server's); a server answers a caller that sends more anyway
+  // with kResourceExhausted, unrun. Pings and control requests are not counted. All
+  // workers of a group should agree. At least 1.
+  int max_requests_in_flight = 1024;
   // Device channels tried before staging, in order (Agent::channel_for).
   std::vector<std::shared_ptr<DeviceChannel>> device_channels;
 };
@@ -166,6 +176,30 @@ class Agent final : public RpcAgent, public TransportEvents, public std::enable_
   void watch(int peer, bool watched) override;
   std::map<std::string, std::string> debug_info() const override;
 
+  // The request a pool thread is serving, for defer_reply() (agents/rpc_agent.h).
+  struct ServingRequest {
+    std::shared_ptr<Connection> from;
+    std::shared_ptr<const internal::Membership::Table> table;  // keeps `member` alive
+    const internal::Member* member;
+    WorkerInfo caller;
+    uint64_t id;
+    bool counted;
+    bool deferred = false;
+    Agent* agent = nullptr;
+  };
+  // Makes `request` the one defer_reply() on this thread defers, while it lives.
+  class ServingScope {
+   public:
+    ServingScope(Agent* agent, ServingRequest* request);
+    ~ServingScope();
+    ServingScope(const ServingScope&) = delete;
+    ServingScope& operator=(const ServingScope&) = delete;
+
+   private:
+    ServingRequest* previous_;
+  };
+  DeferredReply defer(ServingRequest& request, std::optional<std::chrono::milliseconds> timeout);
+
   // TransportEvents.
   void on_accepted(const std::shared_ptr<Connection>& connection) override;
   absl::Status on_header(Connection& connection, uint64_t metadata_bytes,
@@ -188,10 +222,19 @@ class Agent final : public RpcAgent, public TransportEvents, public std::enable_
   bool linked_to(int peer) const;
 
   // Sending: the connection to `peer`, opened (and its handshake begun) on first use.
-  void write_request(const PeerAddress& peer, Wire wire);
+  // `counted`: the call id of a kRequest, which waits for room under
+  // max_requests_in_flight.
+  void write_request(const PeerAddress& peer, Wire wire, std::optional<uint64_t> counted);
+  // Writes `wire` on an open link unless max_requests_in_flight are out; then it is held.
+  void write_counted(const std::shared_ptr<Connection>& connection, Wire wire, uint64_t id);
+  // A reply to request `id` came on `connection`'s link: its room goes to the next held.
+  void answered(const std::shared_ptr<Connection>& connection, uint64_t id);
   // Connects the link whose first send this was, writes the hello, and (without a
   // token) lets the waiting requests follow.
   void open_link(const PeerAddress& peer, std::shared_ptr<internal::Session> session);
+  // With a token: a link whose acceptor sent no challenge within handshake_timeout is
+  // dropped and its peer lost.
+  void expect_challenge(const PeerAddress& peer, const std::shared_ptr<internal::Session>& session);
   void flush(const std::shared_ptr<Connection>& connection);
   void drop_connection(int peer);
   // Handshake steps (agents/core/handshake.h).
@@ -208,7 +251,18 @@ class Agent final : public RpcAgent, public TransportEvents, public std::enable_
   void on_request(const std::shared_ptr<Connection>& from, Wire wire);
   void on_reply(int peer, Wire wire);
   void on_peer_lost(int peer, absl::Status why);
-  void serve(const std::shared_ptr<Connection>& from, std::vector<std::string> targets, Message request);
+  // Closes the authenticated pipe `peer` opened to this worker, if any.
+  void close_incoming(int peer);
+  // `arrived`: when the request was read, to drop it unrun once its caller's timeout
+  // has passed.
+  void serve(const std::shared_ptr<Connection>& from, std::vector<std::string> targets, Message request,
+             std::chrono::steady_clock::time_point arrived);
+  // The tail of serve(): stages the reply's tensors back through the caller's channel
+  // and writes it on `from`. `member` (null for a caller not in the table) must outlive
+  // the call.
+  // `counted`: a kRequest, counted in its connection's serving until now.
+  void send_reply(const std::shared_ptr<Connection>& from, const internal::Member* member, const WorkerInfo& caller,
+                  uint64_t id, bool counted, Message reply);
   void forget_lost(int id);
   // Pings `peer`; one that does not answer within `wait` (and sent nothing since) is lost.
   void suspect(int peer, std::chrono::milliseconds wait);
@@ -264,7 +318,7 @@ class Agent final : public RpcAgent, public TransportEvents, public std::enable_
   absl::flat_hash_map<int, Link> links_;  // guarded by links_mu_
   // Connections peers opened: those still authenticating, and the authenticated ones
   // by the id they proved (one per id).
-  std::mutex accepted_mu_;
+  mutable std::mutex accepted_mu_;
   absl::flat_hash_set<Connection*> unauthenticated_;                 // guarded by accepted_mu_
   absl::flat_hash_map<int, std::weak_ptr<Connection>> authenticated_;  // guarded by accepted_mu_
   std::atomic<uint64_t> handshakes_refused_{0};

@@ -131,6 +131,13 @@ CallTable::Clock::time_point CallTable::last_heard(int peer) const {
   return it == heard_.end() ? Clock::time_point() : it->second;
 }
 
+std::optional<CallTable::Clock::time_point> CallTable::deadline_of(uint64_t id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = calls_.find(id);
+  if (it == calls_.end()) return std::nullopt;
+  return it->second.deadline;
+}
+
 size_t CallTable::pending() const {
   std::lock_guard<std::mutex> lock(mu_);
   return calls_.size();
@@ -196,14 +203,13 @@ void CallTable::run_timer() {
           }
         }
         if (!waiting) continue;  // nothing pending: the next call schedules a check
+        // A peer never heard from is judged by the time since the call that scheduled
+        // this check (a heartbeat ago): a process stopped before its first reply
+        // (or before its connection came up) is silent too, and would otherwise hold a
+        // call with no timeout forever (issue 27, finding 8). A connection still coming
+        // up on a loaded host has the ping's wait besides.
         auto heard_it = heard_.find(peer);
-        if (heard_it == heard_.end()) {
-          // Never heard from: its connection may still be coming up (slow on a loaded
-          // host); a failed connection reports itself. Only silence after a reply counts.
-          schedule_check(peer, now + heartbeat_);
-          continue;
-        }
-        Clock::time_point heard = heard_it->second;
+        Clock::time_point heard = heard_it == heard_.end() ? Clock::time_point() : heard_it->second;
         if (now - heard < heartbeat_) {
           schedule_check(peer, heard + heartbeat_);
         } else {

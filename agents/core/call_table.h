@@ -62,6 +62,8 @@ class CallTable {
   // Fails every pending call.
   size_t fail_all(const absl::Status& status);
   size_t pending() const;
+  // Call `id`'s deadline (max(): none), or nullopt when it is no longer pending.
+  std::optional<Clock::time_point> deadline_of(uint64_t id) const;
   // When the last reply from `peer` arrived (heartbeat on); the epoch if none since
   // its pipe came up.
   Clock::time_point last_heard(int peer) const;
@@ -73,11 +75,10 @@ class CallTable {
   // Stops the timer thread (pending calls stay). Idempotent; not from the timer thread.
   void stop();
 
-  // Watches peers with calls pending: when a peer that has replied before has sent
-  // nothing since for `interval` while calls to it are pending, `suspect(peer)` runs on
-  // the timer thread (it must not block), and again every `interval` while that lasts.
-  // A peer never heard from is left alone (its connection may still be coming up).
-  // Zero: off.
+  // Watches peers with calls pending: when a peer has sent nothing for `interval` while
+  // calls to it are pending (since its last reply, or since the first of those calls if
+  // it never replied), `suspect(peer)` runs on the timer thread (it must not block), and
+  // again every `interval` while that lasts. Zero: off.
   // Set before the first call.
   void set_heartbeat(std::chrono::milliseconds interval, std::function<void(int peer)> suspect);
 

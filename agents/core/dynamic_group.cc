@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
+#include "agents/core/membership_lock.h"
 #include "agents/core/records.h"
 #include "base/logging.h"
 #include "base/status.h"
@@ -22,7 +23,6 @@ using internal::encode_record;
 
 namespace {
 
-constexpr char kPrefix[] = "ferry/rpc/dynamic/";
 constexpr char kMembersKey[] = "ferry/rpc/dynamic/members";
 // How long a member lets its calls to a leaver finish before failing them.
 constexpr std::chrono::seconds kDrain{30};
@@ -49,42 +49,39 @@ struct Update {
   }
 };
 
-absl::StatusOr<std::vector<MemberRecord>> read_members(Store& store) {
-  FERRY_ASSIGN_OR_RETURN(bool present, store.check({kMembersKey}));
-  if (!present) return std::vector<MemberRecord>();
-  FERRY_ASSIGN_OR_RETURN(Bytes bytes, store.get(kMembersKey, std::chrono::seconds(10)));
+absl::StatusOr<std::vector<MemberRecord>> decode_members(const Bytes& bytes) {
+  if (bytes.empty()) return std::vector<MemberRecord>();
   return decode_record<std::vector<MemberRecord>>(bytes, "group member list");
 }
 
-// The membership lock: a ticket queue in the store.
-class Lock {
- public:
-  static absl::StatusOr<Lock> acquire(Store& store, std::chrono::milliseconds timeout) {
-    FERRY_ASSIGN_OR_RETURN(int64_t ticket, store.add(absl::StrCat(kPrefix, "ticket"), 1));
-    if (ticket > 1) {
-      absl::Status turn = store.wait({absl::StrCat(kPrefix, "released/", ticket - 1)}, timeout);
-      if (!turn.ok()) {
-        // Give the turn on, or everyone behind this ticket would wait for it too.
-        (void)store.set(absl::StrCat(kPrefix, "released/", ticket), to_bytes("1"));
-        return absl::Status(turn.code(), absl::StrCat("waiting for the group-membership lock (ticket ", ticket,
-                                                      ", behind ticket ", ticket - 1, "): ", turn.message()));
-      }
-    }
-    return Lock(store, ticket);
-  }
-  Lock(Lock&& other) noexcept : store_(other.store_), ticket_(other.ticket_) { other.store_ = nullptr; }
-  Lock(const Lock&) = delete;
-  ~Lock() {
-    if (store_ == nullptr) return;
-    absl::Status released = store_->set(absl::StrCat(kPrefix, "released/", ticket_), to_bytes("1"));
-    if (!released.ok()) FERRY_LOG(ERROR) << "releasing the group-membership lock: " << released;
-  }
+constexpr char kLockKey[] = "ferry/rpc/dynamic/lock";
 
- private:
-  Lock(Store& store, int64_t ticket) : store_(&store), ticket_(ticket) {}
-  Store* store_;
-  int64_t ticket_;
-};
+absl::StatusOr<std::unique_ptr<internal::MembershipLock>> lock_group(const std::shared_ptr<Store>& store,
+                                                                     const std::string& name,
+                                                                     std::chrono::milliseconds timeout) {
+  return internal::MembershipLock::acquire(store, kLockKey, name, timeout);
+}
+
+// Publishes the member list, only if this worker still holds the lock and the list is
+// still the one it read (`read`): a holder that stalled past its lease must not
+// overwrite what the worker that took the lock over wrote.
+absl::Status publish_members(Store& store, internal::MembershipLock& lock, const Bytes& read,
+                             const Bytes& members) {
+  FERRY_RETURN_IF_ERROR(lock.held());
+  FERRY_ASSIGN_OR_RETURN(Bytes now, store.compare_set(kMembersKey, read, members));
+  if (now != members) {
+    return absl::AbortedError(
+        "the group's member list changed while this worker held the group-membership lock (it stalled past its "
+        "lease and another worker took the lock over); nothing was published");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Bytes> read_members_bytes(Store& store) {
+  FERRY_ASSIGN_OR_RETURN(bool present, store.check({kMembersKey}));
+  if (!present) return Bytes();
+  return store.get(kMembersKey, std::chrono::seconds(10));
+}
 
 Message control(std::string_view op, const Bytes& body) {
   Message m(MessageType::kControl, 0);
@@ -100,10 +97,9 @@ Message reply_with(uint64_t id, const Bytes& body) {
   return m;
 }
 
-absl::StatusOr<Bytes> call(RpcAgent& agent, int to, std::string_view op, const Bytes& body,
-                           std::chrono::milliseconds timeout) {
-  FERRY_ASSIGN_OR_RETURN(Message reply, agent.send(to, control(op, body), timeout).result());
-  FERRY_ASSIGN_OR_RETURN(auto values, read_payload<Bytes>(reply, "control reply"));
+absl::StatusOr<Bytes> reply_body(const absl::StatusOr<Message>& reply) {
+  FERRY_RETURN_IF_ERROR(reply.status());
+  FERRY_ASSIGN_OR_RETURN(auto values, read_payload<Bytes>(*reply, "control reply"));
   return std::get<0>(std::move(values));
 }
 
@@ -152,8 +148,9 @@ Message Group::serve(const Message& request) {
 absl::Status Group::leave(std::chrono::milliseconds timeout) {
   std::shared_ptr<Agent> owner = agent.lock();
   if (owner == nullptr) return absl::OkStatus();
-  FERRY_ASSIGN_OR_RETURN(Lock lock, Lock::acquire(*store, timeout));
-  FERRY_ASSIGN_OR_RETURN(std::vector<MemberRecord> members, read_members(*store));
+  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<internal::MembershipLock> lock, lock_group(store, name, timeout));
+  FERRY_ASSIGN_OR_RETURN(const Bytes read, read_members_bytes(*store));
+  FERRY_ASSIGN_OR_RETURN(std::vector<MemberRecord> members, decode_members(read));
   std::erase_if(members, [&](const MemberRecord& m) { return m.name == name; });
   if (hosts_store && !members.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -184,7 +181,7 @@ absl::Status Group::leave(std::chrono::milliseconds timeout) {
   owner->refuse_requests();
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
   absl::Status drained = owner->sync(std::max(left, std::chrono::milliseconds(0)));
-  FERRY_RETURN_IF_ERROR(store->set(kMembersKey, encode_record(members)));
+  FERRY_RETURN_IF_ERROR(publish_members(*store, *lock, read, encode_record(members)));
   return drained;
 }
 
@@ -216,8 +213,14 @@ absl::Status join_dynamic_group(const std::shared_ptr<Agent>& agent, std::shared
   core.set_dynamic(true);
   core.set_control_handler([group](const Message& request, const WorkerInfo&) { return group->serve(request); });
 
-  FERRY_ASSIGN_OR_RETURN(Lock lock, Lock::acquire(*args.store, timeout));
-  FERRY_ASSIGN_OR_RETURN(std::vector<MemberRecord> members, read_members(*args.store));
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto left = [&] {
+    return std::max(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()),
+                    std::chrono::milliseconds(1));
+  };
+  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<internal::MembershipLock> lock, lock_group(args.store, args.name, timeout));
+  FERRY_ASSIGN_OR_RETURN(const Bytes read, read_members_bytes(*args.store));
+  FERRY_ASSIGN_OR_RETURN(std::vector<MemberRecord> members, decode_members(read));
   for (const MemberRecord& m : members) {
     if (m.name == args.name) {
       return absl::AlreadyExistsError(absl::StrCat("init_rpc: worker name \"", args.name,
@@ -233,25 +236,39 @@ absl::Status join_dynamic_group(const std::shared_ptr<Agent>& agent, std::shared
   peers.push_back(PeerAddress{WorkerInfo{args.name, args.rank}, agent->address()});
   FERRY_RETURN_IF_ERROR(agent->set_members(peers));
 
-  // Every member's device info; one that does not answer is dead: drop it.
+  // Under the lock, a member that does not answer in time holds up every join, so it
+  // is taken for lost, as one that is unreachable is (issue 27, finding 6: a stopped
+  // member answered kDeadlineExceeded and every later join failed). The members are
+  // asked at once, and get half the time left, so that the updates have the rest.
+  auto lost = [&](const MemberRecord& m, const absl::Status& why) {
+    if (why.code() != absl::StatusCode::kUnavailable && why.code() != absl::StatusCode::kDeadlineExceeded) {
+      return false;
+    }
+    FERRY_LOG(WARNING) << args.name << ": joining, member \"" << m.name << "\" is dropped from the group: " << why;
+    (void)core.remove_member(m.rank, MembershipChange::kLost);
+    return true;
+  };
+  std::vector<Future<Message>> asked;
+  asked.reserve(members.size());
+  const std::chrono::milliseconds ask_within = left() / 2;
+  for (const MemberRecord& m : members) asked.push_back(agent->send(m.rank, control("device_info", {}), ask_within));
   std::vector<WorkerDeviceInfo> infos;
   std::vector<MemberRecord> alive;
-  for (const MemberRecord& m : members) {
-    absl::StatusOr<Bytes> info = call(*agent, m.rank, "device_info", {}, timeout);
-    if (!info.ok() && info.status().code() == absl::StatusCode::kUnavailable) {
-      FERRY_LOG(INFO) << args.name << ": joining, member " << m.name << " is gone: " << info.status();
-      (void)core.remove_member(m.rank, MembershipChange::kLost);
-      continue;
-    }
+  for (size_t i = 0; i < members.size(); ++i) {
+    absl::StatusOr<Bytes> info = reply_body(asked[i].result());
+    if (!info.ok() && lost(members[i], info.status())) continue;
     FERRY_RETURN_IF_ERROR(info.status());
     FERRY_ASSIGN_OR_RETURN(WorkerDeviceInfo decoded, decode_record<WorkerDeviceInfo>(*info, "device info"));
     infos.push_back(std::move(decoded));
-    alive.push_back(m);
+    alive.push_back(members[i]);
   }
   infos.push_back(group->mine);
 
   // Validate the whole group as it will be; nothing has changed anywhere yet.
   FERRY_ASSIGN_OR_RETURN(DeviceSetup own, setup_devices(args.name, infos, /*is_static_group=*/false));
+  std::vector<Future<Message>> told;
+  told.reserve(alive.size());
+  const std::chrono::milliseconds tell_within = left();
   for (size_t i = 0; i < alive.size(); ++i) {
     FERRY_ASSIGN_OR_RETURN(DeviceSetup setup, setup_devices(alive[i].name, infos, /*is_static_group=*/false));
     Update update;
@@ -259,11 +276,18 @@ absl::Status join_dynamic_group(const std::shared_ptr<Agent>& agent, std::shared
     update.join = true;
     update.reverse_device_maps = std::move(setup.reverse_device_maps);
     update.devices = std::move(setup.devices);
-    FERRY_RETURN_IF_ERROR(call(*agent, alive[i].rank, "update", encode_record(update), timeout).status());
+    told.push_back(agent->send(alive[i].rank, control("update", encode_record(update)), tell_within));
+  }
+  std::vector<MemberRecord> joined;
+  for (size_t i = 0; i < alive.size(); ++i) {
+    absl::Status s = reply_body(told[i].result()).status();
+    if (!s.ok() && lost(alive[i], s)) continue;
+    FERRY_RETURN_IF_ERROR(s);
+    joined.push_back(alive[i]);
   }
   core.set_device_maps(device_maps, own.reverse_device_maps, own.devices);
-  alive.push_back(MemberRecord{args.name, args.rank, agent->address()});
-  FERRY_RETURN_IF_ERROR(args.store->set(kMembersKey, encode_record(alive)));
+  joined.push_back(MemberRecord{args.name, args.rank, agent->address()});
+  FERRY_RETURN_IF_ERROR(publish_members(*args.store, *lock, read, encode_record(joined)));
   core.set_join([group](std::chrono::milliseconds t) { return group->leave(t); });
   return absl::OkStatus();
 }

@@ -9,10 +9,12 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "agents/core/transport.h"
 
@@ -28,6 +30,13 @@ enum class Stage : uint8_t {
   // Either way:
   kOpen,     // requests and replies flow (authenticated, or no token in use)
   kRefused,  // refused or being closed: nothing more is read
+};
+
+// A message waiting to go out on a connection this worker opened. `counted`: the call
+// id of a request counted under AgentOptions::max_requests_in_flight, else 0.
+struct Outgoing {
+  Wire wire;
+  uint64_t counted = 0;
 };
 
 struct Session {
@@ -54,7 +63,14 @@ struct Session {
   std::atomic<bool> open{false};
   // Outgoing: requests written while the handshake runs wait here, in order.
   std::mutex mu;
-  std::vector<Wire> pending;  // guarded by mu
+  std::vector<Outgoing> pending;  // guarded by mu
+  // Outgoing: the requests (kRequest) written and not yet answered, by call id, and
+  // those held back while as many are in flight as the peer takes
+  // (AgentOptions::max_requests_in_flight): the caller, not the server, holds a flood.
+  absl::flat_hash_set<uint64_t> in_flight;  // guarded by mu
+  std::deque<Outgoing> held;                // guarded by mu
+  // Incoming: the requests taken from this connection and not yet answered.
+  std::atomic<int> serving{0};
   // Outgoing: set when the transport reported its end, even before the core had it in
   // its table (a connect that failed at once).
   std::atomic<bool> closed{false};

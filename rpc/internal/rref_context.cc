@@ -38,6 +38,7 @@ void RRefContext::attach(const std::shared_ptr<RpcAgent>& agent) {
     std::shared_ptr<RRefContext> self = weak.lock();
     if (self == nullptr) return;
     self->membership_events_.fetch_add(1, std::memory_order_relaxed);
+    self->fail_creations_of(worker, change);
     size_t dropped = self->drop_references_held_by(worker.id);
     if (dropped > 0) {
       FERRY_LOG(INFO) << self->self_name_ << ": worker \"" << worker.name << "\" "
@@ -122,6 +123,7 @@ absl::Status RRefContext::handle_create(const FunctionRegistry& registry, Payloa
     Entry& entry = table_[id];
     // A fork request may have arrived first and made the entry (docs/rref.md).
     if (entry.record == nullptr) entry.record = std::make_shared<OwnerRecord>(id);
+    entry.created = true;
     set_fork(entry, fork, from.id);
     record = entry.record;
   }
@@ -207,24 +209,49 @@ absl::StatusOr<Message> RRefContext::handle_fetch(PayloadReader& reader, const M
     record = it->second.record;
   }
   // The creation normally ran before the fetcher's fork was confirmed; only a fork
-  // that overtook the creation can wait here.
+  // that overtook the creation finds no value yet. Its reply then goes from the
+  // record's continuation: a pool thread waiting here could be the one the creation
+  // needs (issue 27, finding 9).
   std::shared_ptr<RpcAgent> agent = agent_.lock();
   std::optional<std::chrono::milliseconds> limit;
   if (agent != nullptr && agent->default_timeout().count() > 0) limit = agent->default_timeout();
-  FERRY_RETURN_IF_ERROR(record->value.wait_for(limit));
-  const OwnedValue& value = **record->value.result();
+  if (!record->value.is_ready()) {
+    DeferredReply later = defer_reply(limit);
+    if (later.valid()) {
+      record->value.add_callback([later, id, type, request_id = request.id(), self_name = self_name_](
+                                     const absl::StatusOr<std::shared_ptr<const OwnedValue>>& value) {
+        absl::StatusOr<Message> reply =
+            value.ok() ? fetch_reply(self_name, id, type, **value, request_id) : absl::StatusOr<Message>(value.status());
+        later.send(reply.ok() ? *std::move(reply) : make_error_message(request_id, self_name, reply.status()));
+      });
+      return Message(MessageType::kResponse, request.id());  // ignored: the reply is deferred
+    }
+    // Not on an agent's thread (a test driving serve()): wait here.
+    FERRY_RETURN_IF_ERROR(record->value.wait_for(limit));
+  }
+  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<const OwnedValue> value, record->value.result());
+  return fetch_reply(self_name_, id, type, *value, request.id());
+}
+
+absl::StatusOr<Message> RRefContext::fetch_reply(const std::string& self_name, const RRefId& id,
+                                                 const std::string& type, const OwnedValue& value,
+                                                 uint64_t request_id) {
   if (value.type != type) {
     return absl::InvalidArgumentError(
-        absl::StrCat(self_name_, ": RRef ", id.str(), " holds a ", value.type, ", not a ", type));
+        absl::StrCat(self_name, ": RRef ", id.str(), " holds a ", value.type, ", not a ", type));
   }
   if (value.save == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(self_name_, ": RRef ", id.str(), " holds a ", value.type,
+    return absl::FailedPreconditionError(absl::StrCat(self_name, ": RRef ", id.str(), " holds a ", value.type,
                                                       ", which cannot be serialized; call functions on it through "
                                                       "the RRef instead of fetching it"));
   }
-  Message reply(MessageType::kResponse, request.id());
+  Message reply(MessageType::kResponse, request_id);
   PayloadWriter w(reply);
-  value.save(w, value.object.get());
+  // User serialization code: it may throw, and a continuation has nobody to catch it.
+  FERRY_RETURN_IF_ERROR(run_function_guarded(self_name, "RRef fetch", [&] {
+    value.save(w, value.object.get());
+    return absl::OkStatus();
+  }));
   return reply;
 }
 
@@ -255,6 +282,22 @@ void RRefContext::count_holder(int holder, int delta) {
   if (was_held == held) return;
   // The agent's watch takes only its own locks and calls nothing back.
   if (std::shared_ptr<RpcAgent> agent = agent_.lock()) agent->watch(holder, held);
+}
+
+void RRefContext::fail_creations_of(const WorkerInfo& creator, MembershipChange change) {
+  std::vector<std::shared_ptr<OwnerRecord>> orphaned;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, entry] : table_) {
+      if (id.worker == creator.id && !entry.created && entry.record != nullptr) orphaned.push_back(entry.record);
+    }
+  }
+  // Completed outside the lock: the records' continuations answer fetches.
+  for (const std::shared_ptr<OwnerRecord>& record : orphaned) {
+    record->promise.set_error(absl::UnavailableError(absl::StrCat(
+        self_name_, ": RRef ", record->id.str(), " will never have a value: its creator \"", creator.name, "\" ",
+        change == MembershipChange::kLost ? "was lost" : "left", " before its creation reached this owner")));
+  }
 }
 
 size_t RRefContext::drop_references_held_by(int worker_id) {

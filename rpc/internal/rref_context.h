@@ -130,6 +130,9 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
     std::shared_ptr<OwnerRecord> record;
     absl::flat_hash_map<RRefId, int> forks;  // fork -> the worker holding it
     int64_t local = 0;                       // RRefState objects on this worker
+    // The creation arrived (or ran here). A record made by a fork that overtook its
+    // creation waits for it, and fails if its creator goes first.
+    bool created = false;
   };
 
   RRefId next_id() { return RRefId{self_id_, next_local_.fetch_add(1, std::memory_order_relaxed)}; }
@@ -139,7 +142,14 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   absl::Status handle_create(const FunctionRegistry& registry, PayloadReader& reader, const WorkerInfo& from);
   absl::Status handle_fork(PayloadReader& reader, const WorkerInfo& from);
   absl::Status handle_release(PayloadReader& reader);
+  // Answers at once when the value exists, else from the record's continuation (the
+  // reply deferred, no pool thread waiting).
   absl::StatusOr<Message> handle_fetch(PayloadReader& reader, const Message& request);
+  static absl::StatusOr<Message> fetch_reply(const std::string& self_name, const RRefId& id, const std::string& type,
+                                             const OwnedValue& value, uint64_t request_id);
+  // Fails the records `creator` was to create whose creation has not arrived: it never
+  // will (issue 27, finding 9).
+  void fail_creations_of(const WorkerInfo& creator, MembershipChange change);
   // Runs `fn` from `reader` into `record` (on the owner), with this context current.
   void create_value(const FunctionRegistry& registry, const std::shared_ptr<OwnerRecord>& record, std::string_view fn,
                     std::string_view signature, PayloadReader& reader, const WorkerInfo& from);

@@ -25,8 +25,25 @@
 #include "tests/testing/multi_process.h"
 #include "tests/testing/status_matchers.h"
 
+// Sanitizers multiply memory and time: the flood is smaller there and its memory is
+// not measured.
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
+#define FERRY_TEST_SANITIZED 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define FERRY_TEST_SANITIZED 1
+#endif
+
 namespace ferry {
 namespace {
+
+#ifdef FERRY_TEST_SANITIZED
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
 
 using ::ferry::testing::StatusIs;
 using ::testing::HasSubstr;
@@ -153,13 +170,49 @@ Message request(std::string_view text) {
   return m;
 }
 
+// How many "mark" requests this process ran.
+std::atomic<int> marks{0};
+
+// Deferred replies the handler keeps unsent ("defer:hold").
+std::mutex held_mu;
+std::vector<DeferredReply> held;
+
 // Answers "<text>" with "<text> from <caller> via <me>" and the same tensors;
 // "sleep:<ms>" after sleeping; "throw" by throwing; "error" with an error reply;
-// "die" by killing its own process.
+// "die" by killing its own process; "defer:send", "defer:drop" and "defer:hold" by
+// deferring the reply (defer_reply, 300 ms) and then sending it at once, dropping it,
+// or keeping it unsent.
 RequestHandler handler_for(const std::string& me) {
   return [me](const Message& m, const WorkerInfo& from) {
     std::string text(m.payload());
+    if (text.rfind("defer:", 0) == 0) {
+      DeferredReply later = defer_reply(milliseconds(300));
+      if (!later.valid()) return make_error_message(m.id(), me, absl::InternalError("defer_reply() gave nothing"));
+      if (text == "defer:send") {
+        Message reply(MessageType::kResponse, 0);
+        reply.buffer() += absl::StrCat("later from ", me);
+        later.send(std::move(reply));
+        later.send(Message(MessageType::kResponse, 0));  // once only
+      } else if (text == "defer:hold") {
+        std::lock_guard<std::mutex> lock(held_mu);
+        held.push_back(later);
+      }
+      return Message(MessageType::kResponse, m.id());  // ignored
+    }
     if (text.rfind("sleep:", 0) == 0) std::this_thread::sleep_for(milliseconds(std::stoi(text.substr(6))));
+    if (text == "mark") marks.fetch_add(1);
+    if (text == "marks?") {
+      Message reply(MessageType::kResponse, m.id());
+      reply.buffer() += std::to_string(marks.load());
+      return reply;
+    }
+    if (text.rfind("flood", 0) == 0) {
+      // A slow function whose large argument is not sent back.
+      std::this_thread::sleep_for(milliseconds(5));
+      Message reply(MessageType::kResponse, m.id());
+      reply.buffer() += "ok";
+      return reply;
+    }
     if (text == "throw") throw std::runtime_error("kaboom");
     if (text == "error") return make_error_message(m.id(), me, absl::FailedPreconditionError(me + ": not today"));
     if (text == "die") raise(SIGKILL);
@@ -231,6 +284,25 @@ TEST_P(AgentConformance, RemoteErrorsNameTheirWorker) {
                 StatusIs(absl::StatusCode::kUnknown, HasSubstr(name_of(peer) + ": request handler threw: kaboom")));
     EXPECT_THAT(agent->send(peer, request("error")).result(),
                 StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr(name_of(peer) + ": not today")));
+    EXPECT_OK(agent->join(seconds(20)));
+    agent->shutdown();
+  }));
+}
+
+// A handler may send its reply later (defer_reply): once, from any thread; one it
+// drops or never sends still ends the call, and join() waits for nothing more.
+TEST_P(AgentConformance, DeferredRepliesAreSentOnceDroppedOrTimedOut) {
+  ferry::testing::TempDir dir;
+  ferry::testing::expect_all_succeed(run_workers(GetParam(), 2, [&](int rank) {
+    auto agent = make(GetParam(), dir.path(), rank, 2);
+    const int peer = 1 - rank;
+    absl::StatusOr<Message> sent = agent->send(peer, request("defer:send")).result();
+    ASSERT_OK(sent.status());
+    EXPECT_EQ(sent->payload(), absl::StrCat("later from ", name_of(peer)));
+    EXPECT_THAT(agent->send(peer, request("defer:drop")).result(),
+                StatusIs(absl::StatusCode::kInternal, HasSubstr("dropped it without sending one")));
+    EXPECT_THAT(agent->send(peer, request("defer:hold"), milliseconds(0)).result(),
+                StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("not ready within 300 ms")));
     EXPECT_OK(agent->join(seconds(20)));
     agent->shutdown();
   }));
@@ -313,6 +385,86 @@ TEST_P(AgentConformance, ASilentPeerIsDeclaredLostByTheHeartbeat) {
   EXPECT_EQ(results[1].term_signal, SIGKILL) << results[1].describe();
 }
 
+// This process's resident memory now ("VmRSS") or at its peak ("VmHWM"), in bytes.
+uint64_t memory(const std::string& which) {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind(which + ":", 0) == 0) return std::stoull(line.substr(which.size() + 1)) * 1024;
+  }
+  return 0;
+}
+
+// Issue 27, finding 10: the server took every request it read, so a caller flooding a
+// slow function grew the server by every request queued. Requests in flight per caller
+// are capped now (AgentOptions::max_requests_in_flight): the caller holds the rest.
+TEST_P(AgentConformance, AFloodOfCallsKeepsTheServersMemoryBounded) {
+  SKIP_IF_IN_PROCESS("measuring the server's memory apart from the caller's");
+  ferry::testing::TempDir dir;
+  ferry::testing::expect_all_succeed(run_workers(GetParam(), 2, [&](int rank) {
+    auto agent = make(GetParam(), dir.path(), rank, 2);
+    std::shared_ptr<Store> store = file_store(dir.path());
+    if (rank == 1) {
+      const uint64_t before = memory("VmRSS");
+      ASSERT_OK(store->set("ready", to_bytes("1")));
+      ASSERT_OK(store->wait({"flooded"}, seconds(120)));
+      const uint64_t peak = memory("VmHWM");
+      // 10,000 requests of 16 KiB are 160 MiB; the cap holds at most 16 MiB of them.
+      if (!kSanitized) {
+        EXPECT_LT(peak, before + (64u << 20))
+            << "the server grew from " << (before >> 20) << " MiB to a peak of " << (peak >> 20) << " MiB while flooded";
+      }
+      EXPECT_OK(agent->join(seconds(60)));
+      agent->shutdown();
+      return;
+    }
+    ASSERT_OK(store->wait({"ready"}, seconds(30)));
+    constexpr int kCalls = kSanitized ? 2000 : 10000;
+    const std::string payload = "flood" + std::string(16 << 10, 'x');
+    std::vector<Future<Message>> calls;
+    calls.reserve(kCalls);
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < kCalls; ++i) calls.push_back(agent->send(1, request(payload), seconds(60)));
+    int failed = 0;
+    for (Future<Message>& f : calls) {
+      (void)f.wait_for(seconds(60));
+      ASSERT_TRUE(f.is_ready()) << "a call of the flood never ended";
+      if (!f.status().ok()) {
+        // An error is an answer; a call lost without one is not.
+        if (++failed <= 3) ADD_FAILURE() << f.status();
+      }
+    }
+    EXPECT_EQ(failed, 0);
+    EXPECT_LT(std::chrono::steady_clock::now() - start, seconds(60));
+    ASSERT_OK(store->set("flooded", to_bytes("1")));
+    EXPECT_OK(agent->join(seconds(60)));
+    agent->shutdown();
+  }, seconds(180)));
+}
+
+// Issue 27, finding 10: a request whose caller had given up (its deadline passed while
+// it waited for a pool thread) still ran. It is dropped now, answered with
+// kDeadlineExceeded.
+TEST_P(AgentConformance, ARequestWhoseDeadlinePassedBeforeItRanIsNotRun) {
+  ferry::testing::TempDir dir;
+  ferry::testing::expect_all_succeed(run_workers(GetParam(), 2, [&](int rank) {
+    auto agent = make(GetParam(), dir.path(), rank, 2);
+    if (rank == 0) {
+      // More sleepers than any kind's pool has threads: the mark waits behind them.
+      std::vector<Future<Message>> sleepers;
+      for (int i = 0; i < 48; ++i) sleepers.push_back(agent->send(1, request("sleep:300"), milliseconds(0)));
+      Future<Message> mark = agent->send(1, request("mark"), milliseconds(100));
+      EXPECT_THAT(mark.result(), StatusIs(absl::StatusCode::kDeadlineExceeded));
+      for (Future<Message>& f : sleepers) EXPECT_OK(f.status());
+      absl::StatusOr<Message> ran = agent->send(1, request("marks?"), milliseconds(0)).result();
+      ASSERT_OK(ran.status());
+      EXPECT_EQ(ran->payload(), "0") << "a request whose caller's deadline had passed was run";
+    }
+    EXPECT_OK(agent->join(seconds(30)));
+    agent->shutdown();
+  }));
+}
+
 // Whether process `pid` is stopped (state T in /proc/<pid>/stat).
 bool is_stopped(pid_t pid) {
   std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
@@ -320,6 +472,49 @@ bool is_stopped(pid_t pid) {
   std::getline(stat, line);
   size_t paren = line.rfind(')');
   return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'T';
+}
+
+// Issue 27, finding 8: a peer stopped right after init, before any call reached it, was
+// never heard from, so the heartbeat left it alone and a call with no timeout waited
+// forever. Now silence since the first call counts as silence since a reply does.
+TEST_P(AgentConformance, APeerStoppedBeforeAnyCallIsDeclaredLost) {
+  SKIP_IF_IN_PROCESS("a stopped peer");
+  ferry::testing::TempDir dir;
+  std::vector<ferry::testing::ProcessResult> results = run_workers(GetParam(), 2, [&](int rank) {
+    auto agent = make(GetParam(), dir.path(), rank, 2);
+    std::shared_ptr<Store> store = file_store(dir.path());
+    if (rank == 1) {
+      ASSERT_OK(store->set("pid", to_bytes(std::to_string(getpid()))));
+      raise(SIGSTOP);
+      return;
+    }
+    pid_t peer = static_cast<pid_t>(std::stol(to_string(*store->get("pid", seconds(20)))));
+    for (int i = 0; i < 2000 && !is_stopped(peer); ++i) std::this_thread::sleep_for(milliseconds(5));
+    ASSERT_TRUE(is_stopped(peer));
+    auto start = std::chrono::steady_clock::now();
+    // The first call of this worker to w1, with no timeout.
+    Future<Message> forever = agent->send(1, request("hello?"), milliseconds(0));
+    // The heartbeat is 300 ms here: lost within about a second. 20 s only bounds a hang.
+    (void)forever.wait_for(seconds(20));
+    if (!forever.is_ready()) {
+      kill(peer, SIGKILL);
+      FAIL() << "a call to w1, stopped before any call reached it, had not ended after 20 s";
+    }
+    absl::Status why = forever.status();
+    EXPECT_TRUE(why.code() == absl::StatusCode::kUnavailable || why.code() == absl::StatusCode::kDeadlineExceeded)
+        << why;
+    EXPECT_THAT(why, StatusIs(why.code(), HasSubstr("\"w1\"")));
+    EXPECT_LT(std::chrono::steady_clock::now() - start, seconds(15));
+    // Later calls end too.
+    Future<Message> again = agent->send(1, request("again"), milliseconds(0));
+    (void)again.wait_for(seconds(20));
+    EXPECT_TRUE(again.is_ready());
+    kill(peer, SIGKILL);
+    agent->shutdown();
+  }, seconds(60));
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_TRUE(results[0].exited && results[0].exit_code == 0) << results[0].describe();
+  EXPECT_EQ(results[1].term_signal, SIGKILL) << results[1].describe();
 }
 
 // A peer that stops reading (SIGSTOP, sockets open) holds up nothing but calls to
@@ -627,6 +822,36 @@ TEST_P(AgentConformance, MembersJoinAndLeaveWhileCallsRun) {
     EXPECT_EQ(heard, expected);
     agent->shutdown();
   }));
+}
+
+// A caller that sends more requests than the server takes in flight (another
+// max_requests_in_flight, or not ferry) has the excess refused unrun with
+// kResourceExhausted, saying why; nothing is queued for it and every call ends.
+TEST(AgentBackpressure, RequestsBeyondTheServersCapAreRefusedUnrun) {
+  ferry::testing::TempDir dir;
+  ferry::testing::expect_all_succeed(ferry::testing::run_threads(2, [&](int rank) {
+    InprocAgentOptions options;
+    options.init_timeout = seconds(20);
+    options.agent.num_worker_threads = 4;
+    options.agent.max_requests_in_flight = rank == 0 ? 64 : 4;  // the caller allows more than the server
+    auto agent = InprocAgent::create(file_store(dir.path()), name_of(rank), rank, 2, options, handler_for(name_of(rank)));
+    ASSERT_OK(agent.status());
+    if (rank == 0) {
+      std::vector<Future<Message>> calls;
+      for (int i = 0; i < 32; ++i) calls.push_back((*agent)->send(1, request("sleep:200"), seconds(20)));
+      int refused = 0;
+      for (Future<Message>& f : calls) {
+        absl::Status s = f.status();
+        if (s.ok()) continue;
+        EXPECT_THAT(s, StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("max_requests_in_flight")));
+        ++refused;
+      }
+      EXPECT_GE(refused, 1);
+      EXPECT_LE(refused, 28);  // at least the 4 the server took ran
+    }
+    EXPECT_OK((*agent)->join(seconds(20)));
+    (*agent)->shutdown();
+  }, seconds(60)));
 }
 
 INSTANTIATE_TEST_SUITE_P(Agents, AgentConformance, ::testing::ValuesIn(kinds()),

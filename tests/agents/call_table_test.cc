@@ -1,6 +1,9 @@
 #include "agents/core/call_table.h"
 
+#include <condition_variable>
+#include <mutex>
 #include <thread>
+#include <vector>
 
 #include "agents/core/membership.h"
 #include "gtest/gtest.h"
@@ -64,6 +67,35 @@ TEST(CallTable, FailPeerFailsOnlyThatPeersCalls) {
   EXPECT_EQ(activity->count(), 100);
   calls.fail_all(absl::CancelledError("done"));
   EXPECT_EQ(activity->count(), 0);
+}
+
+// Issue 27, finding 8: a peer never heard from was left alone by the heartbeat, so a
+// call with no timeout to a peer that stopped before it ever replied waited forever.
+// Silence since its first call now counts as silence since a reply does.
+TEST(CallTable, APeerNeverHeardFromIsSuspectedAfterAHeartbeat) {
+  auto activity = std::make_shared<Activity>();
+  CallTable calls({}, activity);
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<int> suspected;
+  calls.set_heartbeat(milliseconds(50), [&](int peer) {
+    std::lock_guard<std::mutex> lock(mu);
+    suspected.push_back(peer);
+    cv.notify_all();
+  });
+  CallTable::Started silent = calls.start(1, "w1", milliseconds(0));
+  CallTable::Started answering = calls.start(2, "w2", milliseconds(0));
+  EXPECT_TRUE(calls.complete(answering.id, reply(answering.id)));  // nothing pending to w2
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    // 50 ms would do; 10 s only bounds a hang.
+    EXPECT_TRUE(cv.wait_for(lock, std::chrono::seconds(10), [&] { return !suspected.empty(); }))
+        << "a peer with a call pending that never replied was not suspected";
+    for (int peer : suspected) EXPECT_EQ(peer, 1);
+  }
+  EXPECT_FALSE(silent.future.is_ready());  // suspecting is the agent's business, not a failure
+  calls.stop();
+  calls.fail_all(absl::CancelledError("done"));
 }
 
 TEST(Membership, VersionedSnapshotsAndDepartures) {

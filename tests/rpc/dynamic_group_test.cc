@@ -6,10 +6,12 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <fstream>
 #include <mutex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "agents/core/membership_lock.h"
 #include "gtest/gtest.h"
 #include "rpc/rpc.h"
 #include "store/file_store.h"
@@ -331,6 +333,135 @@ TEST(DynamicGroup, AKilledMemberIsRemovedAndTheGroupKeepsWorking) {
     EXPECT_TRUE(results[r].exited && results[r].exit_code == 0) << results[r].describe();
   }
   EXPECT_EQ(results[2].term_signal, SIGKILL) << results[2].describe();
+}
+
+// Whether process `pid` is stopped (state T in /proc/<pid>/stat).
+bool is_stopped(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(stat, line);
+  size_t paren = line.rfind(')');
+  return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'T';
+}
+
+pid_t wait_stopped(FileStore& coord, const std::string& key) {
+  absl::StatusOr<Bytes> pid = coord.get(key, seconds(30));
+  EXPECT_OK(pid.status());
+  if (!pid.ok()) return 0;
+  pid_t p = static_cast<pid_t>(std::stol(to_string(*pid)));
+  for (int i = 0; i < 2000 && !is_stopped(p); ++i) std::this_thread::sleep_for(milliseconds(5));
+  EXPECT_TRUE(is_stopped(p));
+  return p;
+}
+
+// Issue 27, finding 6: a stopped member answered nothing, the joiner's call to it ended
+// with kDeadlineExceeded, which was not taken for a loss, so every later join failed.
+// The heartbeat is off here: only the join's own deadline per member can tell.
+TEST(DynamicGroup, AStoppedMemberIsDroppedByTheNextJoiner) {
+  ferry::testing::TempDir dir;
+  auto results = ferry::testing::run_processes(3, [&](int rank) {
+    register_functions();
+    auto coord = coordination(dir.path());
+    TensorPipeRpcBackendOptions options = options_for(dir.path());
+    options.rpc_timeout = seconds(8);  // the join's timeout too
+    options.heartbeat_interval = milliseconds(0);
+    if (rank == 1) {
+      ASSERT_OK(coord->wait({"joined/0"}, seconds(30)));
+    }
+    if (rank == 2) {
+      pid_t stopped = wait_stopped(*coord, "pid/1");
+      auto start = std::chrono::steady_clock::now();
+      absl::Status joined = join(rank, options);
+      if (!joined.ok()) kill(stopped, SIGKILL);
+      ASSERT_OK(joined) << "joining a group whose member w1 is stopped";
+      EXPECT_LT(std::chrono::steady_clock::now() - start, seconds(20));
+      std::vector<WorkerInfo> infos = get_worker_infos();
+      EXPECT_EQ(infos.size(), 2u);
+      for (const WorkerInfo& w : infos) EXPECT_NE(w.name, "w1");
+      EXPECT_EQ(rpc_sync<int64_t>("w0", "add", int64_t{2}, int64_t{3}), 5);
+      ASSERT_OK(coord->set("joined/2", to_bytes("1")));
+      ASSERT_OK(coord->wait({"checked/0"}, seconds(30)));
+      ASSERT_OK(shutdown());
+      return;
+    }
+    ASSERT_OK(join(rank, options));
+    ASSERT_OK(coord->set(absl::StrCat("joined/", rank), to_bytes("1")));
+    if (rank == 1) {
+      ASSERT_OK(coord->set("pid/1", to_bytes(std::to_string(getpid()))));
+      raise(SIGSTOP);
+      return;
+    }
+    // Rank 0 hears of w2 and calls it; then the stopped worker goes for good.
+    ASSERT_OK(coord->wait({"joined/2"}, seconds(60)));
+    EXPECT_EQ(rpc_sync<int64_t>("w2", "add", int64_t{1}, int64_t{1}), 2);
+    kill(static_cast<pid_t>(std::stol(to_string(*coord->get("pid/1", seconds(5))))), SIGKILL);
+    ASSERT_OK(coord->set("checked/0", to_bytes("1")));
+    ASSERT_OK(shutdown());
+  }, seconds(90));
+  ASSERT_EQ(results.size(), 3u);
+  EXPECT_TRUE(results[0].exited && results[0].exit_code == 0) << results[0].describe();
+  EXPECT_EQ(results[1].term_signal, SIGKILL) << results[1].describe();
+  EXPECT_TRUE(results[2].exited && results[2].exit_code == 0) << results[2].describe();
+}
+
+// Issue 27, finding 6: a waiter that gave up released its own ticket, which let the next
+// waiter in while the holder still worked. The lock is a lease now: a waiter that
+// gives up touches nothing, and the next one enters only after the holder let go.
+TEST(MembershipLock, AWaiterThatGivesUpLetsNobodyInWhileTheHolderWorks) {
+  ferry::testing::TempDir dir;
+  ferry::testing::expect_all_succeed(ferry::testing::run_processes(3, [&](int rank) {
+    std::shared_ptr<Store> store = coordination(dir.path());
+    const std::string key = "lock";
+    if (rank == 0) {
+      auto lock = internal::MembershipLock::acquire(store, key, "holder", seconds(10), seconds(2));
+      ASSERT_OK(lock.status());
+      ASSERT_OK(store->set("held", to_bytes("1")));
+      // Works for longer than the lease: renewing keeps it.
+      ASSERT_OK(store->wait({"gave_up"}, seconds(30)));
+      std::this_thread::sleep_for(seconds(3));
+      EXPECT_OK((*lock)->held());
+      ASSERT_OK(store->set("releasing", to_bytes("1")));
+      (*lock)->release();
+      return;
+    }
+    ASSERT_OK(store->wait({"held"}, seconds(30)));
+    if (rank == 1) {
+      auto lock = internal::MembershipLock::acquire(store, key, "impatient", milliseconds(300), seconds(2));
+      EXPECT_THAT(lock.status(), StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("\"holder\"")));
+      ASSERT_OK(store->set("gave_up", to_bytes("1")));
+      return;
+    }
+    ASSERT_OK(store->wait({"gave_up"}, seconds(30)));
+    auto lock = internal::MembershipLock::acquire(store, key, "patient", seconds(30), seconds(2));
+    ASSERT_OK(lock.status());
+    EXPECT_TRUE(*store->check({"releasing"})) << "entered the lock while its holder still had it";
+  }, seconds(60)));
+}
+
+// A holder that stops (SIGSTOP) stops renewing: a waiter takes the lock over once the
+// lease ran out, instead of waiting for ever.
+TEST(MembershipLock, AStoppedHolderLosesTheLockWhenItsLeaseRunsOut) {
+  ferry::testing::TempDir dir;
+  auto results = ferry::testing::run_processes(2, [&](int rank) {
+    std::shared_ptr<Store> store = coordination(dir.path());
+    if (rank == 0) {
+      auto lock = internal::MembershipLock::acquire(store, "lock", "stopped", seconds(10), seconds(1));
+      ASSERT_OK(lock.status());
+      ASSERT_OK(store->set("pid/0", to_bytes(std::to_string(getpid()))));
+      raise(SIGSTOP);
+      return;
+    }
+    pid_t holder = wait_stopped(*dynamic_cast<FileStore*>(store.get()), "pid/0");
+    auto start = std::chrono::steady_clock::now();
+    auto lock = internal::MembershipLock::acquire(store, "lock", "next", seconds(20), seconds(1));
+    if (holder > 0) kill(holder, SIGKILL);
+    ASSERT_OK(lock.status());
+    EXPECT_LT(std::chrono::steady_clock::now() - start, seconds(15));
+    EXPECT_OK((*lock)->held());
+  }, seconds(60));
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_EQ(results[0].term_signal, SIGKILL) << results[0].describe();
+  EXPECT_TRUE(results[1].exited && results[1].exit_code == 0) << results[1].describe();
 }
 
 TEST(DynamicGroup, DuplicatesAndInvalidMapsAreRefusedAndTheGroupIsUnchanged) {

@@ -439,6 +439,99 @@ TEST(RRef, OwnerFreesTheValueOfAStoppedHolder) {
   EXPECT_EQ(results[1].term_signal, SIGKILL) << results[1].describe();
 }
 
+// The protocol's messages, written as a worker's RRef code would (docs/rref.md), to
+// make orders that are rare by chance happen every time.
+Message fork_message(const internal::RRefId& id, const internal::RRefId& fork) {
+  return internal::protocol_request(internal::kFork, id, fork, /*parent_confirmed=*/false);
+}
+Message fetch_message(const internal::RRefId& id) {
+  return internal::protocol_request(internal::kFetch, id, TypeName<Tracked>::get());
+}
+Message create_message(const internal::RRefId& id, const internal::RRefId& fork, int64_t v) {
+  Message m = internal::protocol_request(internal::kCreate, id, fork, TypeName<Tracked>::get(), std::string("make"),
+                                         fns.make.signature());
+  PayloadWriter w(m);
+  w(v);
+  return m;
+}
+
+// Issue 27, finding 9: a fetch waited for the value on a pool thread. With one pool
+// thread, a fetch whose fork overtook the creation held that thread, so the creation
+// could not run: both waited for the owner's timeout. The fetch is answered from a
+// continuation now.
+TEST(RRef, AFetchThatOvertakesTheCreationHoldsNoPoolThread) {
+  ferry::testing::TempDir dir;
+  ferry::testing::expect_all_succeed(ferry::testing::run_processes(2, [&](int rank) {
+    register_functions();
+    TensorPipeRpcBackendOptions options;
+    options.init_method = "file://" + dir.path() + "/store";
+    options.num_worker_threads = rank == 0 ? 1 : 4;  // the owner has one
+    options.rpc_timeout = std::chrono::seconds(30);
+    ASSERT_OK(init_rpc(name_of(rank), rank, 2, options));
+    if (rank == 1) {
+      std::shared_ptr<RpcAgent> agent = current_agent();
+      const internal::RRefId id{1, 1u << 30}, creators{1, (1u << 30) + 1}, other{1, (1u << 30) + 2};
+      // Another holder's fork arrives first and makes the record; its fetch comes next.
+      ASSERT_OK(agent->send(0, fork_message(id, other), std::chrono::seconds(20)).status());
+      Future<Message> fetched = agent->send(0, fetch_message(id), std::chrono::seconds(20));
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the fetch is taken first
+      EXPECT_OK(agent->send(0, create_message(id, creators, 5), std::chrono::seconds(20)).status());
+      absl::StatusOr<Message> reply = fetched.result();
+      ASSERT_OK(reply.status()) << "the fetch that overtook the creation";
+      auto value = read_payload<Tracked>(*reply, "fetched value");
+      ASSERT_OK(value.status());
+      EXPECT_EQ(std::get<0>(*value).value, 5);
+      for (const internal::RRefId& fork : {creators, other}) {
+        EXPECT_OK(agent->send(0, internal::protocol_request(internal::kRelease, id, fork), std::chrono::seconds(20))
+                      .status());
+      }
+      EXPECT_EQ(rpc_sync("worker0", fns.wait_until_nothing_owned, 20000), "OK");
+    }
+    ASSERT_OK(shutdown());
+  }, std::chrono::seconds(90)));
+}
+
+// Issue 27, finding 9: a record made by a fork whose creation never came (its creator
+// died first) was never failed, so a fetch of it waited for the owner's timeout.
+TEST(RRef, AFetchFailsWhenTheCreatorIsLostBeforeItsCreationArrived) {
+  ferry::testing::TempDir dir;
+  auto results = ferry::testing::run_processes(3, [&](int rank) {
+    start(dir.path(), rank, 3);
+    auto coord = FileStore::create(dir.path() + "/coordination", {});
+    ASSERT_OK(coord.status());
+    if (rank == 2) {
+      // The creator: the owner has a connection from it, then it dies unannounced.
+      EXPECT_EQ(rpc_sync("worker0", fns.ident, 2), 2);
+      ASSERT_OK((*coord)->set("pid", to_bytes(std::to_string(getpid()))));
+      std::this_thread::sleep_for(std::chrono::seconds(60));  // until killed
+      return;
+    }
+    if (rank == 1) {
+      std::shared_ptr<RpcAgent> agent = current_agent();
+      absl::StatusOr<Bytes> pid = (*coord)->get("pid", std::chrono::seconds(30));
+      ASSERT_OK(pid.status());
+      // worker2's RRef, forked to this worker before its creation reached the owner.
+      const internal::RRefId id{2, 1u << 30}, mine{1, 1u << 30};
+      ASSERT_OK(agent->send(0, fork_message(id, mine), std::chrono::seconds(20)).status());
+      Future<Message> fetched = agent->send(0, fetch_message(id), std::chrono::milliseconds(0));  // no timeout
+      kill(static_cast<pid_t>(std::stol(to_string(*pid))), SIGKILL);
+      auto start = std::chrono::steady_clock::now();
+      (void)fetched.wait_for(std::chrono::seconds(25));  // the owner's own timeout is 30 s
+      EXPECT_OK((*coord)->set("fetched", to_bytes("1")));
+      ASSERT_TRUE(fetched.is_ready()) << "a fetch of a value whose creator died was not answered";
+      EXPECT_THAT(fetched.status(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("\"worker2\"")));
+      EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+    } else {
+      EXPECT_OK((*coord)->wait({"fetched"}, std::chrono::seconds(60)));
+    }
+    EXPECT_OK(shutdown(/*graceful=*/false));
+  }, std::chrono::seconds(90));
+  ASSERT_EQ(results.size(), 3u);
+  EXPECT_TRUE(results[0].exited && results[0].exit_code == 0) << results[0].describe();
+  EXPECT_TRUE(results[1].exited && results[1].exit_code == 0) << results[1].describe();
+  EXPECT_EQ(results[2].term_signal, SIGKILL) << results[2].describe();
+}
+
 TEST(RRef, ThousandsCreatedAndDroppedLeaveNothingBehind) {
   ferry::testing::TempDir dir;
   ferry::testing::expect_all_succeed(ferry::testing::run_processes(

@@ -45,6 +45,27 @@ TEST(Message, HeaderRoundTrips) {
   EXPECT_EQ(back.payload(), "payload");
 }
 
+// A request carries its caller's timeout, so a server can drop it once the caller
+// gave up (issue 27, finding 10).
+TEST(Message, ARequestsTimeoutRoundTripsAndCanBeRewrittenWhenSealed) {
+  EXPECT_FALSE(Message(MessageType::kRequest, 1).timeout().has_value());
+  Message m(MessageType::kRequest, 1);
+  m.set_timeout(std::chrono::milliseconds(2500));
+  EXPECT_EQ(over_the_wire(m).timeout(), std::chrono::milliseconds(2500));
+  m.set_timeout(std::chrono::milliseconds(0));  // none
+  EXPECT_FALSE(over_the_wire(m).timeout().has_value());
+  m.set_timeout(std::chrono::hours(24 * 365));  // saturates at ~49 days
+  EXPECT_EQ(over_the_wire(m).timeout(), std::chrono::milliseconds(UINT32_MAX));
+  Message held(MessageType::kRequest, 7);
+  held.set_timeout(std::chrono::milliseconds(900));
+  std::string wire = held.seal();
+  Message::reseal_timeout(wire, std::chrono::milliseconds(40));
+  absl::StatusOr<Message> back = Message::parse(std::move(wire), {});
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->timeout(), std::chrono::milliseconds(40));
+  EXPECT_EQ(back->id(), 7u);
+}
+
 TEST(Message, RejectsBadHeaders) {
   EXPECT_THAT(Message::parse("short", {}), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("shorter than its 16-byte header")));
   std::string garbage(32, 'x');
