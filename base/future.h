@@ -113,25 +113,9 @@ void note_spin(bool found);
 // poll missed.
 inline void note_missed_wait(std::chrono::steady_clock::duration waited) { thread_poll_window().missed_wait(waited); }
 
-// Polls `ready` (yielding between polls) for at most `window`; true if it became true.
-template <typename Ready>
-bool spin_until(Ready ready, std::chrono::microseconds window = spin_window()) {
-  if (window.count() == 0) return false;
-  auto until = std::chrono::steady_clock::now() + window;
-  do {
-    if (ready()) {
-      note_spin(true);
-      return true;
-    }
-    std::this_thread::yield();
-  } while (std::chrono::steady_clock::now() < until);
-  bool found = ready();
-  note_spin(found);
-  return found;
-}
-
-// Empty polls drive_until makes with a pause between them before it yields instead
-// (a few microseconds).
+// The first polls of a wait only pause the core between them: what is a microsecond
+// away is seen at once, where a yield (a system call, and on a loaded host the rest
+// of a time slice given away) costs more than that. Later polls yield.
 inline constexpr int kPausingPolls = 64;
 
 inline void cpu_relax() {
@@ -140,6 +124,34 @@ inline void cpu_relax() {
 #elif defined(__aarch64__)
   asm volatile("yield");
 #endif
+}
+
+// Between two polls of a wait, the `polls`-th empty one.
+inline void between_polls(int polls) {
+  if (polls <= kPausingPolls) {
+    cpu_relax();
+  } else {
+    std::this_thread::yield();
+  }
+}
+
+// Polls `ready` for at most `window` (pausing, then yielding between polls); true if
+// it became true.
+template <typename Ready>
+bool spin_until(Ready ready, std::chrono::microseconds window = spin_window()) {
+  if (window.count() == 0) return false;
+  auto until = std::chrono::steady_clock::now() + window;
+  int polls = 0;
+  do {
+    if (ready()) {
+      note_spin(true);
+      return true;
+    }
+    between_polls(++polls);
+  } while (std::chrono::steady_clock::now() < until);
+  bool found = ready();
+  note_spin(found);
+  return found;
 }
 
 // spin_until, driving every registered transport (base/progress.h) between polls, so
@@ -163,13 +175,7 @@ bool drive_until(Ready ready, std::chrono::microseconds window = spin_window()) 
     bool moved = false;
     for (const std::shared_ptr<Progress>& p : progress) moved |= p->poll();
     if (moved) continue;
-    // The first empty polls only pause the core: a reply a microsecond away is seen at
-    // once, where a yield (a system call) would cost a good part of that microsecond.
-    if (++empty_polls <= kPausingPolls) {
-      cpu_relax();
-    } else {
-      std::this_thread::yield();
-    }
+    between_polls(++empty_polls);
   } while (std::chrono::steady_clock::now() < until);
   for (const std::shared_ptr<Progress>& p : progress) p->leave();
   set_driving_progress(false);
