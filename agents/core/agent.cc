@@ -9,6 +9,7 @@
 #include "agents/core/call_table.h"
 #include "agents/core/cuda_staging.h"
 #include "agents/core/handshake.h"
+#include "agents/core/observe.h"
 #include "agents/core/session.h"
 #include "agents/core/thread_pool.h"
 #include "base/auth.h"
@@ -289,6 +290,8 @@ Future<Message> Agent::send(int to, Message message, std::optional<std::chrono::
   }
   CallTable::Started call = calls_->start(to, peer->info.name, timeout.value_or(options_.rpc_timeout));
   message.set_id(call.id);
+  internal::observe_reply(call.future, stats_->call_started(peer->info.name, internal::call_name(message),
+                                                            internal::wire_bytes(message.buffer().size(), wire.tensors)));
   wire.metadata = message.seal();
   write_request(*peer, std::move(wire));
   // Lost (or shut down) while this call was being registered: on_peer_lost may have
@@ -771,6 +774,8 @@ void Agent::on_request(const std::shared_ptr<Connection>& from, Wire wire) {
                        << describe(s) << " on a request pipe";
     return;
   }
+  const AgentStats::Request observed = stats_->request_received(
+      s.peer_name, internal::call_name(*request), internal::wire_bytes(request->buffer().size(), request->tensors()));
   if (request->type() == MessageType::kRequest && leaving_.load(std::memory_order_acquire) == 2) {
     Message refused = make_error_message(
         request->id(), self_.name,
@@ -787,18 +792,20 @@ void Agent::on_request(const std::shared_ptr<Connection>& from, Wire wire) {
     activity_->enter();
     {
       InlineServingScope scope;
-      serve(from, std::move(wire.targets), *std::move(request));
+      serve(from, std::move(wire.targets), *std::move(request), observed);
     }
     activity_->exit();
     return;
   }
   std::weak_ptr<Agent> weak = weak_from_this();
-  pool_->post([weak, from, targets = std::move(wire.targets), request = *std::move(request)]() mutable {
-    if (std::shared_ptr<Agent> agent = weak.lock()) agent->serve(from, std::move(targets), std::move(request));
+  pool_->post([weak, from, targets = std::move(wire.targets), request = *std::move(request), observed]() mutable {
+    if (std::shared_ptr<Agent> agent = weak.lock()) agent->serve(from, std::move(targets), std::move(request), observed);
   });
 }
 
-void Agent::serve(const std::shared_ptr<Connection>& from, std::vector<std::string> targets, Message request) {
+void Agent::serve(const std::shared_ptr<Connection>& from, std::vector<std::string> targets, Message request,
+                  AgentStats::Request observed) {
+  AgentStats::request_started(observed);
   const Session& s = *from->session();
   // The table is held for the whole request: the handler gets its entry by reference.
   std::shared_ptr<const Membership::Table> table = members_.snapshot();
@@ -841,6 +848,8 @@ void Agent::serve(const std::shared_ptr<Connection>& from, std::vector<std::stri
   }
   reply.set_id(request.id());
   requests_served_.fetch_add(1, std::memory_order_relaxed);
+  absl::StatusCode outcome =
+      reply.type() == MessageType::kError ? error_from_message(reply).code() : absl::StatusCode::kOk;
   Wire wire;
   wire.tensors = std::move(reply.tensors());
   absl::Status staged = absl::OkStatus();
@@ -858,7 +867,9 @@ void Agent::serve(const std::shared_ptr<Connection>& from, std::vector<std::stri
         request.id(), self_.name,
         absl::Status(staged.code(), absl::StrCat(self_.name, ": the reply cannot be sent: ", staged.message())));
     wire = Wire{error.seal(), {}, {}};
+    outcome = staged.code();
   }
+  AgentStats::request_finished(observed, outcome, internal::wire_bytes(wire.metadata.size(), wire.tensors));
   from->write(std::move(wire));
 }
 

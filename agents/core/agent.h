@@ -43,6 +43,7 @@
 #include "agents/rpc_agent.h"
 #include "base/shared_slot.h"
 #include "device_maps/device_map.h"
+#include "stats/stats.h"
 #include "store/store.h"
 
 namespace ferry {
@@ -165,6 +166,8 @@ class Agent final : public RpcAgent, public TransportEvents, public std::enable_
   // is lost, so a stopped peer is found within about one heartbeat.
   void watch(int peer, bool watched) override;
   std::map<std::string, std::string> debug_info() const override;
+  // What this agent did so far (stats/stats.h); any thread.
+  StatsSnapshot stats() const { return stats_->snapshot(); }
 
   // TransportEvents.
   void on_accepted(const std::shared_ptr<Connection>& connection) override;
@@ -208,7 +211,8 @@ class Agent final : public RpcAgent, public TransportEvents, public std::enable_
   void on_request(const std::shared_ptr<Connection>& from, Wire wire);
   void on_reply(int peer, Wire wire);
   void on_peer_lost(int peer, absl::Status why);
-  void serve(const std::shared_ptr<Connection>& from, std::vector<std::string> targets, Message request);
+  void serve(const std::shared_ptr<Connection>& from, std::vector<std::string> targets, Message request,
+             AgentStats::Request observed = {});
   void forget_lost(int id);
   // Pings `peer`; one that does not answer within `wait` (and sent nothing since) is lost.
   void suspect(int peer, std::chrono::milliseconds wait);
@@ -229,6 +233,8 @@ class Agent final : public RpcAgent, public TransportEvents, public std::enable_
   std::string address_;
 
   const std::shared_ptr<internal::Activity> activity_;
+  // Before calls_: the call table's last completions record here.
+  const std::unique_ptr<AgentStats> stats_ = std::make_unique<AgentStats>(self_.name);
   std::shared_ptr<internal::ThreadPool> pool_;
   std::unique_ptr<internal::CallTable> calls_;
   internal::Membership members_;
