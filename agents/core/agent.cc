@@ -121,6 +121,13 @@ absl::StatusOr<std::shared_ptr<Agent>> Agent::start(WorkerInfo self, std::shared
     return address.status();
   }
   agent->address_ = *std::move(address);
+  absl::StatusOr<std::unique_ptr<MetricsServer>> metrics = internal::serve_metrics(
+      agent->options_.metrics_port, agent->self_.name, *agent->store_, kMetricsStorePrefix, *agent->stats_);
+  if (!metrics.ok()) {
+    agent->shutdown();
+    return metrics.status();
+  }
+  agent->metrics_ = *std::move(metrics);
   return agent;
 }
 
@@ -1253,6 +1260,7 @@ void Agent::shutdown() {
     return;
   }
   if (shut_down_.exchange(true)) return;
+  if (metrics_) metrics_->shutdown();
   if (transport_) transport_->close();
   if (calls_) {
     calls_->fail_all(absl::CancelledError("the agent shut down"));

@@ -31,6 +31,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,7 @@
 #include "agents/rpc_agent.h"
 #include "base/shared_slot.h"
 #include "device_maps/device_map.h"
+#include "metrics/metrics_server.h"
 #include "stats/stats.h"
 #include "store/store.h"
 
@@ -88,6 +90,9 @@ struct AgentOptions {
   std::chrono::milliseconds handshake_timeout{std::chrono::seconds(5)};
   // Device channels tried before staging, in order (Agent::channel_for).
   std::vector<std::shared_ptr<DeviceChannel>> device_channels;
+  // The metrics endpoint's port (docs/observability.md; 0: any free one); unset:
+  // FERRY_METRICS_PORT decides, and without it there is no endpoint.
+  std::optional<int> metrics_port;
 };
 
 // Thread-safe. Owned by shared_ptr; its own threads hold only weak references, and
@@ -235,6 +240,7 @@ class Agent final : public RpcAgent, public TransportEvents, public std::enable_
   const std::shared_ptr<internal::Activity> activity_;
   // Before calls_: the call table's last completions record here.
   const std::unique_ptr<AgentStats> stats_ = std::make_unique<AgentStats>(self_.name);
+  std::unique_ptr<MetricsServer> metrics_;  // serves stats_; null without an endpoint
   std::shared_ptr<internal::ThreadPool> pool_;
   std::unique_ptr<internal::CallTable> calls_;
   internal::Membership members_;

@@ -11,8 +11,10 @@
 #include <vector>
 
 #include "base/future.h"
+#include "metrics/metrics_server.h"
 #include "serialization/message.h"
 #include "stats/stats.h"
+#include "store/store.h"
 #include "tensor/tensor.h"
 
 namespace ferry::internal {
@@ -26,5 +28,15 @@ uint64_t wire_bytes(size_t metadata_bytes, const std::vector<Tensor>& tensors);
 
 // Records `call` finished when `reply` completes, on whichever thread completes it.
 void observe_reply(const Future<Message>& reply, AgentStats::Call call);
+
+// The worker's metrics endpoint, when asked for: `port` (an AgentOptions value), else
+// FERRY_METRICS_PORT; neither: none (null). It binds FERRY_METRICS_HOST when set, else
+// the address the interface resolver picks for this job (base/net.h), serves `stats`
+// (which must outlive it) and is published in `store` under `prefix`
+// (kMetricsStorePrefix). Errors: the
+// resolver's, the bind's (naming the address), the store's.
+absl::StatusOr<std::unique_ptr<MetricsServer>> serve_metrics(std::optional<int> port, const std::string& worker,
+                                                            Store& store, const std::string& prefix,
+                                                            const AgentStats& stats);
 
 }  // namespace ferry::internal
