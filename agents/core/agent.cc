@@ -299,6 +299,7 @@ Future<Message> Agent::send(int to, Message message, std::optional<std::chrono::
   message.set_id(call.id);
   internal::observe_reply(call.future, stats_->call_started(peer->info.name, internal::call_name(message),
                                                             internal::wire_bytes(message.buffer().size(), wire.tensors)));
+  if (trace_) internal::observe_trace(call.future, *trace_, *peer, internal::call_name(message), call.id);
   wire.metadata = message.seal();
   write_request(*peer, std::move(wire));
   // Lost (or shut down) while this call was being registered: on_peer_lost may have
@@ -813,6 +814,7 @@ void Agent::on_request(const std::shared_ptr<Connection>& from, Wire wire) {
 void Agent::serve(const std::shared_ptr<Connection>& from, std::vector<std::string> targets, Message request,
                   AgentStats::Request observed) {
   AgentStats::request_started(observed);
+  const AgentStats::Clock::time_point started = trace_ ? AgentStats::Clock::now() : AgentStats::Clock::time_point{};
   const Session& s = *from->session();
   // The table is held for the whole request: the handler gets its entry by reference.
   std::shared_ptr<const Membership::Table> table = members_.snapshot();
@@ -877,6 +879,10 @@ void Agent::serve(const std::shared_ptr<Connection>& from, std::vector<std::stri
     outcome = staged.code();
   }
   AgentStats::request_finished(observed, outcome, internal::wire_bytes(wire.metadata.size(), wire.tensors));
+  if (trace_ && observed.cell != nullptr) {
+    trace_->served(s.peer, s.peer_name, internal::call_name(request), request.id(), observed.received, started,
+                   AgentStats::Clock::now());
+  }
   from->write(std::move(wire));
 }
 
@@ -1267,6 +1273,9 @@ void Agent::shutdown() {
     calls_->stop();
   }
   if (pool_) pool_->shutdown(kPoolShutdownDeadline);
+  if (trace_) {
+    if (absl::Status written = trace_->flush(); !written.ok()) FERRY_LOG(WARNING) << self_.name << ": " << written;
+  }
 }
 
 std::map<std::string, std::string> Agent::debug_info() const {

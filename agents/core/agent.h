@@ -46,6 +46,7 @@
 #include "device_maps/device_map.h"
 #include "metrics/metrics_server.h"
 #include "stats/stats.h"
+#include "trace/trace.h"
 #include "store/store.h"
 
 namespace ferry {
@@ -241,6 +242,7 @@ class Agent final : public RpcAgent, public TransportEvents, public std::enable_
   // Before calls_: the call table's last completions record here.
   const std::unique_ptr<AgentStats> stats_ = std::make_unique<AgentStats>(self_.name);
   std::unique_ptr<MetricsServer> metrics_;  // serves stats_; null without an endpoint
+  const std::unique_ptr<TraceRecorder> trace_ = TraceRecorder::from_env(self_.name, self_.id);  // null: FERRY_TRACE unset
   std::shared_ptr<internal::ThreadPool> pool_;
   std::unique_ptr<internal::CallTable> calls_;
   internal::Membership members_;

@@ -36,6 +36,14 @@ void observe_reply(const Future<Message>& reply, AgentStats::Call call) {
   });
 }
 
+void observe_trace(const Future<Message>& reply, TraceRecorder& trace, const PeerAddress& peer,
+                   std::string_view function, uint64_t call_id) {
+  reply.add_inline_callback([&trace, peer_id = peer.info.id, peer_name = peer.info.name, fn = std::string(function),
+                             call_id, sent = TraceRecorder::Clock::now()](const absl::StatusOr<Message>&) {
+    trace.call(peer_id, peer_name, fn, call_id, sent, TraceRecorder::Clock::now());
+  });
+}
+
 namespace {
 
 // The TCP store's host under any prefixes, for the resolver; empty for other stores.

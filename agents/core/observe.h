@@ -10,12 +10,14 @@
 #include <string_view>
 #include <vector>
 
+#include "agents/core/membership.h"
 #include "base/future.h"
 #include "metrics/metrics_server.h"
 #include "serialization/message.h"
 #include "stats/stats.h"
 #include "store/store.h"
 #include "tensor/tensor.h"
+#include "trace/trace.h"
 
 namespace ferry::internal {
 
@@ -28,6 +30,11 @@ uint64_t wire_bytes(size_t metadata_bytes, const std::vector<Tensor>& tensors);
 
 // Records `call` finished when `reply` completes, on whichever thread completes it.
 void observe_reply(const Future<Message>& reply, AgentStats::Call call);
+
+// Records `call`, made to `peer` at about now, in `trace` when `reply` completes.
+// `trace` must outlive the reply (the agent completes every call before it goes).
+void observe_trace(const Future<Message>& reply, TraceRecorder& trace, const PeerAddress& peer,
+                   std::string_view function, uint64_t call_id);
 
 // The worker's metrics endpoint, when asked for: `port` (an AgentOptions value), else
 // FERRY_METRICS_PORT; neither: none (null). It binds FERRY_METRICS_HOST when set, else
