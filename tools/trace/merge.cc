@@ -142,7 +142,13 @@ absl::StatusOr<nlohmann::json> merge_traces(const std::string& directory) {
   // together are difference constraints, lo <= o(y) - o(x) <= hi, whose solutions form
   // a convex set: shortest paths (Bellman-Ford) give its two extreme solutions, and
   // their mean, moved so the reference stays at 0, satisfies every pair at once.
-  if (all_consistent && !pairs.empty()) {
+  bool path_fits = true;  // the path's offsets already satisfy every pair: kept
+  for (const auto& [key, p] : pairs) {
+    if (!offset.count(key.first) || !offset.count(key.second)) continue;
+    const double d = offset[key.second] - offset[key.first];
+    path_fits = path_fits && p.lo <= d && d <= p.hi;
+  }
+  if (all_consistent && !path_fits) {
     std::vector<int> ids;
     for (const auto& [id, unused] : offset) ids.push_back(id);
     struct Edge {
