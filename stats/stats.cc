@@ -14,6 +14,12 @@ namespace {
 constexpr double kBoundSeconds[HistogramSnapshot::kBounds] = {
     1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2,
     2e-2, 5e-2, 1e-1, 2e-1, 5e-1, 1,    2,    5,    10,   20,   50,   100};
+// The same bounds in nanoseconds, for the hot path (no floating point).
+constexpr uint64_t kBoundNs[HistogramSnapshot::kBounds] = {
+    1000,        2000,        5000,        10000,       20000,        50000,        100000,
+    200000,      500000,      1000000,     2000000,     5000000,      10000000,     20000000,
+    50000000,    100000000,   200000000,   500000000,   1000000000,   2000000000,   5000000000,
+    10000000000, 20000000000, 50000000000, 100000000000};
 constexpr int kNumCodes = 17;  // absl::StatusCode 0..16
 constexpr int kShards = 16;
 
@@ -27,7 +33,9 @@ struct AtomicHistogram {
 
   void record(std::chrono::nanoseconds d) {
     uint64_t ns = d.count() < 0 ? 0 : static_cast<uint64_t>(d.count());
-    buckets[HistogramSnapshot::bucket_of(static_cast<double>(ns) * 1e-9)].fetch_add(1, std::memory_order_relaxed);
+    const int bucket = static_cast<int>(std::lower_bound(std::begin(kBoundNs), std::end(kBoundNs), ns) -
+                                        std::begin(kBoundNs));
+    buckets[bucket].fetch_add(1, std::memory_order_relaxed);
     sum_ns.fetch_add(ns, std::memory_order_relaxed);
     uint64_t seen = max_ns.load(std::memory_order_relaxed);
     while (ns > seen && !max_ns.compare_exchange_weak(seen, ns, std::memory_order_relaxed)) {
@@ -134,31 +142,54 @@ AgentStats::Shard& AgentStats::shard() { return shards_[thread_index() % kShards
 AgentStats::Cell* AgentStats::cell_for(std::string_view peer, std::string_view function) {
   // Keyed by the instance too: a cache entry of a destroyed AgentStats is never hit,
   // since instances are never reused.
+  // A thread making or serving the same call over and over (the common hot loop) finds
+  // its cell without hashing.
+  thread_local struct {
+    uint64_t instance = 0;
+    std::string peer;
+    std::string function;
+    Cell* cell = nullptr;
+  } last;
+  if (last.instance == instance_ && last.peer == peer && last.function == function) return last.cell;
   thread_local absl::flat_hash_map<std::string, Cell*> cache;
   thread_local std::string key;
   key.assign(reinterpret_cast<const char*>(&instance_), sizeof(instance_));
   key.append(peer);
   key.push_back('\0');
   key.append(function);
+  auto remember = [&](Cell* cell) {
+    last.instance = instance_;
+    last.peer.assign(peer.data(), peer.size());
+    last.function.assign(function.data(), function.size());
+    last.cell = cell;
+    return cell;
+  };
   auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
+  if (it != cache.end()) return remember(it->second);
   Cell* cell;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (cells_.size() >= kMaxCells) {
-      function = "(other)";
-      peer = "(other)";
+    if (cells_.size() < kMaxCells) {
+      cells_.push_back(std::make_unique<Cell>());
+      cell = cells_.back().get();
+      cell->peer = std::string(peer);
+      cell->function = std::string(function);
+    } else {
+      // Full: every further name shares one cell.
+      if (overflow_ == nullptr) {
+        cells_.push_back(std::make_unique<Cell>());
+        overflow_ = cells_.back().get();
+        overflow_->peer = "(other)";
+        overflow_->function = "(other)";
+      }
+      cell = overflow_;
     }
-    cells_.push_back(std::make_unique<Cell>());
-    cell = cells_.back().get();
     cell->owner = this;
-    cell->peer = std::string(peer);
-    cell->function = std::string(function);
   }
   // Stale entries (of destroyed agents) are dropped now and then rather than tracked.
   if (cache.size() >= 4 * kMaxCells) cache.clear();
   cache.emplace(key, cell);
-  return cell;
+  return remember(cell);
 }
 
 AgentStats::Call AgentStats::call_started(std::string_view peer, std::string_view function, uint64_t bytes_out) {

@@ -125,7 +125,7 @@ class AgentStats {
 
   StatsSnapshot snapshot() const;
 
-  // Distinct (thread, peer, function) cells are capped; records beyond go to a cell
+  // Distinct (thread, peer, function) cells are capped; records beyond go to one cell
   // named "(other)" so that a peer sending made-up function names cannot exhaust memory.
   static constexpr size_t kMaxCells = 4096;
 
@@ -139,6 +139,7 @@ class AgentStats {
   const uint64_t instance_;  // never reused: keys the thread-local cell caches
   mutable std::mutex mu_;
   std::vector<std::unique_ptr<Cell>> cells_;  // guarded by mu_; never shrinks
+  Cell* overflow_ = nullptr;                  // guarded by mu_: the "(other)" cell, once full
   std::unique_ptr<Shard[]> shards_;
 };
 

@@ -127,6 +127,7 @@ TEST(AgentStats, MadeUpFunctionNamesCannotExhaustMemory) {
   StatsSnapshot s = stats.snapshot();
   EXPECT_EQ(s.totals.served, AgentStats::kMaxCells + 100);
   EXPECT_EQ(s.by_function["(other)"].served, 100u);
+  EXPECT_EQ(s.by_function.size(), AgentStats::kMaxCells + 1);  // the names kept, and "(other)"
 }
 
 TEST(FunctionOfPayload, ReadsTheSizeTaggedNameOrSaysItCannot) {
