@@ -295,10 +295,11 @@ Future<Message> Agent::send(int to, Message message, std::optional<std::chrono::
                                                             map_towards(*maps, peer->info.name), peer->info.name);
     if (!staged.ok()) return make_ready_future<Message>(std::move(staged));
   }
-  CallTable::Started call = calls_->start(to, peer->info.name, timeout.value_or(options_.rpc_timeout));
+  CallTable::Started call =
+      calls_->start(to, peer->info.name, timeout.value_or(options_.rpc_timeout),
+                    stats_->call_started(peer->info.name, internal::call_name(message),
+                                         internal::wire_bytes(message.buffer().size(), wire.tensors)));
   message.set_id(call.id);
-  internal::observe_reply(call.future, stats_->call_started(peer->info.name, internal::call_name(message),
-                                                            internal::wire_bytes(message.buffer().size(), wire.tensors)));
   if (trace_) internal::observe_trace(call.future, *trace_, *peer, internal::call_name(message), call.id);
   wire.metadata = message.seal();
   write_request(*peer, std::move(wire));

@@ -27,15 +27,6 @@ uint64_t wire_bytes(size_t metadata_bytes, const std::vector<Tensor>& tensors) {
   return n;
 }
 
-void observe_reply(const Future<Message>& reply, AgentStats::Call call) {
-  if (call.cell == nullptr) return;
-  // Captures only the 16-byte record, which std::function keeps without allocating.
-  reply.add_inline_callback([call](const absl::StatusOr<Message>& result) {
-    AgentStats::call_finished(call, result.status().code(),
-                              result.ok() ? wire_bytes(result->buffer().size(), result->tensors()) : 0);
-  });
-}
-
 void observe_trace(const Future<Message>& reply, TraceRecorder& trace, const PeerAddress& peer,
                    std::string_view function, uint64_t call_id) {
   reply.add_inline_callback([&trace, peer_id = peer.info.id, peer_name = peer.info.name, fn = std::string(function),

@@ -1,8 +1,9 @@
 // File: agents/core/observe.h
 //
-// The agent's side of its statistics (stats/stats.h): what a message is called and
-// weighs, and a made call's completion recorded whatever ends it (reply, error,
-// timeout, lost peer, shutdown). Internal to agents/core.
+// The agent's side of what it lets others see: what a message is called and weighs
+// (for its statistics, stats/stats.h; the call table records a made call's end, however
+// it ends), a made call's trace span (trace/trace.h), and the metrics endpoint
+// (metrics/). Internal to agents/core.
 #pragma once
 
 #include <cstdint>
@@ -28,8 +29,6 @@ std::string_view call_name(const Message& message);
 // Bytes a message takes on the wire: its metadata and its tensors.
 uint64_t wire_bytes(size_t metadata_bytes, const std::vector<Tensor>& tensors);
 
-// Records `call` finished when `reply` completes, on whichever thread completes it.
-void observe_reply(const Future<Message>& reply, AgentStats::Call call);
 
 // Records `call`, made to `peer` at about now, in `trace` when `reply` completes.
 // `trace` must outlive the reply (the agent completes every call before it goes).
