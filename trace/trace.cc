@@ -47,6 +47,7 @@ class Registry {
       } else {
         FERRY_LOG(WARNING) << "FERRY_TRACE: SIGUSR2 already has a handler; traces are written at shutdown only";
       }
+      owner_ = getpid();
       thread_ = std::thread([this] { run(); });
     }
   }
@@ -57,6 +58,13 @@ class Registry {
 
   ~Registry() {
     if (!thread_.joinable()) return;
+    if (getpid() != owner_) {
+      // A child forked after the thread started: the thread runs in the parent only
+      // (this handle names nothing here), and the pipe is the parent's too, so the child
+      // neither signals it nor joins.
+      thread_.detach();
+      return;
+    }
     char c = 'q';
     (void)!write(pipe_[1], &c, 1);
     thread_.join();
@@ -87,6 +95,7 @@ class Registry {
   std::vector<TraceRecorder*> recorders_;
   int pipe_[2] = {-1, -1};
   static inline int write_fd_ = -1;
+  pid_t owner_ = -1;  // the process the thread runs in
   std::thread thread_;
 };
 

@@ -2,6 +2,8 @@
 #include "trace/trace.h"
 
 #include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -77,6 +79,22 @@ TEST(TraceRecorder, SigUsr2WritesTheFileWhileRunning) {
   TraceRecorder trace(dir.path(), "w0", 0, 100);
   trace.call(1, "w1", "f", 1, Clock::now(), Clock::now());
   ASSERT_FALSE(std::filesystem::exists(trace.path()));
+  raise(SIGUSR2);
+  const Clock::time_point deadline = Clock::now() + std::chrono::seconds(10);
+  while (!std::filesystem::exists(trace.path()) && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(std::filesystem::exists(trace.path()));
+}
+
+TEST(TraceRecorder, AChildForkedAfterwardsExitsCleanlyAndLeavesTheParentsFlushesWorking) {
+  ferry::testing::TempDir dir;
+  TraceRecorder trace(dir.path(), "w0", 0, 100);  // starts the flushing thread
+  pid_t child = fork();
+  if (child == 0) std::exit(0);  // runs the static destructors in the child
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
   raise(SIGUSR2);
   const Clock::time_point deadline = Clock::now() + std::chrono::seconds(10);
   while (!std::filesystem::exists(trace.path()) && Clock::now() < deadline) {
