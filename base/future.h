@@ -338,6 +338,11 @@ class Future {
   void add_callback(std::function<void(const absl::StatusOr<T>&)> fn) const {
     state_->add_callback(std::move(fn));
   }
+  // Like add_callback, but fn may run on any thread, a transport thread included: for
+  // bookkeeping that is short and never blocks (the agent's call statistics).
+  void add_inline_callback(std::function<void(const absl::StatusOr<T>&)> fn) const {
+    state_->add_callback(std::move(fn), /*inline_ok=*/true);
+  }
 
   // A future of fn's result: fn takes const absl::StatusOr<T>& and returns U, or
   // absl::StatusOr<U>.

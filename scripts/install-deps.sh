@@ -7,7 +7,7 @@ packages=(
   build-essential cmake ninja-build pkg-config
   libtensorpipe-dev libgloo-dev libuv1-dev libcereal-dev libabsl-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  libcli11-dev nlohmann-json3-dev libssl-dev
+  libcli11-dev nlohmann-json3-dev libssl-dev libncurses-dev
   libdlpack-dev libtorch-dev
   clang-14 libfuzzer-14-dev
   python3 python3-matplotlib

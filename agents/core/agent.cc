@@ -10,6 +10,7 @@
 #include "agents/core/call_table.h"
 #include "agents/core/cuda_staging.h"
 #include "agents/core/handshake.h"
+#include "agents/core/observe.h"
 #include "agents/core/session.h"
 #include "agents/core/thread_pool.h"
 #include "base/auth.h"
@@ -125,6 +126,13 @@ absl::StatusOr<std::shared_ptr<Agent>> Agent::start(WorkerInfo self, std::shared
     return address.status();
   }
   agent->address_ = *std::move(address);
+  absl::StatusOr<std::unique_ptr<MetricsServer>> metrics = internal::serve_metrics(
+      agent->options_.metrics_port, agent->self_.name, *agent->store_, kMetricsStorePrefix, *agent->stats_);
+  if (!metrics.ok()) {
+    agent->shutdown();
+    return metrics.status();
+  }
+  agent->metrics_ = *std::move(metrics);
   return agent;
 }
 
@@ -295,11 +303,15 @@ Future<Message> Agent::send(int to, Message message, std::optional<std::chrono::
     if (!staged.ok()) return make_ready_future<Message>(std::move(staged));
   }
   const std::chrono::milliseconds limit = timeout.value_or(options_.rpc_timeout);
-  CallTable::Started call = calls_->start(to, peer->info.name, limit);
+  CallTable::Started call =
+      calls_->start(to, peer->info.name, limit,
+                    stats_->call_started(peer->info.name, internal::call_name(message),
+                                         internal::wire_bytes(message.buffer().size(), wire.tensors)));
   message.set_id(call.id);
   // The server drops a request whose caller gave up before it ran.
   message.set_timeout(limit);
   const bool counted = message.type() == MessageType::kRequest;
+  if (trace_) internal::observe_trace(call.future, *trace_, *peer, internal::call_name(message), call.id);
   wire.metadata = message.seal();
   write_request(*peer, std::move(wire), counted ? std::optional<uint64_t>(call.id) : std::nullopt);
   // Lost (or shut down) while this call was being registered: on_peer_lost may have
@@ -867,6 +879,8 @@ void Agent::on_request(const std::shared_ptr<Connection>& from, Wire wire) {
                        << describe(s) << " on a request pipe";
     return;
   }
+  const AgentStats::Request observed = stats_->request_received(
+      s.peer_name, internal::call_name(*request), internal::wire_bytes(request->buffer().size(), request->tensors()));
   if (request->type() == MessageType::kRequest && leaving_.load(std::memory_order_acquire) == 2) {
     Message refused = make_error_message(
         request->id(), self_.name,
@@ -899,21 +913,25 @@ void Agent::on_request(const std::shared_ptr<Connection>& from, Wire wire) {
     activity_->enter();
     {
       InlineServingScope scope;
-      serve(from, std::move(wire.targets), *std::move(request), arrived);
+      serve(from, std::move(wire.targets), *std::move(request), arrived, observed);
     }
     activity_->exit();
     return;
   }
   std::weak_ptr<Agent> weak = weak_from_this();
-  pool_->post([weak, from, targets = std::move(wire.targets), request = *std::move(request), arrived]() mutable {
+  pool_->post([weak, from, targets = std::move(wire.targets), request = *std::move(request), arrived,
+               observed]() mutable {
     if (std::shared_ptr<Agent> agent = weak.lock()) {
-      agent->serve(from, std::move(targets), std::move(request), arrived);
+      agent->serve(from, std::move(targets), std::move(request), arrived, observed);
     }
   });
 }
 
 void Agent::serve(const std::shared_ptr<Connection>& from, std::vector<std::string> targets, Message request,
-                  Clock::time_point arrived) {
+                  Clock::time_point arrived, AgentStats::Request observed) {
+  AgentStats::request_started(observed);
+  Served served{observed, trace_ ? AgentStats::Clock::now() : AgentStats::Clock::time_point{}, std::string()};
+  if (trace_) served.function = internal::call_name(request);
   const Session& s = *from->session();
   // The table is held for the whole request: the handler gets its entry by reference.
   std::shared_ptr<const Membership::Table> table = members_.snapshot();
@@ -932,7 +950,7 @@ void Agent::serve(const std::shared_ptr<Connection>& from, std::vector<std::stri
   const std::chrono::milliseconds waited =
       std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - arrived);
   if (timeout && waited >= *timeout) {
-    send_reply(from, member, caller, request.id(), counted,
+    send_reply(from, member, caller, request.id(), counted, served,
                make_error_message(request.id(), self_.name,
                                   absl::DeadlineExceededError(absl::StrCat(
                                       self_.name, ": the request waited ", waited.count(),
@@ -942,7 +960,7 @@ void Agent::serve(const std::shared_ptr<Connection>& from, std::vector<std::stri
   }
   absl::Status landed = targets.empty() ? absl::OkStatus() : land(request.tensors(), targets);
   Message reply;
-  ServingRequest serving{from, table, member, caller, request.id(), counted};
+  ServingRequest serving{from, table, member, caller, request.id(), counted, served};
   if (!landed.ok()) {
     reply = make_error_message(request.id(), self_.name,
                                absl::Status(landed.code(), absl::StrCat(self_.name, ": ", landed.message())));
@@ -973,14 +991,16 @@ void Agent::serve(const std::shared_ptr<Connection>& from, std::vector<std::stri
   }
   // A deferred reply goes when its handler's continuation sends it (see defer()).
   if (serving.deferred) return;
-  send_reply(from, member, caller, request.id(), counted, std::move(reply));
+  send_reply(from, member, caller, request.id(), counted, served, std::move(reply));
 }
 
 void Agent::send_reply(const std::shared_ptr<Connection>& from, const Member* member, const WorkerInfo& caller,
-                       uint64_t id, bool counted, Message reply) {
+                       uint64_t id, bool counted, const Served& served, Message reply) {
   if (counted) from->session()->serving.fetch_sub(1, std::memory_order_relaxed);
   reply.set_id(id);
   requests_served_.fetch_add(1, std::memory_order_relaxed);
+  absl::StatusCode outcome =
+      reply.type() == MessageType::kError ? error_from_message(reply).code() : absl::StatusCode::kOk;
   Wire wire;
   wire.tensors = std::move(reply.tensors());
   absl::Status staged = absl::OkStatus();
@@ -998,6 +1018,13 @@ void Agent::send_reply(const std::shared_ptr<Connection>& from, const Member* me
         id, self_.name,
         absl::Status(staged.code(), absl::StrCat(self_.name, ": the reply cannot be sent: ", staged.message())));
     wire = Wire{error.seal(), {}, {}};
+    outcome = staged.code();
+  }
+  AgentStats::request_finished(served.observed, outcome, internal::wire_bytes(wire.metadata.size(), wire.tensors));
+  if (trace_ && served.observed.cell != nullptr) {
+    const Session& s = *from->session();
+    trace_->served(s.peer, s.peer_name, served.function, id, served.observed.received, served.started,
+                   AgentStats::Clock::now());
   }
   from->write(std::move(wire));
 }
@@ -1042,15 +1069,15 @@ DeferredReply Agent::defer(ServingRequest& request, std::optional<std::chrono::m
   auto state = std::make_shared<DeferredReply::State>();
   std::weak_ptr<Agent> weak = weak_from_this();
   state->deliver = [weak, activity = activity_, from = request.from, table = request.table, member = request.member,
-                    caller = request.caller, id = request.id,
-                    counted = request.counted](absl::StatusOr<Message> reply) {
+                    caller = request.caller, id = request.id, counted = request.counted,
+                    served = request.served](absl::StatusOr<Message> reply) {
     if (std::shared_ptr<Agent> agent = weak.lock()) {
       Message m = reply.ok() ? *std::move(reply)
                              : make_error_message(id, agent->self_.name,
                                                   absl::Status(reply.status().code(),
                                                                absl::StrCat(agent->self_.name, ": ",
                                                                             reply.status().message())));
-      agent->send_reply(from, member, caller, id, counted, std::move(m));
+      agent->send_reply(from, member, caller, id, counted, served, std::move(m));
     }
     activity->exit();
   };
@@ -1463,12 +1490,16 @@ void Agent::shutdown() {
     return;
   }
   if (shut_down_.exchange(true)) return;
+  if (metrics_) metrics_->shutdown();
   if (transport_) transport_->close();
   if (calls_) {
     calls_->fail_all(absl::CancelledError("the agent shut down"));
     calls_->stop();
   }
   if (pool_) pool_->shutdown(kPoolShutdownDeadline);
+  if (trace_) {
+    if (absl::Status written = trace_->flush(); !written.ok()) FERRY_LOG(WARNING) << self_.name << ": " << written;
+  }
 }
 
 std::map<std::string, std::string> Agent::debug_info() const {

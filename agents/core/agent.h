@@ -33,6 +33,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,9 @@
 #include "agents/rpc_agent.h"
 #include "base/shared_slot.h"
 #include "device_maps/device_map.h"
+#include "metrics/metrics_server.h"
+#include "stats/stats.h"
+#include "trace/trace.h"
 #include "store/store.h"
 
 namespace ferry {
@@ -97,6 +101,9 @@ struct AgentOptions {
   int max_requests_in_flight = 1024;
   // Device channels tried before staging, in order (Agent::channel_for).
   std::vector<std::shared_ptr<DeviceChannel>> device_channels;
+  // The metrics endpoint's port (docs/observability.md; 0: any free one); unset:
+  // FERRY_METRICS_PORT decides, and without it there is no endpoint.
+  std::optional<int> metrics_port;
 };
 
 // Thread-safe. Owned by shared_ptr; its own threads hold only weak references, and
@@ -175,7 +182,15 @@ class Agent final : public RpcAgent, public TransportEvents, public std::enable_
   // is lost, so a stopped peer is found within about one heartbeat.
   void watch(int peer, bool watched) override;
   std::map<std::string, std::string> debug_info() const override;
+  // What this agent did so far (stats/stats.h); any thread.
+  StatsSnapshot stats() const { return stats_->snapshot(); }
 
+  // What the statistics and the trace keep of a request until its reply goes.
+  struct Served {
+    AgentStats::Request observed;
+    AgentStats::Clock::time_point started;  // its handler's start (traced only)
+    std::string function;                   // traced only
+  };
   // The request a pool thread is serving, for defer_reply() (agents/rpc_agent.h).
   struct ServingRequest {
     std::shared_ptr<Connection> from;
@@ -184,6 +199,7 @@ class Agent final : public RpcAgent, public TransportEvents, public std::enable_
     WorkerInfo caller;
     uint64_t id;
     bool counted;
+    Served served;
     bool deferred = false;
     Agent* agent = nullptr;
   };
@@ -254,15 +270,15 @@ class Agent final : public RpcAgent, public TransportEvents, public std::enable_
   // Closes the authenticated pipe `peer` opened to this worker, if any.
   void close_incoming(int peer);
   // `arrived`: when the request was read, to drop it unrun once its caller's timeout
-  // has passed.
+  // has passed; `observed`: its statistics so far.
   void serve(const std::shared_ptr<Connection>& from, std::vector<std::string> targets, Message request,
-             std::chrono::steady_clock::time_point arrived);
+             std::chrono::steady_clock::time_point arrived, AgentStats::Request observed = {});
   // The tail of serve(): stages the reply's tensors back through the caller's channel
   // and writes it on `from`. `member` (null for a caller not in the table) must outlive
   // the call.
   // `counted`: a kRequest, counted in its connection's serving until now.
   void send_reply(const std::shared_ptr<Connection>& from, const internal::Member* member, const WorkerInfo& caller,
-                  uint64_t id, bool counted, Message reply);
+                  uint64_t id, bool counted, const Served& served, Message reply);
   void forget_lost(int id);
   // Pings `peer`; one that does not answer within `wait` (and sent nothing since) is lost.
   void suspect(int peer, std::chrono::milliseconds wait);
@@ -283,6 +299,10 @@ class Agent final : public RpcAgent, public TransportEvents, public std::enable_
   std::string address_;
 
   const std::shared_ptr<internal::Activity> activity_;
+  // Before calls_: the call table's last completions record here.
+  const std::unique_ptr<AgentStats> stats_ = std::make_unique<AgentStats>(self_.name);
+  std::unique_ptr<MetricsServer> metrics_;  // serves stats_; null without an endpoint
+  const std::unique_ptr<TraceRecorder> trace_ = TraceRecorder::from_env(self_.name, self_.id);  // null: FERRY_TRACE unset
   std::shared_ptr<internal::ThreadPool> pool_;
   std::unique_ptr<internal::CallTable> calls_;
   internal::Membership members_;

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "agents/core/observe.h"
 
 namespace ferry::internal {
 
@@ -11,8 +12,9 @@ CallTable::CallTable(std::weak_ptr<Executor> executor, std::shared_ptr<Activity>
 
 CallTable::~CallTable() { stop(); }
 
-CallTable::Started CallTable::start(int peer, std::string_view peer_name, std::chrono::milliseconds timeout) {
-  Pending pending{Promise<Message>(executor_), peer, Clock::time_point::max(), std::string(peer_name)};
+CallTable::Started CallTable::start(int peer, std::string_view peer_name, std::chrono::milliseconds timeout,
+                                   AgentStats::Call observed) {
+  Pending pending{Promise<Message>(executor_), peer, Clock::time_point::max(), std::string(peer_name), observed};
   Future<Message> future = pending.promise.get_future();
   if (timeout.count() > 0) pending.deadline = Clock::now() + timeout;
   activity_->enter();
@@ -40,7 +42,12 @@ CallTable::Started CallTable::start(int peer, std::string_view peer_name, std::c
 }
 
 void CallTable::finish(Pending& pending, absl::StatusOr<Message> result) {
+  // Statistics are recorded after the result is set: the caller need not wait for them.
+  const AgentStats::Call observed = pending.observed;
+  const absl::StatusCode code = result.status().code();
+  const uint64_t bytes = observed.cell != nullptr && result.ok() ? wire_bytes(result->buffer().size(), result->tensors()) : 0;
   pending.promise.set_result(std::move(result));
+  AgentStats::call_finished(observed, code, bytes);
   activity_->exit();
   if (peer_waiters_.load(std::memory_order_acquire) > 0) {
     std::lock_guard<std::mutex> lock(mu_);  // so a waiter between its check and its wait still hears it

@@ -31,6 +31,7 @@
 #include "agents/core/activity.h"
 #include "base/future.h"
 #include "serialization/message.h"
+#include "stats/stats.h"
 
 namespace ferry::internal {
 
@@ -50,8 +51,10 @@ class CallTable {
     Future<Message> future;
   };
   // Registers a call to `peer` (named `peer_name` in errors) that fails with
-  // kDeadlineExceeded after `timeout` (zero: never).
-  Started start(int peer, std::string_view peer_name, std::chrono::milliseconds timeout);
+  // kDeadlineExceeded after `timeout` (zero: never). `observed` is recorded finished
+  // (stats/stats.h) however the call ends, just after its result is set.
+  Started start(int peer, std::string_view peer_name, std::chrono::milliseconds timeout,
+                AgentStats::Call observed = {});
   // Completes call `id`; false when it is no longer pending (it timed out or failed).
   bool complete(uint64_t id, absl::StatusOr<Message> result);
   // A reply from `peer`: completes call `id` only if that call went to `peer` (ids are
@@ -88,6 +91,7 @@ class CallTable {
     int peer;
     Clock::time_point deadline;  // max(): none
     std::string peer_name;
+    AgentStats::Call observed;
   };
   void run_timer();
   // Deadline-queue entries with this bit set are heartbeat checks of peer (id & ~bit).

@@ -1,0 +1,77 @@
+#include "agents/core/observe.h"
+
+#include "base/env.h"
+#include "base/logging.h"
+#include "base/net.h"
+#include "base/status.h"
+#include "stats/prometheus.h"
+#include "store/prefix_store.h"
+#include "store/tcp_store.h"
+
+namespace ferry::internal {
+
+std::string_view call_name(const Message& message) {
+  switch (message.type()) {
+    case MessageType::kPing:
+      return "<ping>";
+    case MessageType::kControl:
+      return "<control>";
+    default:
+      return function_of_payload(message.payload());
+  }
+}
+
+uint64_t wire_bytes(size_t metadata_bytes, const std::vector<Tensor>& tensors) {
+  uint64_t n = metadata_bytes;
+  for (const Tensor& t : tensors) n += t.nbytes();
+  return n;
+}
+
+void observe_trace(const Future<Message>& reply, TraceRecorder& trace, const PeerAddress& peer,
+                   std::string_view function, uint64_t call_id) {
+  reply.add_inline_callback([&trace, peer_id = peer.info.id, peer_name = peer.info.name, fn = std::string(function),
+                             call_id, sent = TraceRecorder::Clock::now()](const absl::StatusOr<Message>&) {
+    trace.call(peer_id, peer_name, fn, call_id, sent, TraceRecorder::Clock::now());
+  });
+}
+
+namespace {
+
+// The TCP store's host under any prefixes, for the resolver; empty for other stores.
+std::string store_host(const Store& store) {
+  const Store* s = &store;
+  while (const auto* prefixed = dynamic_cast<const PrefixStore*>(s)) s = prefixed->base().get();
+  const auto* tcp = dynamic_cast<const TCPStore*>(s);
+  return tcp == nullptr ? "" : tcp->host();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MetricsServer>> serve_metrics(std::optional<int> port, const std::string& worker,
+                                                            Store& store, const std::string& prefix,
+                                                            const AgentStats& stats) {
+  if (!port.has_value()) {
+    const int64_t from_env = env_int("FERRY_METRICS_PORT", -1, 0, 65535);
+    if (from_env < 0) return nullptr;
+    port = static_cast<int>(from_env);
+  }
+  MetricsServer::Options options;
+  options.port = *port;
+  if (std::optional<std::string> host = env_string("FERRY_METRICS_HOST")) {
+    options.host = *host;
+  } else {
+    FERRY_ASSIGN_OR_RETURN(ListenAddress where, resolve_listen_address(std::nullopt, store_host(store)));
+    options.host = where.host;
+  }
+  const AgentStats* source = &stats;
+  absl::StatusOr<std::unique_ptr<MetricsServer>> server =
+      MetricsServer::start(options, [source] { return to_prometheus(source->snapshot()); });
+  if (!server.ok()) {
+    return absl::Status(server.status().code(), absl::StrCat(worker, ": ", server.status().message()));
+  }
+  FERRY_RETURN_IF_ERROR(publish_metrics_endpoint(store, prefix, worker, (*server)->address()));
+  FERRY_LOG(INFO) << worker << ": metrics at http://" << (*server)->address() << "/metrics";
+  return server;
+}
+
+}  // namespace ferry::internal

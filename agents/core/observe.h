@@ -1,0 +1,48 @@
+// File: agents/core/observe.h
+//
+// The agent's side of what it lets others see: what a message is called and weighs
+// (for its statistics, stats/stats.h; the call table records a made call's end, however
+// it ends), a made call's trace span (trace/trace.h), and the metrics endpoint
+// (metrics/). Internal to agents/core.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "agents/core/membership.h"
+#include "base/future.h"
+#include "metrics/metrics_server.h"
+#include "serialization/message.h"
+#include "stats/stats.h"
+#include "store/store.h"
+#include "tensor/tensor.h"
+#include "trace/trace.h"
+
+namespace ferry::internal {
+
+// The name a call is counted under: the function of an rpc-layer request, "<ping>" and
+// "<control>" for the agent's own messages. `message` is not sealed yet (or parsed).
+std::string_view call_name(const Message& message);
+
+// Bytes a message takes on the wire: its metadata and its tensors.
+uint64_t wire_bytes(size_t metadata_bytes, const std::vector<Tensor>& tensors);
+
+
+// Records `call`, made to `peer` at about now, in `trace` when `reply` completes.
+// `trace` must outlive the reply (the agent completes every call before it goes).
+void observe_trace(const Future<Message>& reply, TraceRecorder& trace, const PeerAddress& peer,
+                   std::string_view function, uint64_t call_id);
+
+// The worker's metrics endpoint, when asked for: `port` (an AgentOptions value), else
+// FERRY_METRICS_PORT; neither: none (null). It binds FERRY_METRICS_HOST when set, else
+// the address the interface resolver picks for this job (base/net.h), serves `stats`
+// (which must outlive it) and is published in `store` under `prefix`
+// (kMetricsStorePrefix). Errors: the
+// resolver's, the bind's (naming the address), the store's.
+absl::StatusOr<std::unique_ptr<MetricsServer>> serve_metrics(std::optional<int> port, const std::string& worker,
+                                                            Store& store, const std::string& prefix,
+                                                            const AgentStats& stats);
+
+}  // namespace ferry::internal

@@ -1,0 +1,240 @@
+// The metrics endpoint: scraped by a raw-socket HTTP client while two worker processes
+// call each other; bad, oversized, slow and surplus requests answered or cut off while
+// the server keeps serving; endpoints found through the store.
+#include "metrics/metrics_server.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <thread>
+
+#include "agents/tensorpipe/factory.h"
+#include "gtest/gtest.h"
+#include "rpc/call.h"
+#include "stats/prometheus.h"
+#include "store/file_store.h"
+#include "store/hash_store.h"
+#include "tests/testing/multi_process.h"
+
+namespace ferry {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Connects to 127.0.0.1:port; -1 on failure.
+int connect_to(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Sends `request` as is and reads the whole answer (the server closes), at most 10 s.
+std::string http_exchange(int port, const std::string& request) {
+  int fd = connect_to(port);
+  if (fd < 0) return "connect failed";
+  (void)!send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+  std::string answer;
+  const Clock::time_point deadline = Clock::now() + std::chrono::seconds(10);
+  while (Clock::now() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0) continue;
+    char buf[4096];
+    ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) break;
+    answer.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  return answer;
+}
+
+std::string status_line(const std::string& answer) { return answer.substr(0, answer.find("\r\n")); }
+
+TEST(MetricsServer, AnswersOnlyGetMetricsAndSurvivesBadClients) {
+  MetricsServer::Options options;
+  options.timeout = std::chrono::milliseconds(300);
+  options.max_connections = 4;
+  options.max_request_bytes = 1024;
+  std::atomic<int> served{0};
+  auto server = MetricsServer::start(options, [&] { return "x_total " + std::to_string(++served) + "\n"; });
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  EXPECT_EQ((*server)->address(), "127.0.0.1:" + std::to_string(port));
+
+  std::string ok = http_exchange(port, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(status_line(ok), "HTTP/1.1 200 OK");
+  EXPECT_NE(ok.find("\r\n\r\nx_total 1\n"), std::string::npos) << ok;
+  EXPECT_EQ(status_line(http_exchange(port, "GET /other HTTP/1.1\r\n\r\n")), "HTTP/1.1 404 Not Found");
+  std::string post = http_exchange(port, "POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n");
+  EXPECT_EQ(status_line(post), "HTTP/1.1 405 Method Not Allowed");
+  EXPECT_NE(post.find("Allow: GET"), std::string::npos);
+  EXPECT_EQ(status_line(http_exchange(port, "garbage\r\n\r\n")), "HTTP/1.1 400 Bad Request");
+  EXPECT_EQ(status_line(http_exchange(port, "GET /metrics HTTP/1.1\r\nX: " + std::string(4096, 'a'))),
+            "HTTP/1.1 431 Request Header Fields Too Large");
+  // A client that never finishes its request is cut off at the timeout.
+  EXPECT_EQ(status_line(http_exchange(port, "GET /metr")), "HTTP/1.1 408 Request Timeout");
+
+  // More idle connections than the server takes at once: it still serves once they
+  // time out, well within the does-not-hang bound.
+  std::vector<int> idle;
+  for (int i = 0; i < 8; ++i) idle.push_back(connect_to(port));
+  std::string after = http_exchange(port, "GET /metrics HTTP/1.1\r\n\r\n");
+  EXPECT_EQ(status_line(after), "HTTP/1.1 200 OK");
+  for (int fd : idle) close(fd);
+
+  absl::StatusOr<std::string> body = scrape_metrics((*server)->address(), std::chrono::seconds(5));
+  ASSERT_TRUE(body.ok()) << body.status();
+  EXPECT_EQ(body->substr(0, 8), "x_total ");
+  (*server)->shutdown();
+  EXPECT_FALSE(scrape_metrics((*server)->address(), std::chrono::seconds(2)).ok());
+}
+
+TEST(MetricsServer, RefusesWhatItCannotBind) {
+  MetricsServer::Options options;
+  options.host = "not-an-address";
+  EXPECT_EQ(MetricsServer::start(options, [] { return std::string(); }).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  options.host = "127.0.0.1";
+  options.port = 70000;
+  EXPECT_EQ(MetricsServer::start(options, [] { return std::string(); }).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(MetricsEndpoints, PublishedAndFoundThroughTheStore) {
+  HashStore store;
+  auto none = find_metrics_endpoints(store, "job/");
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_TRUE(none->empty());
+  ASSERT_TRUE(publish_metrics_endpoint(store, "job/", "w0", "127.0.0.1:1").ok());
+  ASSERT_TRUE(publish_metrics_endpoint(store, "job/", "w1", "[::1]:2").ok());
+  ASSERT_TRUE(publish_metrics_endpoint(store, "job/", "w0", "127.0.0.1:3").ok());  // w0 restarted
+  auto all = find_metrics_endpoints(store, "job/");
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_EQ(all->size(), 2u);
+  EXPECT_EQ((*all)[0].worker, "w0");
+  EXPECT_EQ((*all)[0].address, "127.0.0.1:3");
+  EXPECT_EQ((*all)[1].address, "[::1]:2");
+  auto v6 = split_host_port("[::1]:2");
+  ASSERT_TRUE(v6.ok());
+  EXPECT_EQ(v6->first, "::1");
+  EXPECT_FALSE(split_host_port("nocolon").ok());
+}
+
+double sample(const std::vector<PrometheusSample>& samples, const std::string& name,
+              const std::map<std::string, std::string>& labels = {}) {
+  double sum = 0;
+  for (const PrometheusSample& s : samples) {
+    if (s.name != name) continue;
+    bool match = true;
+    for (const auto& [k, v] : labels) match = match && s.labels.count(k) && s.labels.at(k) == v;
+    if (match) sum += s.value;
+  }
+  return sum;
+}
+
+// Checks what the exposition format promises of one histogram: buckets cumulative,
+// the +Inf bucket equal to _count.
+void expect_histogram(const std::vector<PrometheusSample>& samples, const std::string& name) {
+  double before = 0;
+  double last = -1;
+  int buckets = 0;
+  for (const PrometheusSample& s : samples) {
+    if (s.name != name + "_bucket") continue;
+    EXPECT_GE(s.value, before) << name << " le=" << s.labels.at("le");
+    before = s.value;
+    last = s.value;
+    ++buckets;
+    if (s.labels.at("le") == "+Inf") {
+      EXPECT_EQ(s.value, sample(samples, name + "_count")) << name;
+    }
+  }
+  EXPECT_EQ(buckets, HistogramSnapshot::kBuckets) << name;
+  EXPECT_EQ(last, sample(samples, name + "_count")) << name;
+}
+
+TEST(MetricsEndpoints, ScrapedFromRealWorkersDuringCalls) {
+  ferry::testing::TempDir dir;
+  ferry::testing::expect_all_succeed(ferry::testing::run_processes(2, [&](int rank) {
+    (void)register_function("add", [](int64_t a, int64_t b) { return a + b; });
+    setenv("FERRY_METRICS_PORT", "0", 1);
+    setenv("FERRY_METRICS_HOST", "127.0.0.1", 1);
+    auto store = FileStore::create(dir.path() + "/store", {});
+    ASSERT_TRUE(store.ok());
+    std::shared_ptr<Store> shared(std::move(*store));
+    std::string name = "worker" + std::to_string(rank);
+    TensorPipeAgentOptions options;
+    options.init_timeout = std::chrono::seconds(20);
+    auto agent = TensorPipeAgent::create(shared, name, rank, 2, options, [name](const Message& m, const WorkerInfo&) {
+      return dispatch_request(FunctionRegistry::global(), name, m);
+    });
+    ASSERT_TRUE(agent.ok()) << agent.status();
+    if (rank == 0) {
+      // Calls until worker1 has seen enough (at most 30 s).
+      const Clock::time_point deadline = Clock::now() + std::chrono::seconds(30);
+      int64_t i = 0;
+      while (Clock::now() < deadline && !shared->check({"test/done"}).value_or(false)) {
+        EXPECT_EQ(call_sync<int64_t>(**agent, "worker1", "add", std::nullopt, i, int64_t{1}), i + 1);
+        ++i;
+      }
+      EXPECT_LT(Clock::now(), deadline);
+    } else {
+      auto endpoints = find_metrics_endpoints(*shared, kMetricsStorePrefix);
+      const Clock::time_point deadline = Clock::now() + std::chrono::seconds(20);
+      while ((!endpoints.ok() || endpoints->size() < 2) && Clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        endpoints = find_metrics_endpoints(*shared, kMetricsStorePrefix);
+      }
+      ASSERT_TRUE(endpoints.ok()) << endpoints.status();
+      ASSERT_EQ(endpoints->size(), 2u);
+      std::string worker0;
+      for (const MetricsEndpoint& e : *endpoints) {
+        if (e.worker == "worker0") worker0 = e.address;
+        EXPECT_EQ(e.address.substr(0, 10), "127.0.0.1:");
+      }
+      ASSERT_FALSE(worker0.empty());
+      const int port = split_host_port(worker0)->second;
+      double previous = -1;
+      for (int round = 0; round < 3; ++round) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        std::string answer = http_exchange(port, "GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n");
+        ASSERT_EQ(status_line(answer), "HTTP/1.1 200 OK");
+        auto samples = parse_prometheus(answer.substr(answer.find("\r\n\r\n") + 4));
+        ASSERT_TRUE(samples.ok()) << samples.status();
+        EXPECT_EQ(sample(*samples, "ferry_worker_info", {{"worker", "worker0"}}), 1);
+        const double made = sample(*samples, "ferry_calls_made_total", {{"peer", "worker1"}, {"function", "add"}});
+        EXPECT_GT(made, previous);
+        previous = made;
+        expect_histogram(*samples, "ferry_made_call_seconds");
+        expect_histogram(*samples, "ferry_served_call_seconds");
+        expect_histogram(*samples, "ferry_queue_seconds");
+        // A bad request in between changes nothing for the next scrape.
+        EXPECT_EQ(status_line(http_exchange(port, "DELETE /metrics HTTP/1.1\r\n\r\n")), "HTTP/1.1 405 Method Not Allowed");
+      }
+      // Its own endpoint sees the calls it served.
+      for (const MetricsEndpoint& e : *endpoints) {
+        if (e.worker != "worker1") continue;
+        auto text = scrape_metrics(e.address, std::chrono::seconds(5));
+        ASSERT_TRUE(text.ok()) << text.status();
+        auto snapshot = from_prometheus(*text);
+        ASSERT_TRUE(snapshot.ok()) << snapshot.status();
+        EXPECT_GT(snapshot->by_function["add"].served, 0u);
+      }
+      ASSERT_TRUE(shared->set("test/done", to_bytes("1")).ok());
+    }
+    EXPECT_TRUE((*agent)->join(std::chrono::seconds(20)).ok());
+    (*agent)->shutdown();
+  }));
+}
+
+}  // namespace
+}  // namespace ferry

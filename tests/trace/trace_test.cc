@@ -1,0 +1,114 @@
+// TraceRecorder in one process: the file it writes, its ring's bound, a SIGUSR2 flush.
+#include "trace/trace.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/multi_process.h"
+
+namespace ferry {
+namespace {
+
+using Clock = TraceRecorder::Clock;
+
+nlohmann::json read(const std::string& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in, nullptr, false);
+}
+
+TEST(TraceRecorder, WritesSpansFlowsAndRawTimes) {
+  ferry::testing::TempDir dir;
+  TraceRecorder trace(dir.path(), "w0", 0, 100);
+  const Clock::time_point t = Clock::now();
+  trace.call(1, "w1", "add", 7, t, t + std::chrono::microseconds(500));
+  trace.served(1, "w1", "mul", 9, t, t + std::chrono::microseconds(10), t + std::chrono::microseconds(30));
+  ASSERT_TRUE(trace.flush().ok());
+  nlohmann::json j = read(dir.path() + "/w0.trace.json");
+  ASSERT_FALSE(j.is_discarded());
+  EXPECT_EQ(j["otherData"]["worker"], "w0");
+  int calls = 0, queued = 0, served = 0, flows = 0;
+  for (const nlohmann::json& e : j["traceEvents"]) {
+    if (e["ph"] == "X" && e["cat"] == "call") {
+      ++calls;
+      EXPECT_EQ(e["dur"], 500);
+      EXPECT_EQ(e["args"]["flow"], "0.7");  // the caller's id and the call id
+    }
+    if (e["ph"] == "X" && e["cat"] == "queue") {
+      ++queued;
+      EXPECT_EQ(e["dur"], 10);
+      EXPECT_EQ(e["args"]["flow"], "1.9");
+    }
+    if (e["ph"] == "X" && e["cat"] == "serve") {
+      ++served;
+      EXPECT_EQ(e["dur"], 20);
+    }
+    if (e["ph"] == "s" || e["ph"] == "f") ++flows;
+  }
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(queued, 1);
+  EXPECT_EQ(served, 1);
+  EXPECT_EQ(flows, 2);
+}
+
+TEST(TraceRecorder, KeepsOnlyTheLastEvents) {
+  ferry::testing::TempDir dir;
+  TraceRecorder trace(dir.path(), "w0", 0, 16);
+  const Clock::time_point t = Clock::now();
+  for (uint64_t i = 0; i < 100; ++i) trace.call(1, "w1", "f", i, t, t);
+  ASSERT_TRUE(trace.flush().ok());
+  nlohmann::json j = read(trace.path());
+  EXPECT_EQ(j["otherData"]["dropped_events"], 84);
+  std::vector<uint64_t> ids;
+  for (const nlohmann::json& e : j["traceEvents"]) {
+    if (e["ph"] == "X") ids.push_back(e["args"]["call_id"]);
+  }
+  ASSERT_EQ(ids.size(), 16u);
+  EXPECT_EQ(ids.front(), 84u);  // oldest kept first
+  EXPECT_EQ(ids.back(), 99u);
+}
+
+TEST(TraceRecorder, SigUsr2WritesTheFileWhileRunning) {
+  ferry::testing::TempDir dir;
+  TraceRecorder trace(dir.path(), "w0", 0, 100);
+  trace.call(1, "w1", "f", 1, Clock::now(), Clock::now());
+  ASSERT_FALSE(std::filesystem::exists(trace.path()));
+  raise(SIGUSR2);
+  const Clock::time_point deadline = Clock::now() + std::chrono::seconds(10);
+  while (!std::filesystem::exists(trace.path()) && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(std::filesystem::exists(trace.path()));
+}
+
+TEST(TraceRecorder, AChildForkedAfterwardsExitsCleanlyAndLeavesTheParentsFlushesWorking) {
+  ferry::testing::TempDir dir;
+  TraceRecorder trace(dir.path(), "w0", 0, 100);  // starts the flushing thread
+  pid_t child = fork();
+  if (child == 0) std::exit(0);  // runs the static destructors in the child
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  raise(SIGUSR2);
+  const Clock::time_point deadline = Clock::now() + std::chrono::seconds(10);
+  while (!std::filesystem::exists(trace.path()) && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(std::filesystem::exists(trace.path()));
+}
+
+TEST(TraceRecorder, AnUnwritableDirectoryIsAnErrorNamingTheFile) {
+  TraceRecorder trace("/nonexistent/dir", "w0", 0, 4);
+  absl::Status s = trace.flush();
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("/nonexistent/dir/w0.trace.json"), std::string::npos) << s;
+}
+
+}  // namespace
+}  // namespace ferry

@@ -1,0 +1,61 @@
+// File: tools/top/top.h
+//
+// The model behind `ferry top`: every worker of a job found through its store, scraped,
+// and turned into per-second figures between two looks.
+//
+//   JobView view(store);
+//   view.refresh(std::chrono::milliseconds(500));   // scrape every worker once
+//   ... a second later ...
+//   view.refresh(std::chrono::milliseconds(500));
+//   std::cout << view.table() << view.json().dump(2);
+//
+// Thread-compatible: one thread drives it.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "nlohmann/json.hpp"
+#include "stats/stats.h"
+#include "store/store.h"
+
+namespace ferry::tools {
+
+// One worker as last seen.
+struct WorkerView {
+  std::string worker;
+  std::string address;
+  // The last two snapshots that came back (rates are their difference).
+  std::optional<StatsSnapshot> latest;
+  std::optional<StatsSnapshot> previous;
+  // When it last answered, and why the last scrape failed ("" when it answered).
+  std::optional<std::chrono::steady_clock::time_point> last_answer;
+  std::chrono::steady_clock::time_point first_seen;
+  std::string error;
+};
+
+class JobView {
+ public:
+  explicit JobView(std::shared_ptr<Store> store) : store_(std::move(store)) {}
+
+  // Looks the workers up in the store again and scrapes each (all at once), at most
+  // `timeout` each. Errors: only the store's; a worker that does not answer is recorded
+  // as such.
+  absl::Status refresh(std::chrono::milliseconds timeout);
+
+  const std::vector<WorkerView>& workers() const { return workers_; }
+  // The figures of every worker, as `ferry top --json` prints them (docs/observability.md).
+  nlohmann::json json() const;
+  // The live screen's text, `width` columns at most.
+  std::vector<std::string> table(int width) const;
+
+ private:
+  std::shared_ptr<Store> store_;
+  std::vector<WorkerView> workers_;
+};
+
+}  // namespace ferry::tools
