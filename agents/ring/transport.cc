@@ -901,7 +901,7 @@ void Endpoint::run_data() {
       std::unique_lock<std::mutex> lock(step_mu, std::try_to_lock);
       return lock.owns_lock() && ready();
     };
-    if (drivers.load(std::memory_order_relaxed) == 0 && spin_until(work, spin_window(window)) &&
+    if (drivers.load(std::memory_order_relaxed) == 0 && spin_until(work, spin_window(window), /*pausing=*/true) &&
         drivers.load(std::memory_order_relaxed) == 0) {
       continue;
     }
