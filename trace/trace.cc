@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <new>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -60,9 +61,12 @@ class Registry {
     if (!thread_.joinable()) return;
     if (getpid() != owner_) {
       // A child forked after the thread started: the thread runs in the parent only
-      // (this handle names nothing here), and the pipe is the parent's too, so the child
-      // neither signals it nor joins.
-      thread_.detach();
+      // (this handle names nothing here: detaching or joining it would act on a thread
+      // the child does not have, which ThreadSanitizer stops on), and the pipe is the
+      // parent's too. The handle is moved into storage never destroyed, so the child
+      // neither signals, joins nor detaches it.
+      alignas(std::thread) static unsigned char forgotten[sizeof(std::thread)];
+      new (forgotten) std::thread(std::move(thread_));
       return;
     }
     char c = 'q';
