@@ -8,7 +8,6 @@
 #include "absl/strings/match.h"
 #include "base/logging.h"
 #include "base/status.h"
-#include "store/prefix_store.h"
 #include "store/tcp_store.h"
 
 namespace ferry::internal {
@@ -103,22 +102,6 @@ class WatchingStore final : public Store {
 };
 
 }  // namespace
-
-namespace {
-
-// The TCPStore under `store` (through PrefixStores), or null.
-const TCPStore* tcp_store_of(const Store& store) {
-  const Store* s = &store;
-  while (const auto* prefixed = dynamic_cast<const PrefixStore*>(s)) s = prefixed->base().get();
-  return dynamic_cast<const TCPStore*>(s);
-}
-
-}  // namespace
-
-std::string store_host_of(const Store& store) {
-  const TCPStore* tcp = tcp_store_of(store);
-  return tcp == nullptr ? "" : tcp->host();
-}
 
 absl::Status init_failure(int rank, std::string_view name, absl::StatusCode code, std::string_view why) {
   absl::Status s(code, absl::StrCat("init_rpc failed on rank ", rank, " (worker \"", av(name), "\"): ", av(why)));

@@ -27,12 +27,9 @@
 
 #include "absl/status/status.h"
 #include "store/store.h"
+#include "store/store_host.h"  // store_host_of, which the backends use with this
 
 namespace ferry::internal {
-
-// The store's host as the other ranks reach it (the host of a TCPStore, also under
-// PrefixStores), for the listen-address resolver; empty for other stores.
-std::string store_host_of(const Store& store);
 
 // The message every rank's init ends with when rank `rank` (worker `name`) failed
 // (conclude() publishes it as is).

@@ -5,8 +5,7 @@
 #include "base/net.h"
 #include "base/status.h"
 #include "stats/prometheus.h"
-#include "store/prefix_store.h"
-#include "store/tcp_store.h"
+#include "store/store_host.h"
 
 namespace ferry::internal {
 
@@ -35,18 +34,6 @@ void observe_trace(const Future<Message>& reply, TraceRecorder& trace, const Pee
   });
 }
 
-namespace {
-
-// The TCP store's host under any prefixes, for the resolver; empty for other stores.
-std::string store_host(const Store& store) {
-  const Store* s = &store;
-  while (const auto* prefixed = dynamic_cast<const PrefixStore*>(s)) s = prefixed->base().get();
-  const auto* tcp = dynamic_cast<const TCPStore*>(s);
-  return tcp == nullptr ? "" : tcp->host();
-}
-
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<MetricsServer>> serve_metrics(std::optional<int> port, const std::string& worker,
                                                             Store& store, const std::string& prefix,
                                                             const AgentStats& stats) {
@@ -60,7 +47,7 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> serve_metrics(std::optional<int> 
   if (std::optional<std::string> host = env_string("FERRY_METRICS_HOST")) {
     options.host = *host;
   } else {
-    FERRY_ASSIGN_OR_RETURN(ListenAddress where, resolve_listen_address(std::nullopt, store_host(store)));
+    FERRY_ASSIGN_OR_RETURN(ListenAddress where, resolve_listen_address(std::nullopt, store_host_of(store)));
     options.host = where.host;
   }
   const AgentStats* source = &stats;
