@@ -1,6 +1,7 @@
 // The spin window and detached teardown (declared in base/future.h and
 // base/thread_role.h).
 #include <fcntl.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "base/env.h"
 #include "base/future.h"
+#include "base/host_load.h"
 #include "base/logging.h"
 
 namespace ferry::internal {
@@ -57,6 +59,7 @@ int runnable_threads() {
 struct LoadSample {
   std::atomic<int64_t> at_ns{0};
   std::atomic<bool> crowded{false};
+  std::atomic<bool> idle_core{true};
 };
 
 LoadSample& load_sample() {
@@ -82,10 +85,18 @@ std::chrono::microseconds configured_spin_window() {
   return window;
 }
 
-bool host_crowded() {
+namespace {
+
+// Samples the run queue at most every kLoadSampleEvery; one caller reads, the others
+// use the last sample.
+LoadSample& sampled_load() {
   static const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   LoadSample& sample = load_sample();
-  int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
+  // The coarse clock (a few nanoseconds, ticks of a few milliseconds) is precise
+  // enough for a 20 ms period: every wait asks, so the precise one cost a busy caller.
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  int64_t now = static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
   int64_t at = sample.at_ns.load(std::memory_order_relaxed);
   if (now - at > std::chrono::nanoseconds(kLoadSampleEvery).count() &&
       sample.at_ns.compare_exchange_strong(at, now, std::memory_order_relaxed)) {
@@ -95,9 +106,17 @@ bool host_crowded() {
     // means that polling takes a core another thread needs: 64 workers on 2 cores,
     // not 2 workers exchanging calls (ferry bench rpc measured both).
     sample.crowded.store(runnable > 4 * cores, std::memory_order_relaxed);
+    // The reader is one of the runnable threads; -1 (unreadable) counts as idle.
+    sample.idle_core.store(runnable < cores, std::memory_order_relaxed);
   }
-  return sample.crowded.load(std::memory_order_relaxed);
+  return sample;
 }
+
+}  // namespace
+
+bool host_crowded() { return sampled_load().crowded.load(std::memory_order_relaxed); }
+
+bool host_has_idle_core() { return sampled_load().idle_core.load(std::memory_order_relaxed); }
 
 std::chrono::microseconds PollWindow::get() const {
   int64_t us = us_.load(std::memory_order_relaxed);

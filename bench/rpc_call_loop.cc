@@ -55,6 +55,11 @@ int main(int argc, char** argv) {
                                    inline_serving ? ferry::Serving::kInline : ferry::Serving::kPool);
     (void)ferry::register_function("echo", [](ferry::Tensor t) { return t; },
                                    inline_serving ? ferry::Serving::kInline : ferry::Serving::kPool);
+    (void)ferry::register_function("debug", [] {
+      std::string line;
+      for (const auto& [k, v] : ferry::current_agent()->debug_info()) line += k + "=" + v + " ";
+      return line;
+    });
     ferry::TensorPipeRpcBackendOptions options;
     options.init_method = "file://" + store;
     options.transports = std::vector<std::string>{transport};
@@ -141,6 +146,10 @@ int main(int argc, char** argv) {
       std::printf("%s: %d rpc_sync no-op calls, median %.1f us, p99 %.1f us\n", transport.c_str(), calls,
                   us[us.size() / 2], us[us.size() * 99 / 100]);
       std::fflush(stdout);
+    }
+    if (rank == 0 && std::getenv("LOOP_DEBUG") != nullptr) {
+      // The server's counters (pool wake-ups, ring drives), for a profile's context.
+      std::fprintf(stderr, "w1: %s\n", ferry::rpc_sync<std::string>("w1", "debug").c_str());
     }
     _exit(ferry::shutdown().ok() ? 0 : 1);
   }

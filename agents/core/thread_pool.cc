@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "base/future.h"
+#include "base/host_load.h"
 #include "base/logging.h"
 
 namespace ferry::internal {
@@ -42,9 +43,11 @@ struct ThreadPool::State {
   bool watching = false;            // guarded by mu: a thread is the watcher
   bool watch_timed = false;         // guarded by mu: the watcher wakes by itself
   Clock::time_point last_deferred;  // guarded by mu: when a task last queued behind busy threads
+  Clock::time_point last_taken;     // guarded by mu: when a thread last took a task
   int running = 0;                  // guarded by mu: threads not yet exited
   std::vector<std::thread::id> ids;  // guarded by mu
   std::shared_ptr<Activity> activity;
+  std::function<bool()> spare_core;
   // Shared: the threads take turns at polling for work.
   PollWindow poll_window;
 
@@ -52,13 +55,20 @@ struct ThreadPool::State {
   // The watcher's loop; returns (lock held) when this thread must take a task, or stop.
   void watch(std::unique_lock<std::mutex>& lock);
   // Whether queued tasks need a thread that is not on its way yet: none polls, none was
-  // just woken, and none is busy (so none comes back for them) or the oldest has
-  // waited kStall (the busy ones are slow, blocked, or too few). A thread woken but
-  // not yet running counts as on its way: on a host with no core to spare, waking
-  // another would only crowd it more.
+  // just woken, and either none is busy (so none comes back for them) or the oldest
+  // has waited kStall and another thread would help: the busy ones took nothing for
+  // kStall (they are slow or blocked, maybe on a later task), or the host has a core
+  // to spare. A deep queue of short tasks that busy threads keep taking on a host
+  // with no idle core gets no more threads: they would only take turns with the busy
+  // ones, and contend for the queue (ferry bench rpc, 256 calls in flight on 2 cores:
+  // one pool thread served twice the calls of sixteen). A thread woken but not yet
+  // running counts as on its way: on a host with no core to spare, waking another
+  // would only crowd it more.
   bool needs_thread(Clock::time_point now) const {
-    return !tasks.empty() && spinning.load(std::memory_order_acquire) == 0 && waking == 0 &&
-           (busy == 0 || now - tasks.front().at >= kStall);
+    if (tasks.empty() || spinning.load(std::memory_order_acquire) != 0 || waking != 0) return false;
+    if (busy == 0) return true;
+    if (now - tasks.front().at < kStall) return false;  // spare_core() is not asked
+    return another_thread_helps(now - tasks.front().at, now - last_taken, spare_core());
   }
   // Wakes `n` sleeping threads (at most the idle ones); under mu.
   void wake_sleepers(size_t n) {
@@ -103,12 +113,13 @@ void ThreadPool::State::run() {
     if (!tasks.empty()) {
       std::function<void()> task = std::move(tasks.front().fn);
       tasks.pop_front();
+      const Clock::time_point now = Clock::now();
+      last_taken = now;
       queued.store(tasks.size(), std::memory_order_release);
       ++busy;
       if (!tasks.empty()) {
         // The rest (posted while this thread polled, which woke nobody) now wait
         // behind a busy thread.
-        Clock::time_point now = Clock::now();
         if (needs_thread(now)) {
           wake_sleepers(1);
         } else {
@@ -159,8 +170,12 @@ void ThreadPool::State::run() {
 }
 
 ThreadPool::ThreadPool(int threads, std::shared_ptr<Activity> activity)
+    : ThreadPool(threads, std::move(activity), host_has_idle_core) {}
+
+ThreadPool::ThreadPool(int threads, std::shared_ptr<Activity> activity, std::function<bool()> spare_core)
     : size_(std::max(threads, 0)), state_(std::make_shared<State>()) {
   state_->activity = std::move(activity);
+  state_->spare_core = std::move(spare_core);
   state_->running = size_;
   threads_.reserve(static_cast<size_t>(size_));
   std::lock_guard<std::mutex> lock(state_->mu);

@@ -30,10 +30,12 @@ namespace ferry::internal {
 //
 // Hand-off: a task is taken by whichever thread gets there first, and post() wakes a
 // sleeping thread only when none would get there soon: no thread is polling for work,
-// and either none is busy or the oldest queued task has waited kStall. A busy thread
-// takes the next task itself when it is done, so a stream of short tasks costs no
-// wake-ups, while a queue that keeps growing (tasks too slow for the threads awake)
-// wakes more threads. So that a task that blocks (waiting for a later task, say)
+// and either none is busy or the oldest queued task has waited kStall while another
+// thread would help: the busy ones took no task for kStall (slow or blocked), or the
+// host has a core to spare. A busy thread takes the next task itself when it is done,
+// so a stream of short tasks costs no wake-ups, and a deep queue of short tasks on a
+// host with no idle core stays with the threads awake (more would only take turns
+// with them), while a queue of slow tasks wakes more threads. So that a task that blocks (waiting for a later task, say)
 // cannot hold up the queue when no post follows, one sleeping thread is the watcher:
 // while tasks wait behind busy threads it looks every kWatchTick, and once the oldest
 // has waited kStall it wakes enough threads for every queued task and takes one.
@@ -41,6 +43,12 @@ class ThreadPool final : public Executor {
  public:
   // A queued task that has waited this long gets a thread of its own.
   static constexpr std::chrono::microseconds kStall{50};
+  // Whether a task queued behind busy threads should get a thread of its own, when the
+  // oldest has waited `oldest_waited` and the last task was taken `since_taken` ago.
+  static bool another_thread_helps(std::chrono::steady_clock::duration oldest_waited,
+                                   std::chrono::steady_clock::duration since_taken, bool spare_core) {
+    return oldest_waited >= kStall && (since_taken >= kStall || spare_core);
+  }
   // How often the watcher looks while tasks wait behind busy threads.
   static constexpr std::chrono::microseconds kWatchTick{500};
 
@@ -49,6 +57,9 @@ class ThreadPool final : public Executor {
   // sleeping thread costs several microseconds.
   // Each task is counted in `activity` (may be null) from post() until it has run.
   explicit ThreadPool(int threads, std::shared_ptr<Activity> activity = nullptr);
+  // As above; `spare_core` answers whether the host has a core to spare (default:
+  // host_has_idle_core(), base/host_load.h). Called on any thread that posts or takes.
+  ThreadPool(int threads, std::shared_ptr<Activity> activity, std::function<bool()> spare_core);
   ~ThreadPool() override;
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;

@@ -132,10 +132,14 @@ TEST(ThreadPoolHandOff, ATrickleOfShortTasksWakesAlmostNoThread) {
   EXPECT_LT(pool.wakeups(), uint64_t{kTasks / 10});
 }
 
-// Tasks arriving faster than one thread serves them: the oldest waits kStall, and the
-// next post (or the watcher) brings in another thread, so the queue stops growing.
-TEST(ThreadPoolHandOff, ASteadyOverloadBringsInMoreThreads) {
-  ThreadPool pool(4);
+bool spare_core() { return true; }
+bool no_spare_core() { return false; }
+
+// Tasks arriving faster than one thread serves them, on a host with cores to spare: the
+// oldest waits kStall, and the next post (or the watcher) brings in another thread, so
+// the queue stops growing.
+TEST(ThreadPoolHandOff, ASteadyOverloadBringsInMoreThreadsWhenTheHostHasCoresToSpare) {
+  ThreadPool pool(4, nullptr, spare_core);
   constexpr int kTasks = 1000;
   std::atomic<int> done{0};
   std::mutex mu;
@@ -154,6 +158,40 @@ TEST(ThreadPoolHandOff, ASteadyOverloadBringsInMoreThreads) {
   ASSERT_TRUE(wait_until(done, kTasks, std::chrono::seconds(30)));
   std::lock_guard<std::mutex> lock(mu);
   EXPECT_GE(threads.size(), 2u) << "one thread served a queue three times faster than it";
+}
+
+// Whether a task queued behind busy threads gets another: only when the busy threads
+// have stopped taking tasks, or a core is free to run the new one. A deep queue of
+// short tasks that the busy thread keeps taking, on a host with no core to spare (256
+// requests in flight on 2 cores), gets none: bringing one in whenever the oldest had
+// waited kStall cut a pooled server's calls/s at 256 in flight by a third.
+TEST(ThreadPoolHandOff, AnotherThreadOnlyWhenTheBusyOnesStallOrACoreIsFree) {
+  using std::chrono::microseconds;
+  const auto stall = ThreadPool::kStall;
+  // The oldest task waited long, but the busy thread just took one: no core, no thread.
+  EXPECT_FALSE(ThreadPool::another_thread_helps(10 * stall, microseconds(1), /*spare_core=*/false));
+  EXPECT_TRUE(ThreadPool::another_thread_helps(10 * stall, microseconds(1), /*spare_core=*/true));
+  // Nothing taken for kStall: the busy ones are slow or blocked.
+  EXPECT_TRUE(ThreadPool::another_thread_helps(10 * stall, stall, /*spare_core=*/false));
+  // The oldest task has not waited kStall yet: a busy thread comes back for it.
+  EXPECT_FALSE(ThreadPool::another_thread_helps(stall / 2, 10 * stall, /*spare_core=*/true));
+}
+
+// The same host, tasks that block: the busy thread takes nothing for kStall, so the
+// queued task gets a thread of its own.
+TEST(ThreadPoolHandOff, OnAFullHostATaskQueuedBehindABlockedOneStillRuns) {
+  ThreadPool pool(2, nullptr, no_spare_core);
+  std::atomic<int> second_ran{0};
+  std::atomic<int> first_done{0};
+  ASSERT_TRUE(pool.post([&] {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (second_ran.load() == 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+    first_done = 1;
+  }));
+  std::this_thread::sleep_for(std::chrono::microseconds(200));
+  ASSERT_TRUE(pool.post([&] { second_ran = 1; }));
+  ASSERT_TRUE(wait_until(first_done, 1, std::chrono::seconds(10)));
+  EXPECT_EQ(second_ran.load(), 1) << "the second task waited for the first";
 }
 
 class ThreadPoolSizes : public ::testing::TestWithParam<int> {};
