@@ -37,22 +37,44 @@ struct SegmentHeader {
 inline constexpr size_t kHeaderBytes = 4096;
 static_assert(sizeof(SegmentHeader) <= kHeaderBytes);
 
-// An endpoint's wake-up word, in a page of its own that every peer maps.
+inline constexpr size_t kBellBytes = 4096;
+// Connections into one endpoint that can have a bit in its bell's news.
+inline constexpr size_t kNewsWords = (kBellBytes - 2 * kLine) / sizeof(uint64_t);
+inline constexpr uint32_t kSlots = static_cast<uint32_t>(kNewsWords * 64);
+inline constexpr uint32_t kNoSlot = UINT32_MAX;
+
+// An endpoint's wake-up word, in a page of its own that every peer maps, and its news:
+// one bit per connection into it (the connection's slot, chosen by this endpoint),
+// which the peer sets after it writes, so that an endpoint with many connections
+// reads only those with something new instead of checking every ring on each poll.
+// A peer can set or clear any bit; the owner treats news as a hint and reads every
+// ring again whenever it wakes from sleep.
 struct Bell {
   alignas(kLine) std::atomic<uint32_t> seq{0};
   alignas(kLine) std::atomic<uint32_t> sleeping{0};
+  alignas(kLine) std::atomic<uint64_t> news[kNewsWords] = {};
 };
-inline constexpr size_t kBellBytes = 4096;
+static_assert(sizeof(Bell) <= kBellBytes);
 
 // Shared (inter-process) futex wait and wake on `word`.
 void futex_wait(std::atomic<uint32_t>* word, uint32_t expected);
 void futex_wake(std::atomic<uint32_t>* word);
 
-// Wakes the owner of `bell` if it sleeps or is about to; only one of several
-// concurrent ringers pays for the system call.
-inline void ring(Bell* bell) {
+// Tells the owner of `bell` that connection `slot` (kNoSlot: none) has news, and wakes
+// it if it sleeps or is about to; only one of several concurrent ringers pays for the
+// system call. The fence orders what was published before it against both the news
+// and the sleeping flag, which the owner reads after clearing or setting them: a bit
+// found already set is left alone (no shared line written per message), since the
+// owner reads the ring only after it clears the bit.
+inline void ring(Bell* bell, uint32_t slot = kNoSlot) {
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (bell->sleeping.load(std::memory_order_relaxed) != 0 && bell->sleeping.exchange(0) != 0) {
+  if (slot < kSlots) {
+    std::atomic<uint64_t>& word = bell->news[slot / 64];
+    const uint64_t bit = uint64_t{1} << (slot % 64);
+    if ((word.load(std::memory_order_relaxed) & bit) == 0) word.fetch_or(bit, std::memory_order_seq_cst);
+  }
+  // seq_cst, not relaxed: ordered after the news written just above.
+  if (bell->sleeping.load(std::memory_order_seq_cst) != 0 && bell->sleeping.exchange(0) != 0) {
     bell->seq.fetch_add(1, std::memory_order_release);
     futex_wake(&bell->seq);
   }

@@ -16,6 +16,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <ctime>
 #include <climits>
 #include <cstring>
 #include <deque>
@@ -57,7 +58,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr uint32_t kMagic = 0x676e6972;  // "ring"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // 2: the bell's news
 constexpr size_t kMinRing = 4096;
 constexpr size_t kMaxRing = size_t{1} << 30;
 // A message announcing more tensors, or a longer target, is refused before anything is
@@ -68,6 +69,9 @@ constexpr uint32_t kMaxTargetBytes = 4096;
 // so only a socket that never will stays); beyond this the oldest goes. Above the
 // core's cap on unauthenticated connections, which is the one a peer should meet.
 constexpr size_t kMaxPendingHellos = 256;
+// How often, at most, a worker that reads only the rings with news reads them all
+// after waking (see Endpoint::read_all).
+constexpr std::chrono::milliseconds kReadAllEvery{100};
 
 // Socket packets: the hello (with the segment's and the connector's bell's memfds), the
 // reply (with the acceptor's bell), the connector's verdict on reading in place.
@@ -78,7 +82,9 @@ struct Packet {
   uint32_t kind = 0;
   uint32_t pid = 0;
   uint32_t reads_you = 0;  // the sender could read the receiver's probe in place
-  uint32_t pad = 0;
+  // The bit of the sender's bell (ring::Bell::news) that the receiver sets after
+  // writing to this connection; ring::kNoSlot: none, the sender reads it on every poll.
+  uint32_t slot = ring::kNoSlot;
   uint64_t ring_bytes = 0;
   uint64_t probe_addr = 0;
   uint64_t probe_value = 0;
@@ -314,12 +320,27 @@ struct RingTransport::Endpoint : std::enable_shared_from_this<Endpoint> {
   // and peers need not ring: the last driver to leave asks them to again.
   std::mutex step_mu;
   std::vector<std::shared_ptr<Pipe>> active;  // guarded by step_mu
+  // The pipes with a bit in this endpoint's news, by slot (guarded by step_mu), how
+  // many news words are in use, and how many active pipes have no slot. With
+  // news_from connections or more, a step reads only the rings whose bit is set.
+  std::vector<Pipe*> by_slot;
+  size_t news_words = 0;
+  size_t unslotted = 0;
+  size_t news_from = 16;
+  // Set after the data thread slept, at most every kReadAllEvery: the next step reads
+  // every ring, since news is written by peers and only a hint. Not after every
+  // sleep: 256 workers on 2 cores sleep and wake for nearly every message.
+  std::atomic<bool> read_all{false};
+  int64_t read_all_at_ns = 0;  // data thread only
+  // Slots not in use (guarded by mu).
+  std::vector<uint32_t> free_slots;
+  uint32_t next_slot = 0;
   std::atomic<int> drivers{0};
   std::atomic<bool> parked{false};  // the data thread sleeps on the bell
   std::unique_ptr<ProgressRegistration> progress;
 
   std::atomic<uint64_t> opened{0}, accepted{0}, refused{0}, sleeps{0}, in_place_reads{0}, messages_in{0},
-      messages_out{0}, driven{0};
+      messages_out{0}, driven{0}, news_steps{0};
   PollWindow window;  // the data thread's polls
 
   void post(Command command) {
@@ -331,6 +352,29 @@ struct RingTransport::Endpoint : std::enable_shared_from_this<Endpoint> {
     }
     ring::ring(bell);
   }
+
+  // A slot for a new pipe's news, or ring::kNoSlot when all are taken (control thread
+  // or a connecting thread); give_slot returns one.
+  uint32_t take_slot() {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!free_slots.empty()) {
+      uint32_t slot = free_slots.back();
+      free_slots.pop_back();
+      return slot;
+    }
+    return next_slot < ring::kSlots ? next_slot++ : ring::kNoSlot;
+  }
+  void give_slot(uint32_t slot) {
+    if (slot >= ring::kSlots) return;
+    std::lock_guard<std::mutex> lock(mu);
+    free_slots.push_back(slot);
+  }
+  // Under step_mu: whether a step reads only the rings with news.
+  bool reading_news() const { return active.size() >= news_from && unslotted == 0; }
+  void add_pipe(const std::shared_ptr<Pipe>& pipe);
+  void remove_swept();
+  // Under step_mu: reads and writes what `pipe` has; true when it moved something.
+  bool serve_pipe(const std::shared_ptr<Pipe>& pipe, const std::shared_ptr<TransportEvents>& e, bool& sweep);
 
   void run_data();
   bool park();
@@ -411,12 +455,14 @@ class Pipe final : public Connection, public std::enable_shared_from_this<Pipe> 
   }
   bool attached() const { return shared_ != nullptr; }
 
-  // Control thread: the peer's bell is mapped; from now on writes wake it.
-  void meet(Mapping bell, pid_t pid) {
+  // Control thread: the peer's bell is mapped; from now on writes wake it and set
+  // `peer_slot` in its news (what was written before is announced here).
+  void meet(Mapping bell, pid_t pid, uint32_t peer_slot) {
     peer_pid_.store(pid, std::memory_order_relaxed);
+    peer_slot_.store(peer_slot, std::memory_order_relaxed);
     peer_bell_map_ = std::move(bell);
     peer_bell_.store(static_cast<ring::Bell*>(peer_bell_map_.ptr), std::memory_order_release);
-    ring::ring(peer_bell_.load());
+    ring::ring(peer_bell_.load(), peer_slot);
   }
   bool met() const { return peer_bell_.load(std::memory_order_acquire) != nullptr; }
   bool accepted() const { return side_ == 1; }
@@ -548,6 +594,8 @@ class Pipe final : public Connection, public std::enable_shared_from_this<Pipe> 
   // still holds); once, whoever finds the end first.
   void end(Endpoint& home, absl::Status why);
 
+  // This pipe's bit in its own endpoint's news, chosen before the pipe is shared.
+  uint32_t own_slot = ring::kNoSlot;
   std::atomic<bool> reported{false};
   std::atomic<bool> ending{false};  // a kGone is posted
   std::atomic<bool> broken{false};  // the ring cannot be read any further
@@ -575,7 +623,9 @@ class Pipe final : public Connection, public std::enable_shared_from_this<Pipe> 
 
   void publish_locked() {
     tx_.publish();
-    if (ring::Bell* bell = peer_bell_.load(std::memory_order_acquire)) ring::ring(bell);
+    if (ring::Bell* bell = peer_bell_.load(std::memory_order_acquire)) {
+      ring::ring(bell, peer_slot_.load(std::memory_order_relaxed));
+    }
   }
 
   bool fail_locked(const char* why) {
@@ -588,7 +638,9 @@ class Pipe final : public Connection, public std::enable_shared_from_this<Pipe> 
   // Gives the bytes read back to the peer, waking it if it waits for room.
   void release_read() {
     if (rx_.unreleased() && rx_.release()) {
-      if (ring::Bell* bell = peer_bell_.load(std::memory_order_acquire)) ring::ring(bell);
+      if (ring::Bell* bell = peer_bell_.load(std::memory_order_acquire)) {
+        ring::ring(bell, peer_slot_.load(std::memory_order_relaxed));
+      }
     }
   }
 
@@ -606,6 +658,7 @@ class Pipe final : public Connection, public std::enable_shared_from_this<Pipe> 
   Mapping peer_bell_map_;
   std::atomic<ring::Bell*> peer_bell_{nullptr};
   std::atomic<pid_t> peer_pid_{0};  // set before peer_bell_
+  std::atomic<uint32_t> peer_slot_{ring::kNoSlot};  // set before peer_bell_
   std::atomic<bool> peer_reads_me_{false};
   std::atomic<bool> writable_{true};
   std::atomic<bool> closing_{false};
@@ -821,16 +874,68 @@ void Endpoint::report(const std::shared_ptr<Pipe>& pipe, absl::Status why) {
 
 bool Endpoint::ready() const {
   if (has_commands.load(std::memory_order_acquire) || stopping.load(std::memory_order_relaxed)) return true;
+  if (reading_news()) {
+    // seq_cst: after the sleeping flag park() set, against the news a ringer wrote.
+    for (size_t w = 0; w < news_words; ++w) {
+      if (bell->news[w].load(std::memory_order_seq_cst) != 0) return true;
+    }
+    return false;
+  }
   for (const std::shared_ptr<Pipe>& p : active) {
     if (p->has_work()) return true;
   }
   return false;
 }
 
+void Endpoint::add_pipe(const std::shared_ptr<Pipe>& pipe) {
+  active.push_back(pipe);
+  const uint32_t slot = pipe->own_slot;
+  if (slot >= ring::kSlots) {
+    ++unslotted;
+    return;
+  }
+  if (by_slot.size() <= slot) by_slot.resize(slot + 1, nullptr);
+  by_slot[slot] = pipe.get();
+  news_words = std::max(news_words, static_cast<size_t>(slot / 64 + 1));
+  // What the peer wrote before the pipe was added may have had its bit cleared.
+  bell->news[slot / 64].fetch_or(uint64_t{1} << (slot % 64), std::memory_order_seq_cst);
+}
+
+void Endpoint::remove_swept() {
+  std::erase_if(active, [this](const std::shared_ptr<Pipe>& p) {
+    if (!p->reported.load()) return false;
+    if (p->own_slot < ring::kSlots) {
+      by_slot[p->own_slot] = nullptr;
+      give_slot(p->own_slot);
+    } else {
+      --unslotted;
+    }
+    return true;
+  });
+}
+
+bool Endpoint::serve_pipe(const std::shared_ptr<Pipe>& p, const std::shared_ptr<TransportEvents>& e, bool& sweep) {
+  if (p->reported.load()) {
+    sweep = true;
+    return false;
+  }
+  bool progress = p->pump();
+  progress |= p->receive(*this, e);
+  sweep |= p->reported.load();
+  return progress;
+}
+
 bool Endpoint::step() {
   // An empty poll, what a waiting thread mostly does, costs a few loads.
-  if (!ready()) return false;
+  if (!ready()) {
+    if (!read_all.load(std::memory_order_relaxed)) return false;
+    if (!reading_news()) {
+      read_all.store(false, std::memory_order_relaxed);  // every ring was just read
+      return false;
+    }
+  }
   bool progress = false;
+  bool sweep = false;  // some active pipe was reported
   std::shared_ptr<TransportEvents> e = events.lock();
   if (has_commands.load(std::memory_order_acquire)) {
     std::deque<Command> todo;
@@ -843,9 +948,12 @@ bool Endpoint::step() {
       if (stopping.load()) break;
       switch (c.kind) {
         case Command::kAdd:
-          if (c.pipe->reported.load() || !c.pipe->attached()) break;
+          if (c.pipe->reported.load() || !c.pipe->attached()) {
+            give_slot(std::exchange(c.pipe->own_slot, ring::kNoSlot));
+            break;
+          }
           if (c.pipe->accepted() && e) e->on_accepted(c.pipe);
-          active.push_back(c.pipe);
+          add_pipe(c.pipe);
           break;
         case Command::kGone:
           // What the peer wrote before it went is still in the ring: deliver it first.
@@ -855,29 +963,41 @@ bool Endpoint::step() {
             }
           }
           report(c.pipe, std::move(c.why));
+          sweep = true;
           break;
         case Command::kClose:
           report(c.pipe, std::move(c.why));
+          sweep = true;
           break;
       }
     }
     progress = true;
   }
-  if (!e) return progress;
-  bool sweep = false;
-  for (size_t i = 0; i < active.size(); ++i) {
-    std::shared_ptr<Pipe> p = active[i];  // a callback may close it
-    if (p->reported.load()) {
-      sweep = true;
-      continue;
+  if (!e) {
+    if (sweep) remove_swept();
+    return progress;
+  }
+  if (reading_news() && !read_all.exchange(false, std::memory_order_relaxed)) {
+    news_steps.fetch_add(1, std::memory_order_relaxed);
+    for (size_t w = 0; w < news_words; ++w) {
+      if (bell->news[w].load(std::memory_order_relaxed) == 0) continue;
+      // Cleared before the rings are read: news written after this is seen next time.
+      uint64_t bits = bell->news[w].exchange(0, std::memory_order_seq_cst);
+      while (bits != 0) {
+        const size_t slot = w * 64 + static_cast<size_t>(__builtin_ctzll(bits));
+        bits &= bits - 1;
+        if (slot >= by_slot.size() || by_slot[slot] == nullptr) continue;  // gone, or a stray bit
+        std::shared_ptr<Pipe> p = by_slot[slot]->shared_from_this();  // a callback may close it
+        progress |= serve_pipe(p, e, sweep);
+      }
     }
-    progress |= p->pump();
-    progress |= p->receive(*this, e);
-    sweep |= p->reported.load();
+  } else {
+    for (size_t i = 0; i < active.size(); ++i) {
+      std::shared_ptr<Pipe> p = active[i];  // a callback may close it
+      progress |= serve_pipe(p, e, sweep);
+    }
   }
-  if (sweep) {
-    std::erase_if(active, [](const std::shared_ptr<Pipe>& p) { return p->reported.load(); });
-  }
+  if (sweep) remove_swept();
   return progress;
 }
 
@@ -926,6 +1046,13 @@ bool Endpoint::park() {
   if (!work && !stopping.load()) {
     sleeps.fetch_add(1, std::memory_order_relaxed);
     ring::futex_wait(&bell->seq, seq);
+    timespec ts{};
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);  // precise enough for kReadAllEvery
+    const int64_t now = static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+    if (now - read_all_at_ns >= std::chrono::nanoseconds(kReadAllEvery).count()) {
+      read_all_at_ns = now;
+      read_all.store(true, std::memory_order_relaxed);
+    }
   }
   parked.store(false, std::memory_order_seq_cst);
   bell->sleeping.store(0, std::memory_order_relaxed);
@@ -1056,6 +1183,9 @@ void Endpoint::accept_hello(uint64_t id, int fd) {
   if (hello.version != kVersion) {
     return refuse(absl::StrCat("ring protocol version ", hello.version, ", this worker speaks ", kVersion));
   }
+  if (hello.slot >= ring::kSlots && hello.slot != ring::kNoSlot) {
+    return refuse(absl::StrCat("news slot ", hello.slot, " (expected one below ", ring::kSlots, ")"));
+  }
   const uint64_t rb = hello.ring_bytes;
   if (rb < kMinRing || rb > kMaxRing || (rb & (rb - 1)) != 0) {
     return refuse(absl::StrCat("a ring of ", rb, " bytes (expected a power of two in [", kMinRing, ", ", kMaxRing, "])"));
@@ -1067,6 +1197,7 @@ void Endpoint::accept_hello(uint64_t id, int fd) {
   close_all(fds);
   auto pipe = std::make_shared<Pipe>(nullptr, weak_from_this(), /*side=*/1);
   pipe->attach(fd, *std::move(segment), rb);
+  pipe->own_slot = take_slot();
   const pid_t pid = static_cast<pid_t>(hello.pid);
   const bool reads = can_read_in_place(pid, hello.probe_addr, hello.probe_value);
   Packet reply;
@@ -1075,11 +1206,13 @@ void Endpoint::accept_hello(uint64_t id, int fd) {
   reply.reads_you = reads ? 1 : 0;
   reply.probe_addr = reinterpret_cast<uint64_t>(&probe);
   reply.probe_value = probe;
+  reply.slot = pipe->own_slot;
   if (!send_packet(fd, reply, {bell_fd})) {
     refused.fetch_add(1);
+    give_slot(pipe->own_slot);
     return;  // the pipe, never shared, closes the socket
   }
-  pipe->meet(*std::move(peer_bell), pid);
+  pipe->meet(*std::move(peer_bell), pid, hello.slot);
   accepted.fetch_add(1);
   post({Command::kAdd, pipe, absl::OkStatus()});
   std::lock_guard<std::mutex> lock(mu);  // already in the epoll set, under this id
@@ -1110,13 +1243,13 @@ void Endpoint::on_socket(uint64_t id, uint32_t what) {
       n = 0;
     }
     if (n > 0 && n == sizeof(Packet) && p.magic == kMagic && p.kind == kReply && fds.size() == 1 &&
-        !pipe->accepted() && !pipe->met()) {
+        !pipe->accepted() && !pipe->met() && (p.slot < ring::kSlots || p.slot == ring::kNoSlot)) {
       absl::StatusOr<Mapping> bell_map = map_peer_memfd(fds[0], ring::kBellBytes, /*exact=*/false);
       close_all(fds);
       if (bell_map.ok()) {
         const pid_t pid = static_cast<pid_t>(p.pid);
         pipe->set_peer_reads_me(p.reads_you != 0);
-        pipe->meet(*std::move(bell_map), pid);
+        pipe->meet(*std::move(bell_map), pid, p.slot);
         Packet verdict;
         verdict.kind = kVerdict;
         verdict.reads_you = can_read_in_place(pid, p.probe_addr, p.probe_value) ? 1 : 0;
@@ -1168,6 +1301,7 @@ RingTransport::RingTransport(std::string name, RingOptions options) : endpoint_(
   e.name = std::move(name);
   e.ring_bytes = pick(options.ring_bytes, "FERRY_RING_KB", 256);
   e.in_place_bytes = pick(options.in_place_bytes, "FERRY_RING_IN_PLACE_KB", 64);
+  if (options.news_from != 0) e.news_from = options.news_from;
   std::random_device rd;
   e.probe = (uint64_t{rd()} << 32) | rd() | 1;
 }
@@ -1266,6 +1400,8 @@ std::shared_ptr<Connection> RingTransport::connect(std::shared_ptr<Session> sess
   hello.ring_bytes = e.ring_bytes;
   hello.probe_addr = reinterpret_cast<uint64_t>(&e.probe);
   hello.probe_value = e.probe;
+  pipe->own_slot = e.take_slot();  // given back at kAdd if the pipe never comes up
+  hello.slot = pipe->own_slot;
   bool sent = send_packet(fd, hello, {segment->first, e.bell_fd});
   int err = errno;
   ::close(segment->first);
@@ -1350,6 +1486,7 @@ std::map<std::string, std::string> RingTransport::debug_info() const {
           {"ring_sleeps", std::to_string(e.sleeps.load())},
           {"ring_driven", std::to_string(e.driven.load())},
           {"ring_parked", e.parked.load() ? "1" : "0"},
+          {"ring_news_steps", std::to_string(e.news_steps.load())},
           {"ring_poll_us", std::to_string(e.window.get().count())}};
 }
 

@@ -7,6 +7,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <new>
 #include <cstdlib>
 #include <string>
@@ -57,11 +60,11 @@ int connect_raw(const std::string& name) {
 // The hello's layout as the transport reads it (agents/ring/transport.cc).
 struct Hello {
   uint32_t magic = 0x676e6972;
-  uint32_t version = 1;
+  uint32_t version = 2;
   uint32_t kind = 1;
   uint32_t pid = 0;
   uint32_t reads_you = 0;
-  uint32_t pad = 0;
+  uint32_t slot = UINT32_MAX;  // none: the victim is read on every poll
   uint64_t ring_bytes = 4096;
   uint64_t probe_addr = 0;
   uint64_t probe_value = 0;
@@ -115,12 +118,15 @@ TEST(RingTransport, HostileHellosAreRefusedAndTheWorkerGoesOn) {
   huge_ring.ring_bytes = uint64_t{1} << 40;
   Hello later_version;
   later_version.version = 99;
+  Hello stray_slot;
+  stray_slot.slot = internal::ring::kSlots;
   std::vector<Case> cases = {
       {"no descriptors", Hello{}, {}},
       {"wrong magic", wrong_magic, {memfd_of(segment, true), memfd_of(4096, true)}},
       {"a ring that is not a power of two", odd_ring, {memfd_of(segment, true), memfd_of(4096, true)}},
       {"a ring of 1 TiB", huge_ring, {memfd_of(segment, true), memfd_of(4096, true)}},
       {"another protocol version", later_version, {memfd_of(segment, true), memfd_of(4096, true)}},
+      {"a news slot beyond the bell", stray_slot, {memfd_of(segment, true), memfd_of(4096, true)}},
       // A memfd the sender could shrink under the reader would fault it.
       {"an unsealed segment", Hello{}, {memfd_of(segment, false), memfd_of(4096, true)}},
       {"a segment smaller than announced", Hello{}, {memfd_of(4096, true), memfd_of(4096, true)}},
@@ -268,6 +274,62 @@ bool eventually(const std::function<bool()>& done) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   return true;
+}
+
+// A worker with many connections reads only the rings whose peer announced news
+// (a bit in its bell), not every ring on each poll; every message still arrives, on
+// every connection, in order, and connections that close give their bits back.
+TEST(RingTransport, AWorkerWithManyConnectionsReadsOnlyThoseWithNews) {
+  Side hub(make_ring_transport("hub", RingOptions{.ring_bytes = 4096, .news_from = 8}));
+  constexpr int kSpokes = 24;
+  constexpr int kMessages = 40;
+  std::vector<std::unique_ptr<Side>> spokes;
+  std::vector<std::shared_ptr<Connection>> out;
+  for (int i = 0; i < kSpokes; ++i) {
+    spokes.push_back(std::make_unique<Side>(make_ring_transport(absl::StrCat("spoke", i))));
+    out.push_back(spokes.back()->transport->connect(nullptr, "hub", hub.address));
+  }
+  for (int i = 0; i < kSpokes; ++i) out[i]->write(text(absl::StrCat(i, ":0")));
+  ASSERT_TRUE(hub.events->wait_for([&] { return hub.events->received_.size() == kSpokes; }));
+  // This thread alone reads the rings now (base/progress.h), and it reads only those
+  // with news: its data thread sleeps, and only waking that reads every ring. Every
+  // spoke writes in turns, and some messages wrap the small rings.
+  const std::vector<std::shared_ptr<internal::Progress>>& progress = internal::registered_progress();
+  for (const auto& p : progress) p->enter();
+  ASSERT_TRUE(eventually([&] { return info(*hub.transport, "ring_parked") == "1"; }));
+  for (int m = 1; m < kMessages; ++m) {
+    for (int i = 0; i < kSpokes; ++i) out[i]->write(text(absl::StrCat(i, ":", m, std::string(m * 50, '.'))));
+    for (const auto& p : progress) p->poll();
+  }
+  ASSERT_TRUE(eventually([&] {
+    for (const auto& p : progress) p->poll();
+    return hub.events->messages() == kSpokes * kMessages;
+  }));
+  for (const auto& p : progress) p->leave();
+  {
+    std::lock_guard<std::mutex> lock(hub.events->mu_);
+    std::map<std::shared_ptr<Connection>, int> next;
+    std::map<std::shared_ptr<Connection>, std::string> spoke_of;
+    for (const ::ferry::testing::Recorder::Received& r : hub.events->received_) {
+      std::vector<std::string> parts = absl::StrSplit(r.wire.metadata.substr(0, r.wire.metadata.find('.')), ':');
+      ASSERT_EQ(parts.size(), 2u) << r.wire.metadata;
+      auto [it, first] = spoke_of.try_emplace(r.connection, parts[0]);
+      EXPECT_EQ(it->second, parts[0]) << "one connection carried two spokes' messages";
+      EXPECT_EQ(std::to_string(next[r.connection]++), parts[1]) << "spoke " << parts[0] << " out of order";
+    }
+    EXPECT_EQ(spoke_of.size(), static_cast<size_t>(kSpokes));
+  }
+  EXPECT_NE(info(*hub.transport, "ring_news_steps"), "0");
+  // Half the spokes go; new ones take their bits, and are heard.
+  for (int i = 0; i < kSpokes / 2; ++i) spokes[i].reset();
+  ASSERT_TRUE(hub.events->wait_for([&] { return hub.events->closed_.size() == kSpokes / 2; }));
+  for (int i = 0; i < kSpokes / 2; ++i) {
+    spokes[i] = std::make_unique<Side>(make_ring_transport(absl::StrCat("again", i)));
+    out[i] = spokes[i]->transport->connect(nullptr, "hub", hub.address);
+    out[i]->write(text(absl::StrCat("again", i)));
+  }
+  for (int i = kSpokes / 2; i < kSpokes; ++i) out[i]->write(text(absl::StrCat("still", i)));
+  ASSERT_TRUE(hub.events->wait_for([&] { return hub.events->received_.size() == kSpokes * (kMessages + 1); }));
 }
 
 // A thread that polls while it waits (base/progress.h: a caller for its reply) takes

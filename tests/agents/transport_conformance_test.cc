@@ -60,9 +60,10 @@ std::vector<TransportKind> kinds() {
           tensorpipe_kind("shm"),
           {"inproc", make_inproc_transport},
           {"ring", [](const std::string& worker) { return make_ring_transport(worker); }},
-          // Every tensor read in place, and a ring small enough that messages wrap.
+          // Every tensor read in place, a ring small enough that messages wrap, and
+          // only rings with news read.
           {"ring_small", [](const std::string& worker) {
-             return make_ring_transport(worker, RingOptions{.ring_bytes = 4096, .in_place_bytes = 1});
+             return make_ring_transport(worker, RingOptions{.ring_bytes = 4096, .in_place_bytes = 1, .news_from = 1});
            }}};
 }
 
