@@ -879,8 +879,10 @@ void Agent::on_request(const std::shared_ptr<Connection>& from, Wire wire) {
                        << describe(s) << " on a request pipe";
     return;
   }
-  const AgentStats::Request observed = stats_->request_received(
-      s.peer_name, internal::call_name(*request), internal::wire_bytes(request->buffer().size(), request->tensors()));
+  const Clock::time_point arrived = Clock::now();
+  const AgentStats::Request observed =
+      stats_->request_received(s.peer_name, internal::call_name(*request),
+                               internal::wire_bytes(request->buffer().size(), request->tensors()), arrived);
   if (request->type() == MessageType::kRequest && leaving_.load(std::memory_order_acquire) == 2) {
     Message refused = make_error_message(
         request->id(), self_.name,
@@ -904,7 +906,6 @@ void Agent::on_request(const std::shared_ptr<Connection>& from, Wire wire) {
     from->write(Wire{refused.seal(), {}, {}});
     return;
   }
-  const Clock::time_point arrived = Clock::now();
   if (request->type() == MessageType::kRequest && !any_device_target(wire.targets) && options_.serves_inline &&
       !internal::driving_for_user() && options_.serves_inline(*request)) {
     // No hop: the handler promised not to block. Counted like a pool task, so sync()

@@ -16,7 +16,7 @@ std::string_view call_name(const Message& message) {
     case MessageType::kControl:
       return "<control>";
     default:
-      return function_of_payload(message.payload());
+      return request_name(message);
   }
 }
 

@@ -22,8 +22,9 @@
 
 namespace ferry::internal {
 
-// The name a call is counted under: the function of an rpc-layer request, "<ping>" and
-// "<control>" for the agent's own messages. `message` is not sealed yet (or parsed).
+// The name a call is counted under: a request's own (serialization/message.h's
+// request_name), "<ping>" and "<control>" for the agent's own messages. `message` is
+// not sealed yet (or parsed).
 std::string_view call_name(const Message& message);
 
 // Bytes a message takes on the wire: its metadata and its tensors.
