@@ -50,7 +50,6 @@ template <typename R, typename... Args>
 Message make_request(std::string_view fn, size_t inline_bytes, const Args&... args) {
   Message m(MessageType::kRequest, 0);
   PayloadWriter w(m, inline_bytes);
-  // The name first, where every request opens (serialization/message.h's request_name).
   write_string(w, fn);
   write_string(w, cached_call_signature<R, Args...>());
   (w(args), ...);

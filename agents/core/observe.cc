@@ -4,6 +4,7 @@
 #include "base/logging.h"
 #include "base/net.h"
 #include "base/status.h"
+#include "serialization/request_name.h"
 #include "stats/prometheus.h"
 #include "store/store_host.h"
 

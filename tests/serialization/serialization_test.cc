@@ -5,6 +5,7 @@
 #include "gtest/gtest.h"
 #include "serialization/error.h"
 #include "serialization/message.h"
+#include "serialization/request_name.h"
 #include "serialization/types.h"
 #include "tests/testing/multi_process.h"
 #include "tests/testing/status_matchers.h"
