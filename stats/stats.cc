@@ -208,23 +208,22 @@ AgentStats::Cell* AgentStats::cell_for(std::string_view peer, std::string_view f
     if (cells_.size() < kMaxCells) {
       cells_.push_back(std::make_unique<Cell>());
       cell = cells_.back().get();
+      cell->owner = this;
+      cell->thread = thread_index();
       cell->peer = std::string(peer);
       cell->function = std::string(function);
     } else {
-      // Full: every further name shares one cell.
+      // Full: every further name shares one cell. Its fields are written once, here:
+      // other threads read them without the lock.
       if (overflow_ == nullptr) {
         cells_.push_back(std::make_unique<Cell>());
         overflow_ = cells_.back().get();
+        overflow_->owner = this;
+        overflow_->shared = true;
         overflow_->peer = "(other)";
         overflow_->function = "(other)";
       }
       cell = overflow_;
-    }
-    cell->owner = this;
-    if (cell == overflow_) {
-      cell->shared = true;
-    } else {
-      cell->thread = thread_index();
     }
   }
   // Stale entries (of destroyed agents) are dropped now and then rather than tracked.

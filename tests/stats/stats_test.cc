@@ -5,6 +5,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "stats/prometheus.h"
 
@@ -121,12 +122,30 @@ TEST(AgentStats, ThreadsRecordingAtOnceLoseNothing) {
 TEST(AgentStats, MadeUpFunctionNamesCannotExhaustMemory) {
   AgentStats stats("w0");
   for (size_t i = 0; i < AgentStats::kMaxCells + 100; ++i) {
-    AgentStats::request_finished(stats.request_received("w1", "f" + std::to_string(i), 1, AgentStats::Clock::now()), absl::StatusCode::kOk, 1);
+    AgentStats::request_finished(stats.request_received("w1", "f" + std::to_string(i), 1, AgentStats::Clock::now()),
+                                 absl::StatusCode::kOk, 1);
   }
   StatsSnapshot s = stats.snapshot();
   EXPECT_EQ(s.totals.served, AgentStats::kMaxCells + 100);
   EXPECT_EQ(s.by_function["(other)"].served, 100u);
   EXPECT_EQ(s.by_function.size(), AgentStats::kMaxCells + 1);  // the names kept, and "(other)"
+  // The "(other)" cell is the one every thread shares: its counts stay exact too.
+  constexpr int kThreads = 4;
+  constexpr int kCalls = 5000;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kCalls; ++i) {
+        AgentStats::call_finished(stats.call_started("w9", absl::StrCat("g", t, "-", i % 7), 1),
+                                  absl::StatusCode::kOk, 1);
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  s = stats.snapshot();
+  EXPECT_EQ(s.by_function["(other)"].made, uint64_t{kThreads} * kCalls);
+  EXPECT_EQ(s.by_function["(other)"].bytes_in, 100u + uint64_t{kThreads} * kCalls);
+  EXPECT_EQ(s.made_in_flight, 0);
 }
 
 TEST(AgentStats, TimesOneCallInNAndCountsEveryOne) {
