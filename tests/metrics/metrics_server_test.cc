@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <thread>
 
 #include "agents/tensorpipe/factory.h"
@@ -250,6 +251,11 @@ TEST(MetricsEndpoints, ScrapedFromRealWorkersDuringCalls) {
         EXPECT_GT(made, previous);
         previous = made;
         expect_histogram(*samples, "ferry_made_call_seconds");
+        // Every call counted, one in 8 (per thread) timed.
+        const double all_made = sample(*samples, "ferry_calls_made_total");
+        const double timed = sample(*samples, "ferry_made_call_seconds_count");
+        EXPECT_GE(timed, std::floor(all_made / AgentStats::kDefaultTimeOneIn)) << all_made;
+        EXPECT_LE(timed, std::ceil(all_made / AgentStats::kDefaultTimeOneIn) + 4) << all_made;
         expect_histogram(*samples, "ferry_served_call_seconds");
         expect_histogram(*samples, "ferry_queue_seconds");
         // A bad request in between changes nothing for the next scrape.
