@@ -13,6 +13,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "base/logging.h"
 #include "base/status.h"
 
@@ -216,11 +217,45 @@ void MetricsServer::run() {
   for (const Client& c : clients) close(c.fd);
 }
 
-absl::Status publish_metrics_endpoint(Store& store, const std::string& prefix, const std::string& worker,
-                                      const std::string& address) {
+absl::StatusOr<int64_t> publish_metrics_endpoint(Store& store, const std::string& prefix, const std::string& worker,
+                                                 const std::string& address) {
   FERRY_ASSIGN_OR_RETURN(int64_t n, store.add(prefix + "metrics/count", 1));
-  return store.set(absl::StrCat(prefix, "metrics/", n), to_bytes(worker + " " + address));
+  FERRY_RETURN_IF_ERROR(store.set(absl::StrCat(prefix, "metrics/", n), to_bytes(worker + " " + address)));
+  return n;
 }
+
+absl::Status retire_metrics_endpoint(Store& store, const std::string& prefix, int64_t record,
+                                     const std::string& worker, const std::string& address) {
+  const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  return store.set(absl::StrCat(prefix, "metrics/", record),
+                   to_bytes(absl::StrFormat("%s %s departed %.3f", worker, address, now)));
+}
+
+namespace {
+
+// "worker address" or "worker address departed SECONDS"; a worker's name may hold
+// spaces, an address never does, and a live record always ends with one (it has a ':'),
+// so a record ending in a bare number is a departed one.
+std::optional<MetricsEndpoint> parse_metrics_record(const std::string& text) {
+  MetricsEndpoint e;
+  std::string rest = text;
+  const size_t last = rest.rfind(' ');
+  if (last == std::string::npos) return std::nullopt;
+  double when = 0;
+  constexpr std::string_view kDeparted = " departed";
+  if (absl::SimpleAtod(rest.substr(last + 1), &when) && last >= kDeparted.size() &&
+      rest.compare(last - kDeparted.size(), kDeparted.size(), kDeparted) == 0) {
+    e.departed = when;
+    rest.resize(last - kDeparted.size());
+  }
+  const size_t space = rest.rfind(' ');
+  if (space == std::string::npos) return std::nullopt;
+  e.worker = rest.substr(0, space);
+  e.address = rest.substr(space + 1);
+  return e;
+}
+
+}  // namespace
 
 absl::StatusOr<std::vector<MetricsEndpoint>> find_metrics_endpoints(Store& store, const std::string& prefix) {
   // add(0) reads the counter without waiting for it (0 when nobody published).
@@ -233,18 +268,16 @@ absl::StatusOr<std::vector<MetricsEndpoint>> find_metrics_endpoints(Store& store
     FERRY_ASSIGN_OR_RETURN(bool there, store.check({key}));
     if (!there) continue;
     FERRY_ASSIGN_OR_RETURN(Bytes record, store.get(key, std::chrono::milliseconds(1000)));
-    std::string text = to_string(record);
-    size_t space = text.rfind(' ');
-    if (space == std::string::npos) continue;
-    MetricsEndpoint e{text.substr(0, space), text.substr(space + 1)};
+    std::optional<MetricsEndpoint> e = parse_metrics_record(to_string(record));
+    if (!e.has_value()) continue;
     bool replaced = false;
     for (MetricsEndpoint& known : out) {
-      if (known.worker == e.worker) {
-        known.address = e.address;
+      if (known.worker == e->worker) {
+        known = *e;
         replaced = true;
       }
     }
-    if (!replaced) out.push_back(std::move(e));
+    if (!replaced) out.push_back(*std::move(e));
   }
   return out;
 }

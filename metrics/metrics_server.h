@@ -8,7 +8,10 @@
 //   options.host = "10.0.0.5";                       // never a wildcard unless asked
 //   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<MetricsServer> server,
 //       MetricsServer::start(options, [&] { return to_prometheus(stats.snapshot()); }));
-//   FERRY_RETURN_IF_ERROR(publish_metrics_endpoint(store, "ferry/rpc/", "worker0", server->address()));
+//   FERRY_ASSIGN_OR_RETURN(int64_t record,
+//       publish_metrics_endpoint(store, "ferry/rpc/", "worker0", server->address()));
+//   ... the worker leaves the job:
+//   FERRY_RETURN_IF_ERROR(retire_metrics_endpoint(store, "ferry/rpc/", record, "worker0", server->address()));
 //   // a tool:
 //   FERRY_ASSIGN_OR_RETURN(std::vector<MetricsEndpoint> all, find_metrics_endpoints(store, "ferry/rpc/"));
 //   FERRY_ASSIGN_OR_RETURN(std::string text, scrape_metrics(all[0].address, std::chrono::seconds(1)));
@@ -24,6 +27,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -83,18 +87,30 @@ class MetricsServer {
 // the store's address.
 inline constexpr char kMetricsStorePrefix[] = "ferry/";
 
-// Where a worker's endpoint is: its name and "host:port".
+// Where a worker's endpoint is: its name and "host:port", and whether it has left.
 struct MetricsEndpoint {
   std::string worker;
   std::string address;
+  // Seconds since the epoch (system clock) when the worker left the job on purpose (a
+  // graceful shutdown, or leaving a dynamic group); none while it is a member, and for
+  // one that died or was shut down without joining the others (its endpoint then
+  // simply stops answering).
+  std::optional<double> departed;
 };
 
 // Records `worker`'s endpoint under `prefix` ("<prefix>metrics/count" numbers the
-// records; "<prefix>metrics/<n>" holds "worker address").
-absl::Status publish_metrics_endpoint(Store& store, const std::string& prefix, const std::string& worker,
-                                      const std::string& address);
-// Every endpoint published under `prefix`, the last one of each worker name, in the
-// order they were published. An empty list when none was.
+// records; "<prefix>metrics/<n>" holds "worker address"). Returns n, for
+// retire_metrics_endpoint.
+absl::StatusOr<int64_t> publish_metrics_endpoint(Store& store, const std::string& prefix, const std::string& worker,
+                                                 const std::string& address);
+// Marks record `record` (publish_metrics_endpoint's n for `worker` at `address`) as
+// departed now: "worker address departed <seconds since the epoch>". The record stays, so
+// that a tool can tell a worker that left from one that stopped answering.
+absl::Status retire_metrics_endpoint(Store& store, const std::string& prefix, int64_t record,
+                                     const std::string& worker, const std::string& address);
+// Every endpoint published under `prefix`, the last one of each worker name (so a
+// worker that left and came back under its name is live again), in the order they were
+// published. An empty list when none was.
 absl::StatusOr<std::vector<MetricsEndpoint>> find_metrics_endpoints(Store& store, const std::string& prefix);
 
 // GET /metrics from `address` ("host:port"); the body of a 200 answer. kUnavailable when

@@ -17,7 +17,9 @@
 //   ferry_errors_total{direction,code}             errors by canonical code
 //   ferry_calls_in_flight{direction}               made / served, now
 //   ferry_made_call_seconds, ferry_served_call_seconds, ferry_queue_seconds:
-//       histograms (_bucket{le} cumulative, _sum, _count) plus a _max gauge
+//       histograms (_bucket{le} cumulative, _sum, _count) plus a _max gauge, of the
+//       timed calls only (one in AgentStats' time_one_in): _count is the number of
+//       samples, not of calls
 // Pure functions; thread-compatible.
 #pragma once
 

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
 #include "absl/container/flat_hash_map.h"
 #include "base/env.h"
@@ -55,6 +54,21 @@ struct AtomicHistogram {
 
 uint64_t load(const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); }
 void bump(std::atomic<uint64_t>& a, uint64_t n = 1) { a.fetch_add(n, std::memory_order_relaxed); }
+
+// A counter of a cell: written by the cell's thread alone, so an add is a load and a
+// store (no locked read-modify-write); snapshots load it. The "(other)" cell is shared
+// by every thread once the cells run out, and adds atomically instead.
+struct Counter {
+  std::atomic<uint64_t> value{0};
+  void add(uint64_t n, bool shared, std::memory_order order = std::memory_order_relaxed) {
+    if (shared) {
+      value.fetch_add(n, order);
+    } else {
+      value.store(value.load(std::memory_order_relaxed) + n, order);
+    }
+  }
+  uint64_t get(std::memory_order order = std::memory_order_relaxed) const { return value.load(order); }
+};
 
 // A thread's index among all threads that ever recorded, for picking shards.
 int thread_index() {
@@ -110,15 +124,18 @@ void CallCounts::merge(const CallCounts& other) {
   bytes_in += other.bytes_in;
 }
 
-// One (thread, peer, function): written by that thread alone in the common case (a
-// finish may come on another thread, hence atomics), read by snapshots.
-struct AgentStats::Cell {
+// One (thread, peer, function): written by that thread alone (unless shared), read by
+// snapshots. A call started on one thread and finished on another counts its end in the
+// finishing thread's cell of the same (peer, function).
+struct alignas(64) AgentStats::Cell {
   AgentStats* owner = nullptr;
+  int thread = -1;      // thread_index() of its writer; -1: shared (the "(other)" cell)
+  bool shared = false;  // thread == -1
   std::string peer;
   std::string function;
-  std::atomic<uint64_t> made{0}, made_done{0}, made_errors{0};
-  std::atomic<uint64_t> received{0}, served{0}, served_errors{0};
-  std::atomic<uint64_t> bytes_out{0}, bytes_in{0};
+  Counter made, made_done, made_errors;
+  Counter received, served, served_errors;
+  Counter bytes_out, bytes_in;
 };
 
 struct alignas(64) AgentStats::Shard {
@@ -127,14 +144,33 @@ struct alignas(64) AgentStats::Shard {
   std::array<std::atomic<uint64_t>, kNumCodes> served_errors{};
 };
 
-AgentStats::AgentStats(std::string worker)
-    : worker_(std::move(worker)), instance_(next_instance.fetch_add(1)), shards_(new Shard[kShards]) {}
+AgentStats::AgentStats(std::string worker, int time_one_in)
+    : worker_(std::move(worker)),
+      instance_(next_instance.fetch_add(1)),
+      time_one_in_(std::max(1, time_one_in)),
+      shards_(new Shard[kShards]) {}
 
 AgentStats::~AgentStats() = default;
 
 bool AgentStats::enabled() {
   static const bool on = internal::env_int("FERRY_STATS", 1, 0, 1) == 1;
   return on;
+}
+
+int AgentStats::default_time_one_in() {
+  static const int n = static_cast<int>(internal::env_int("FERRY_STATS_TIME_ONE_IN", kDefaultTimeOneIn, 1, 65536));
+  return n;
+}
+
+bool AgentStats::sample(int& countdown) const {
+  // A countdown rather than a modulo: no division on the hot path. It is shared by the
+  // agents the thread records for; one that times more often starts over at once.
+  if (countdown > 0 && countdown < time_one_in_) {
+    --countdown;
+    return false;
+  }
+  countdown = time_one_in_ - 1;
+  return true;
 }
 
 AgentStats::Shard& AgentStats::shard() { return shards_[thread_index() % kShards]; }
@@ -172,19 +208,23 @@ AgentStats::Cell* AgentStats::cell_for(std::string_view peer, std::string_view f
     if (cells_.size() < kMaxCells) {
       cells_.push_back(std::make_unique<Cell>());
       cell = cells_.back().get();
+      cell->owner = this;
+      cell->thread = thread_index();
       cell->peer = std::string(peer);
       cell->function = std::string(function);
     } else {
-      // Full: every further name shares one cell.
+      // Full: every further name shares one cell. Its fields are written once, here:
+      // other threads read them without the lock.
       if (overflow_ == nullptr) {
         cells_.push_back(std::make_unique<Cell>());
         overflow_ = cells_.back().get();
+        overflow_->owner = this;
+        overflow_->shared = true;
         overflow_->peer = "(other)";
         overflow_->function = "(other)";
       }
       cell = overflow_;
     }
-    cell->owner = this;
   }
   // Stale entries (of destroyed agents) are dropped now and then rather than tracked.
   if (cache.size() >= 4 * kMaxCells) cache.clear();
@@ -192,53 +232,75 @@ AgentStats::Cell* AgentStats::cell_for(std::string_view peer, std::string_view f
   return remember(cell);
 }
 
+AgentStats::Cell* AgentStats::own_cell(Cell* origin) {
+  if (origin->shared || origin->thread == thread_index()) return origin;
+  // A thread that finishes others' calls (the one reading replies) finishes the same
+  // few over and over: one remembered pair spares it the lookup by name.
+  thread_local struct {
+    uint64_t instance = 0;
+    Cell* origin = nullptr;
+    Cell* own = nullptr;
+  } last;
+  if (last.instance == instance_ && last.origin == origin) return last.own;
+  Cell* own = cell_for(origin->peer, origin->function);
+  last.instance = instance_;
+  last.origin = origin;
+  last.own = own;
+  return own;
+}
+
 AgentStats::Call AgentStats::call_started(std::string_view peer, std::string_view function, uint64_t bytes_out) {
   if (!enabled()) return Call{};
   Cell* cell = cell_for(peer, function);
-  bump(cell->made);
-  bump(cell->bytes_out, bytes_out);
-  return Call{cell, Clock::now()};
+  cell->made.add(1, cell->shared);
+  cell->bytes_out.add(bytes_out, cell->shared);
+  // Made and served calls are sampled apart, so that a thread doing both in turns
+  // times some of each.
+  thread_local int countdown = 0;
+  if (!sample(countdown)) return Call{cell, false, {}};
+  return Call{cell, true, Clock::now()};
 }
 
 void AgentStats::call_finished(const Call& call, absl::StatusCode code, uint64_t bytes_in) {
   if (call.cell == nullptr) return;
-  Cell* cell = static_cast<Cell*>(call.cell);
-  Shard& s = cell->owner->shard();
-  s.made.record(Clock::now() - call.start);
-  bump(cell->bytes_in, bytes_in);
+  AgentStats& self = *static_cast<Cell*>(call.cell)->owner;
+  Cell* cell = self.own_cell(static_cast<Cell*>(call.cell));
+  if (call.timed) self.shard().made.record(Clock::now() - call.start);
+  cell->bytes_in.add(bytes_in, cell->shared);
   if (code != absl::StatusCode::kOk) {
-    bump(cell->made_errors);
-    bump(s.made_errors[std::clamp(static_cast<int>(code), 0, kNumCodes - 1)]);
+    cell->made_errors.add(1, cell->shared);
+    bump(self.shard().made_errors[std::clamp(static_cast<int>(code), 0, kNumCodes - 1)]);
   }
-  // Last, so that a snapshot seeing the call done sees its figures too.
-  cell->made_done.fetch_add(1, std::memory_order_release);
+  // Last, and a release: a snapshot that sees the call done sees its figures too.
+  cell->made_done.add(1, cell->shared, std::memory_order_release);
 }
 
 AgentStats::Request AgentStats::request_received(std::string_view peer, std::string_view function,
-                                                 uint64_t bytes_in) {
+                                                 uint64_t bytes_in, Clock::time_point received) {
   if (!enabled()) return Request{};
   Cell* cell = cell_for(peer, function);
-  bump(cell->received);
-  bump(cell->bytes_in, bytes_in);
-  return Request{cell, Clock::now()};
+  cell->received.add(1, cell->shared);
+  cell->bytes_in.add(bytes_in, cell->shared);
+  thread_local int countdown = 0;
+  return Request{cell, sample(countdown), received};
 }
 
 void AgentStats::request_started(const Request& request) {
-  if (request.cell == nullptr) return;
+  if (request.cell == nullptr || !request.timed) return;
   static_cast<Cell*>(request.cell)->owner->shard().queued.record(Clock::now() - request.received);
 }
 
 void AgentStats::request_finished(const Request& request, absl::StatusCode code, uint64_t bytes_out) {
   if (request.cell == nullptr) return;
-  Cell* cell = static_cast<Cell*>(request.cell);
-  Shard& s = cell->owner->shard();
-  s.served.record(Clock::now() - request.received);
-  bump(cell->bytes_out, bytes_out);
+  AgentStats& self = *static_cast<Cell*>(request.cell)->owner;
+  Cell* cell = self.own_cell(static_cast<Cell*>(request.cell));
+  if (request.timed) self.shard().served.record(Clock::now() - request.received);
+  cell->bytes_out.add(bytes_out, cell->shared);
   if (code != absl::StatusCode::kOk) {
-    bump(cell->served_errors);
-    bump(s.served_errors[std::clamp(static_cast<int>(code), 0, kNumCodes - 1)]);
+    cell->served_errors.add(1, cell->shared);
+    bump(self.shard().served_errors[std::clamp(static_cast<int>(code), 0, kNumCodes - 1)]);
   }
-  cell->served.fetch_add(1, std::memory_order_release);
+  cell->served.add(1, cell->shared, std::memory_order_release);
 }
 
 StatsSnapshot AgentStats::snapshot() const {
@@ -249,22 +311,27 @@ StatsSnapshot AgentStats::snapshot() const {
   uint64_t received = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (const std::unique_ptr<Cell>& cell : cells_) {
+    // Every cell's done counters first, then the rest: a call counted done (maybe in
+    // another thread's cell) is then surely counted made, so in flight is never negative.
+    std::vector<std::pair<uint64_t, uint64_t>> done(cells_.size());
+    for (size_t i = 0; i < cells_.size(); ++i) {
+      done[i] = {cells_[i]->made_done.get(std::memory_order_acquire), cells_[i]->served.get(std::memory_order_acquire)};
+    }
+    for (size_t i = 0; i < cells_.size(); ++i) {
+      const Cell& cell = *cells_[i];
       CallCounts c;
-      // Done counters first: a call counted done is then surely counted made.
-      const uint64_t done = cell->made_done.load(std::memory_order_acquire);
-      c.served = cell->served.load(std::memory_order_acquire);
-      c.made = load(cell->made);
-      c.made_errors = load(cell->made_errors);
-      c.served_errors = load(cell->served_errors);
-      c.bytes_out = load(cell->bytes_out);
-      c.bytes_in = load(cell->bytes_in);
-      made_done += done;
-      received += load(cell->received);
+      c.served = done[i].second;
+      c.made = cell.made.get();
+      c.made_errors = cell.made_errors.get();
+      c.served_errors = cell.served_errors.get();
+      c.bytes_out = cell.bytes_out.get();
+      c.bytes_in = cell.bytes_in.get();
+      made_done += done[i].first;
+      received += cell.received.get();
       out.totals.merge(c);
-      out.by_peer[cell->peer].merge(c);
-      out.by_function[cell->function].merge(c);
-      out.by_peer_function[{cell->peer, cell->function}].merge(c);
+      out.by_peer[cell.peer].merge(c);
+      out.by_function[cell.function].merge(c);
+      out.by_peer_function[{cell.peer, cell.function}].merge(c);
     }
   }
   out.made_in_flight = static_cast<int64_t>(out.totals.made - made_done);
@@ -281,15 +348,6 @@ StatsSnapshot AgentStats::snapshot() const {
     }
   }
   return out;
-}
-
-std::string_view function_of_payload(std::string_view payload) {
-  uint64_t size = 0;
-  if (payload.size() < sizeof(size)) return "?";
-  std::memcpy(&size, payload.data(), sizeof(size));
-  // Function names are short; anything else is not an rpc-layer request.
-  if (size == 0 || size > 256 || size > payload.size() - sizeof(size)) return "?";
-  return payload.substr(sizeof(size), size);
 }
 
 }  // namespace ferry

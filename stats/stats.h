@@ -8,15 +8,17 @@
 //   AgentStats stats("worker0");
 //   AgentStats::Call call = stats.call_started("worker1", "add", /*bytes_out=*/120);
 //   ... the reply arrives ...
-//   AgentStats::call_finished(call, absl::StatusCode::kOk, /*bytes_in=*/40);
+//   AgentStats::call_finished(call, absl::StatusCode::kOk, /*bytes_in=*/40);   // any thread
 //   StatsSnapshot now = stats.snapshot();
 //   now.made_latency.percentile(0.99);   // seconds
 //
-// Recording is cheap enough for every call: each thread writes relaxed atomics in cells
-// of its own (found through a thread-local cache, so no lock is taken per call); only
-// the first record of a (thread, peer, function) takes a lock to make its cell. A
-// snapshot sums every thread's cells, so it may see a call counted as made but not yet
-// finished; totals never go down.
+// Recording is cheap enough for every call. Counts (calls, errors, bytes, in flight)
+// are exact: each thread adds to cells of its own (found through a thread-local cache,
+// so no lock and no hashing per call; only a thread's first record of a (peer, function)
+// takes a lock to make its cell), with plain stores, since no other thread writes them.
+// Latencies are sampled: one call in `time_one_in` (per thread) is timed into the
+// histograms, so the others read no clock. A snapshot sums every thread's cells, so it
+// may see a call counted as made but not yet finished; totals never go down.
 #pragma once
 
 #include <array>
@@ -82,18 +84,22 @@ struct StatsSnapshot {
   std::map<std::string, CallCounts> by_peer;
   std::map<std::string, CallCounts> by_function;
   std::map<std::pair<std::string, std::string>, CallCounts> by_peer_function;
+  // Of the timed calls only (see AgentStats): their count is that of the samples, not of
+  // the calls (totals has those), and max is the largest sample.
   HistogramSnapshot made_latency;    // send to reply (or failure), on the caller
   HistogramSnapshot served_latency;  // request received to reply sent, on the callee
   HistogramSnapshot queue_latency;   // request received to its handler starting
 };
 
-// Thread-safe; every method may be called from any thread. Owned by its agent (a
-// shared_ptr, so that a call's completion callback can outlive a shutdown).
+// Thread-safe; every method may be called from any thread. Owned by its agent, which
+// must keep it until every Call and Request it handed out has finished.
 class AgentStats {
  public:
   using Clock = std::chrono::steady_clock;
 
-  explicit AgentStats(std::string worker);
+  // `time_one_in`: how many calls (made, and served, apart; per thread) share one
+  // latency sample; 1 times every call. Counts are exact whatever it is.
+  explicit AgentStats(std::string worker, int time_one_in = default_time_one_in());
   ~AgentStats();
   AgentStats(const AgentStats&) = delete;
   AgentStats& operator=(const AgentStats&) = delete;
@@ -102,24 +108,30 @@ class AgentStats {
   // what it costs); read once. When off, call_started() and request_received() return
   // records that the finishing calls ignore.
   static bool enabled();
+  // FERRY_STATS_TIME_ONE_IN (1 to 65536), else kDefaultTimeOneIn; read once.
+  static int default_time_one_in();
+  static constexpr int kDefaultTimeOneIn = 8;
 
   // A call this worker makes. Kept by the caller until call_finished().
   struct Call {
     void* cell = nullptr;  // null: not recorded
+    bool timed = false;    // one of the sampled calls: `start` is set
     Clock::time_point start;
   };
   Call call_started(std::string_view peer, std::string_view function, uint64_t bytes_out);
   // Static: a Call knows its AgentStats, which must still exist (the agent completes or
-  // fails every call before it goes).
+  // fails every call before it goes). May run on any thread.
   static void call_finished(const Call& call, absl::StatusCode code, uint64_t bytes_in);
 
-  // A request this worker serves: received (on the transport thread), started on the
-  // pool, answered.
+  // A request this worker serves: received (on the transport thread, at `received`, a
+  // time the caller has read anyway), started on the pool, answered (on any thread).
   struct Request {
     void* cell = nullptr;
-    Clock::time_point received;
+    bool timed = false;
+    Clock::time_point received;  // set whenever recorded, timed or not
   };
-  Request request_received(std::string_view peer, std::string_view function, uint64_t bytes_in);
+  Request request_received(std::string_view peer, std::string_view function, uint64_t bytes_in,
+                           Clock::time_point received);
   static void request_started(const Request& request);
   static void request_finished(const Request& request, absl::StatusCode code, uint64_t bytes_out);
 
@@ -133,18 +145,20 @@ class AgentStats {
   struct Cell;
   struct Shard;
   Cell* cell_for(std::string_view peer, std::string_view function);
+  // This thread's cell for the (peer, function) of `origin`, a cell of this agent that
+  // another thread may own.
+  Cell* own_cell(Cell* origin);
   Shard& shard();
+  // Whether the next call that `countdown` (the thread's own) counts is timed.
+  bool sample(int& countdown) const;
 
   const std::string worker_;
   const uint64_t instance_;  // never reused: keys the thread-local cell caches
+  const int time_one_in_;
   mutable std::mutex mu_;
   std::vector<std::unique_ptr<Cell>> cells_;  // guarded by mu_; never shrinks
   Cell* overflow_ = nullptr;                  // guarded by mu_: the "(other)" cell, once full
   std::unique_ptr<Shard[]> shards_;
 };
-
-// The function a request of the rpc layer calls: its payload opens with the function
-// name as a size-tagged string (rpc/call.h's make_request). "?" when it does not parse.
-std::string_view function_of_payload(std::string_view payload);
 
 }  // namespace ferry

@@ -126,7 +126,7 @@ absl::StatusOr<std::shared_ptr<Agent>> Agent::start(WorkerInfo self, std::shared
     return address.status();
   }
   agent->address_ = *std::move(address);
-  absl::StatusOr<std::unique_ptr<MetricsServer>> metrics = internal::serve_metrics(
+  absl::StatusOr<std::unique_ptr<internal::PublishedMetrics>> metrics = internal::serve_metrics(
       agent->options_.metrics_port, agent->self_.name, *agent->store_, kMetricsStorePrefix, *agent->stats_);
   if (!metrics.ok()) {
     agent->shutdown();
@@ -879,8 +879,10 @@ void Agent::on_request(const std::shared_ptr<Connection>& from, Wire wire) {
                        << describe(s) << " on a request pipe";
     return;
   }
-  const AgentStats::Request observed = stats_->request_received(
-      s.peer_name, internal::call_name(*request), internal::wire_bytes(request->buffer().size(), request->tensors()));
+  const Clock::time_point arrived = Clock::now();
+  const AgentStats::Request observed =
+      stats_->request_received(s.peer_name, internal::call_name(*request),
+                               internal::wire_bytes(request->buffer().size(), request->tensors()), arrived);
   if (request->type() == MessageType::kRequest && leaving_.load(std::memory_order_acquire) == 2) {
     Message refused = make_error_message(
         request->id(), self_.name,
@@ -904,7 +906,6 @@ void Agent::on_request(const std::shared_ptr<Connection>& from, Wire wire) {
     from->write(Wire{refused.seal(), {}, {}});
     return;
   }
-  const Clock::time_point arrived = Clock::now();
   if (request->type() == MessageType::kRequest && !any_device_target(wire.targets) && options_.serves_inline &&
       !internal::driving_for_user() && options_.serves_inline(*request)) {
     // No hop: the handler promised not to block. Counted like a pool task, so sync()
@@ -1379,7 +1380,12 @@ absl::Status Agent::join(std::chrono::milliseconds timeout) {
     std::lock_guard<std::mutex> lock(hooks_mu_);
     custom = join_;
   }
-  if (custom) return (*custom)(timeout);
+  if (custom) {
+    absl::Status left = (*custom)(timeout);
+    // Only a worker that did leave says so: one whose leave was refused stays a member.
+    if (left.ok() && metrics_) metrics_->retire(*store_);
+    return left;
+  }
   Clock::time_point deadline = Clock::now() + timeout;
   int n = group_size_.load();
   std::string prefix = absl::StrCat(options_.store_prefix, "join/", join_generation_.fetch_add(1), "/");
@@ -1407,6 +1413,9 @@ absl::Status Agent::join(std::chrono::milliseconds timeout) {
   }
   FERRY_RETURN_IF_ERROR(barrier);
   FERRY_ASSIGN_OR_RETURN(int64_t arrived, store_->add(prefix + "arrived", 0));
+  // Before "left": worker 0, which usually hosts the store, waits for every "left"
+  // before it goes.
+  if (metrics_) metrics_->retire(*store_);
   // Worker 0 usually hosts the store: it leaves last, so nobody loses the store while
   // still reading "done".
   FERRY_ASSIGN_OR_RETURN(int64_t gone, store_->add(prefix + "left", 1));

@@ -56,6 +56,7 @@ namespace ferry {
 namespace internal {
 class Activity;
 class CallTable;
+class PublishedMetrics;
 class ThreadPool;
 }  // namespace internal
 
@@ -301,7 +302,7 @@ class Agent final : public RpcAgent, public TransportEvents, public std::enable_
   const std::shared_ptr<internal::Activity> activity_;
   // Before calls_: the call table's last completions record here.
   const std::unique_ptr<AgentStats> stats_ = std::make_unique<AgentStats>(self_.name);
-  std::unique_ptr<MetricsServer> metrics_;  // serves stats_; null without an endpoint
+  std::unique_ptr<internal::PublishedMetrics> metrics_;  // serves stats_; null without an endpoint
   const std::unique_ptr<TraceRecorder> trace_ = TraceRecorder::from_env(self_.name, self_.id);  // null: FERRY_TRACE unset
   std::shared_ptr<internal::ThreadPool> pool_;
   std::unique_ptr<internal::CallTable> calls_;

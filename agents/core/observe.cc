@@ -4,6 +4,7 @@
 #include "base/logging.h"
 #include "base/net.h"
 #include "base/status.h"
+#include "serialization/request_name.h"
 #include "stats/prometheus.h"
 #include "store/store_host.h"
 
@@ -16,7 +17,7 @@ std::string_view call_name(const Message& message) {
     case MessageType::kControl:
       return "<control>";
     default:
-      return function_of_payload(message.payload());
+      return request_name(message);
   }
 }
 
@@ -34,9 +35,15 @@ void observe_trace(const Future<Message>& reply, TraceRecorder& trace, const Pee
   });
 }
 
-absl::StatusOr<std::unique_ptr<MetricsServer>> serve_metrics(std::optional<int> port, const std::string& worker,
-                                                            Store& store, const std::string& prefix,
-                                                            const AgentStats& stats) {
+void PublishedMetrics::retire(Store& store) {
+  if (retired_.exchange(true)) return;
+  absl::Status marked = retire_metrics_endpoint(store, prefix_, record_, worker_, server_->address());
+  if (!marked.ok()) FERRY_LOG(WARNING) << worker_ << ": could not mark its metrics endpoint departed: " << marked;
+}
+
+absl::StatusOr<std::unique_ptr<PublishedMetrics>> serve_metrics(std::optional<int> port, const std::string& worker,
+                                                               Store& store, const std::string& prefix,
+                                                               const AgentStats& stats) {
   if (!port.has_value()) {
     const int64_t from_env = env_int("FERRY_METRICS_PORT", -1, 0, 65535);
     if (from_env < 0) return nullptr;
@@ -56,9 +63,9 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> serve_metrics(std::optional<int> 
   if (!server.ok()) {
     return absl::Status(server.status().code(), absl::StrCat(worker, ": ", server.status().message()));
   }
-  FERRY_RETURN_IF_ERROR(publish_metrics_endpoint(store, prefix, worker, (*server)->address()));
+  FERRY_ASSIGN_OR_RETURN(int64_t record, publish_metrics_endpoint(store, prefix, worker, (*server)->address()));
   FERRY_LOG(INFO) << worker << ": metrics at http://" << (*server)->address() << "/metrics";
-  return server;
+  return std::make_unique<PublishedMetrics>(*std::move(server), record, worker, prefix);
 }
 
 }  // namespace ferry::internal

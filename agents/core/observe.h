@@ -6,7 +6,9 @@
 // (metrics/). Internal to agents/core.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -22,8 +24,9 @@
 
 namespace ferry::internal {
 
-// The name a call is counted under: the function of an rpc-layer request, "<ping>" and
-// "<control>" for the agent's own messages. `message` is not sealed yet (or parsed).
+// The name a call is counted under: a request's own (serialization/request_name.h's
+// request_name), "<ping>" and "<control>" for the agent's own messages. `message` is
+// not sealed yet (or parsed).
 std::string_view call_name(const Message& message);
 
 // Bytes a message takes on the wire: its metadata and its tensors.
@@ -35,14 +38,35 @@ uint64_t wire_bytes(size_t metadata_bytes, const std::vector<Tensor>& tensors);
 void observe_trace(const Future<Message>& reply, TraceRecorder& trace, const PeerAddress& peer,
                    std::string_view function, uint64_t call_id);
 
+// A worker's metrics endpoint and its record in the job's store (metrics/). Thread-safe.
+class PublishedMetrics {
+ public:
+  PublishedMetrics(std::unique_ptr<MetricsServer> server, int64_t record, std::string worker, std::string prefix)
+      : server_(std::move(server)), record_(record), worker_(std::move(worker)), prefix_(std::move(prefix)) {}
+
+  // Marks the record departed (once; later calls do nothing), so that tools tell this
+  // worker's leaving from its stopping to answer. The endpoint keeps answering until
+  // shutdown(). A store error is logged, not returned: leaving goes on without it.
+  void retire(Store& store);
+  void shutdown() { server_->shutdown(); }
+  const std::string& address() const { return server_->address(); }
+
+ private:
+  const std::unique_ptr<MetricsServer> server_;
+  const int64_t record_;
+  const std::string worker_;
+  const std::string prefix_;
+  std::atomic<bool> retired_{false};
+};
+
 // The worker's metrics endpoint, when asked for: `port` (an AgentOptions value), else
 // FERRY_METRICS_PORT; neither: none (null). It binds FERRY_METRICS_HOST when set, else
 // the address the interface resolver picks for this job (base/net.h), serves `stats`
 // (which must outlive it) and is published in `store` under `prefix`
-// (kMetricsStorePrefix). Errors: the
-// resolver's, the bind's (naming the address), the store's.
-absl::StatusOr<std::unique_ptr<MetricsServer>> serve_metrics(std::optional<int> port, const std::string& worker,
-                                                            Store& store, const std::string& prefix,
-                                                            const AgentStats& stats);
+// (kMetricsStorePrefix). Errors: the resolver's, the bind's (naming the address), the
+// store's.
+absl::StatusOr<std::unique_ptr<PublishedMetrics>> serve_metrics(std::optional<int> port, const std::string& worker,
+                                                               Store& store, const std::string& prefix,
+                                                               const AgentStats& stats);
 
 }  // namespace ferry::internal

@@ -10,11 +10,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <thread>
 
 #include "agents/tensorpipe/factory.h"
 #include "gtest/gtest.h"
 #include "rpc/call.h"
+#include "rpc/rpc.h"
 #include "stats/prometheus.h"
 #include "store/file_store.h"
 #include "store/hash_store.h"
@@ -130,6 +132,40 @@ TEST(MetricsEndpoints, PublishedAndFoundThroughTheStore) {
   EXPECT_FALSE(split_host_port("nocolon").ok());
 }
 
+TEST(MetricsEndpoints, ARetiredRecordSaysItsWorkerLeftUntilItComesBack) {
+  HashStore store;
+  auto w0 = publish_metrics_endpoint(store, "job/", "w0", "127.0.0.1:1");
+  auto spaced = publish_metrics_endpoint(store, "job/", "a worker 7", "127.0.0.1:2");
+  ASSERT_TRUE(w0.ok() && spaced.ok());
+  EXPECT_EQ(*spaced, *w0 + 1);
+  const double before = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  ASSERT_TRUE(retire_metrics_endpoint(store, "job/", *w0, "w0", "127.0.0.1:1").ok());
+  ASSERT_TRUE(retire_metrics_endpoint(store, "job/", *spaced, "a worker 7", "127.0.0.1:2").ok());
+  auto all = find_metrics_endpoints(store, "job/");
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_EQ(all->size(), 2u);
+  EXPECT_EQ((*all)[0].worker, "w0");
+  EXPECT_EQ((*all)[0].address, "127.0.0.1:1");
+  ASSERT_TRUE((*all)[0].departed.has_value());
+  EXPECT_GE(*(*all)[0].departed, before - 1);
+  EXPECT_EQ((*all)[1].worker, "a worker 7") << "a name with spaces survives the mark";
+  EXPECT_EQ((*all)[1].address, "127.0.0.1:2");
+  EXPECT_TRUE((*all)[1].departed.has_value());
+  // w0 comes back under its name: the newer record wins, live.
+  ASSERT_TRUE(publish_metrics_endpoint(store, "job/", "w0", "127.0.0.1:3").ok());
+  all = find_metrics_endpoints(store, "job/");
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ((*all)[0].address, "127.0.0.1:3");
+  EXPECT_FALSE((*all)[0].departed.has_value());
+  // A worker named like a departed record is still live: its record ends with an address.
+  ASSERT_TRUE(publish_metrics_endpoint(store, "job/", "x departed 5", "127.0.0.1:4").ok());
+  all = find_metrics_endpoints(store, "job/");
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_EQ(all->size(), 3u);
+  EXPECT_EQ((*all)[2].worker, "x departed 5");
+  EXPECT_FALSE((*all)[2].departed.has_value());
+}
+
 double sample(const std::vector<PrometheusSample>& samples, const std::string& name,
               const std::map<std::string, std::string>& labels = {}) {
   double sum = 0;
@@ -215,6 +251,11 @@ TEST(MetricsEndpoints, ScrapedFromRealWorkersDuringCalls) {
         EXPECT_GT(made, previous);
         previous = made;
         expect_histogram(*samples, "ferry_made_call_seconds");
+        // Every call counted, one in 8 (per thread) timed.
+        const double all_made = sample(*samples, "ferry_calls_made_total");
+        const double timed = sample(*samples, "ferry_made_call_seconds_count");
+        EXPECT_GE(timed, std::floor(all_made / AgentStats::kDefaultTimeOneIn)) << all_made;
+        EXPECT_LE(timed, std::ceil(all_made / AgentStats::kDefaultTimeOneIn) + 4) << all_made;
         expect_histogram(*samples, "ferry_served_call_seconds");
         expect_histogram(*samples, "ferry_queue_seconds");
         // A bad request in between changes nothing for the next scrape.
@@ -234,6 +275,78 @@ TEST(MetricsEndpoints, ScrapedFromRealWorkersDuringCalls) {
     EXPECT_TRUE((*agent)->join(std::chrono::seconds(20)).ok());
     (*agent)->shutdown();
   }));
+  // Both left with a graceful join: their records say so, and still say where they were.
+  auto store = FileStore::create(dir.path() + "/store", {});
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto endpoints = find_metrics_endpoints(**store, kMetricsStorePrefix);
+  ASSERT_TRUE(endpoints.ok()) << endpoints.status();
+  ASSERT_EQ(endpoints->size(), 2u);
+  for (const MetricsEndpoint& e : *endpoints) {
+    EXPECT_TRUE(e.departed.has_value()) << e.worker;
+    EXPECT_EQ(e.address.substr(0, 10), "127.0.0.1:");
+  }
+}
+
+TEST(MetricsEndpoints, AWorkerLeavingADynamicGroupMarksItsRecordAndTheOthersStayLive) {
+  // w2 leaves while w0 and w1 run on; then they shut down too. A SIGKILLed worker's
+  // record is the other case: it stays live, and `ferry top` shows it not answering
+  // (tests/tools/top_command_test.cc).
+  ferry::testing::TempDir dir;
+  ferry::testing::expect_all_succeed(ferry::testing::run_processes(3, [&](int rank) {
+    setenv("FERRY_METRICS_PORT", "0", 1);
+    setenv("FERRY_METRICS_HOST", "127.0.0.1", 1);
+    FileStoreOptions coord_options;
+    coord_options.timeout = std::chrono::seconds(60);
+    auto coord = FileStore::create(dir.path() + "/coordination", coord_options);
+    ASSERT_TRUE(coord.ok()) << coord.status();
+    if (rank > 0) {
+      ASSERT_TRUE((*coord)->wait({"joined/" + std::to_string(rank - 1)}, std::chrono::seconds(60)).ok());
+    }
+    TensorPipeRpcBackendOptions options;
+    options.init_method = "file://" + dir.path() + "/store";
+    options.rpc_timeout = std::chrono::seconds(30);
+    ASSERT_TRUE(init_rpc("w" + std::to_string(rank), BackendType::TENSORPIPE, rank, std::nullopt, options).ok());
+    ASSERT_TRUE((*coord)->set("joined/" + std::to_string(rank), to_bytes("1")).ok());
+    if (rank == 2) {
+      ASSERT_TRUE((*coord)->wait({"joined/2"}, std::chrono::seconds(60)).ok());
+      ASSERT_TRUE(shutdown().ok());
+      ASSERT_TRUE((*coord)->set("left/2", to_bytes("1")).ok());
+      return;
+    }
+    ASSERT_TRUE((*coord)->wait({"left/2"}, std::chrono::seconds(60)).ok());
+    auto store = FileStore::create(dir.path() + "/store", {});
+    ASSERT_TRUE(store.ok()) << store.status();
+    auto endpoints = find_metrics_endpoints(**store, kMetricsStorePrefix);
+    ASSERT_TRUE(endpoints.ok()) << endpoints.status();
+    ASSERT_EQ(endpoints->size(), 3u);
+    for (const MetricsEndpoint& e : *endpoints) {
+      EXPECT_EQ(e.departed.has_value(), e.worker == "w2") << e.worker;
+      // The members' endpoints answer.
+      if (e.worker != "w2") {
+        EXPECT_TRUE(scrape_metrics(e.address, std::chrono::seconds(5)).ok()) << e.worker;
+      }
+    }
+    ASSERT_TRUE((*coord)->add("checked", 1).ok());
+    // w1 leaves first (w0 stays until it has), so that both leaves are on their own.
+    if (rank == 0) {
+      ASSERT_TRUE((*coord)->wait({"left/1"}, std::chrono::seconds(60)).ok());
+    } else {
+      const Clock::time_point deadline = Clock::now() + std::chrono::seconds(60);
+      while (*(*coord)->add("checked", 0) < 2 && Clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    }
+    ASSERT_TRUE(shutdown().ok());
+    if (rank == 1) {
+      ASSERT_TRUE((*coord)->set("left/1", to_bytes("1")).ok());
+    }
+  }));
+  auto store = FileStore::create(dir.path() + "/store", {});
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto endpoints = find_metrics_endpoints(**store, kMetricsStorePrefix);
+  ASSERT_TRUE(endpoints.ok()) << endpoints.status();
+  ASSERT_EQ(endpoints->size(), 3u);
+  for (const MetricsEndpoint& e : *endpoints) EXPECT_TRUE(e.departed.has_value()) << e.worker;
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include "gtest/gtest.h"
 #include "serialization/error.h"
 #include "serialization/message.h"
+#include "serialization/request_name.h"
 #include "serialization/types.h"
 #include "tests/testing/multi_process.h"
 #include "tests/testing/status_matchers.h"
@@ -64,6 +65,45 @@ TEST(Message, ARequestsTimeoutRoundTripsAndCanBeRewrittenWhenSealed) {
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->timeout(), std::chrono::milliseconds(40));
   EXPECT_EQ(back->id(), 7u);
+}
+
+TEST(Message, ARequestNamesWhatItCallsAndAnythingElseIsUnnamed) {
+  Message request(MessageType::kRequest, 1);
+  {
+    PayloadWriter w(request);
+    w(std::string("add"), std::string("int64, int64 -> int64"), int64_t{1});
+  }
+  EXPECT_EQ(request_name(request), "add");
+  // The same after the trip over the wire.
+  absl::StatusOr<Message> back = Message::parse(request.seal(), {});
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(request_name(*back), "add");
+
+  Message response(MessageType::kResponse, 1);
+  {
+    PayloadWriter w(response);
+    w(std::string("add"));
+  }
+  EXPECT_EQ(request_name(response), "?") << "only requests carry a name";
+  EXPECT_EQ(request_name(Message(MessageType::kRequest, 2)), "?") << "an empty payload";
+  Message empty_name(MessageType::kRequest, 3);
+  {
+    PayloadWriter w(empty_name);
+    w(std::string());
+  }
+  EXPECT_EQ(request_name(empty_name), "?");
+  // A size that runs past the payload, or longer than any name, is not read.
+  Message truncated(MessageType::kRequest, 4);
+  const uint64_t past = 100;
+  truncated.buffer().append(reinterpret_cast<const char*>(&past), sizeof(past));
+  truncated.buffer().append("addXYZ");
+  EXPECT_EQ(request_name(truncated), "?");
+  Message long_name(MessageType::kRequest, 5);
+  {
+    PayloadWriter w(long_name);
+    w(std::string(kMaxRequestName + 1, 'f'));
+  }
+  EXPECT_EQ(request_name(long_name), "?");
 }
 
 TEST(Message, RejectsBadHeaders) {

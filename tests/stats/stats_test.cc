@@ -2,10 +2,10 @@
 // percentiles of known inputs, threads recording at once, the round trip through text.
 #include "stats/stats.h"
 
-#include <cstring>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "stats/prometheus.h"
 
@@ -55,7 +55,7 @@ TEST(Histogram, PercentilesOfKnownInputs) {
 }
 
 TEST(AgentStats, CountsCallsErrorsBytesAndInFlight) {
-  AgentStats stats("w0");
+  AgentStats stats("w0", /*time_one_in=*/1);
   AgentStats::Call a = stats.call_started("w1", "add", 100);
   AgentStats::Call b = stats.call_started("w1", "mul", 50);
   AgentStats::Call c = stats.call_started("w2", "add", 10);
@@ -64,7 +64,7 @@ TEST(AgentStats, CountsCallsErrorsBytesAndInFlight) {
   EXPECT_EQ(mid.made_in_flight, 3);
   AgentStats::call_finished(a, absl::StatusCode::kOk, 7);
   AgentStats::call_finished(b, absl::StatusCode::kDeadlineExceeded, 0);
-  AgentStats::Request r = stats.request_received("w2", "echo", 30);
+  AgentStats::Request r = stats.request_received("w2", "echo", 30, AgentStats::Clock::now());
   AgentStats::request_started(r);
   StatsSnapshot s = stats.snapshot();
   EXPECT_EQ(s.worker, "w0");
@@ -93,7 +93,7 @@ TEST(AgentStats, CountsCallsErrorsBytesAndInFlight) {
 }
 
 TEST(AgentStats, ThreadsRecordingAtOnceLoseNothing) {
-  AgentStats stats("w0");
+  AgentStats stats("w0", /*time_one_in=*/1);
   constexpr int kThreads = 8;
   constexpr int kCalls = 2000;
   std::vector<std::thread> threads;
@@ -122,31 +122,104 @@ TEST(AgentStats, ThreadsRecordingAtOnceLoseNothing) {
 TEST(AgentStats, MadeUpFunctionNamesCannotExhaustMemory) {
   AgentStats stats("w0");
   for (size_t i = 0; i < AgentStats::kMaxCells + 100; ++i) {
-    AgentStats::request_finished(stats.request_received("w1", "f" + std::to_string(i), 1), absl::StatusCode::kOk, 1);
+    AgentStats::request_finished(stats.request_received("w1", "f" + std::to_string(i), 1, AgentStats::Clock::now()),
+                                 absl::StatusCode::kOk, 1);
   }
   StatsSnapshot s = stats.snapshot();
   EXPECT_EQ(s.totals.served, AgentStats::kMaxCells + 100);
   EXPECT_EQ(s.by_function["(other)"].served, 100u);
   EXPECT_EQ(s.by_function.size(), AgentStats::kMaxCells + 1);  // the names kept, and "(other)"
+  // The "(other)" cell is the one every thread shares: its counts stay exact too.
+  constexpr int kThreads = 4;
+  constexpr int kCalls = 5000;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kCalls; ++i) {
+        AgentStats::call_finished(stats.call_started("w9", absl::StrCat("g", t, "-", i % 7), 1),
+                                  absl::StatusCode::kOk, 1);
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  s = stats.snapshot();
+  EXPECT_EQ(s.by_function["(other)"].made, uint64_t{kThreads} * kCalls);
+  EXPECT_EQ(s.by_function["(other)"].bytes_in, 100u + uint64_t{kThreads} * kCalls);
+  EXPECT_EQ(s.made_in_flight, 0);
 }
 
-TEST(FunctionOfPayload, ReadsTheSizeTaggedNameOrSaysItCannot) {
-  std::string payload(8, '\0');
-  uint64_t n = 3;
-  std::memcpy(payload.data(), &n, 8);
-  payload += "addXYZ";
-  EXPECT_EQ(function_of_payload(payload), "add");
-  EXPECT_EQ(function_of_payload("abc"), "?");
-  n = 1000;
-  std::memcpy(payload.data(), &n, 8);
-  EXPECT_EQ(function_of_payload(payload), "?");
+TEST(AgentStats, TimesOneCallInNAndCountsEveryOne) {
+  AgentStats stats("w0", /*time_one_in=*/4);
+  // On a fresh thread: which calls are timed depends on the thread's earlier ones.
+  std::thread([&] {
+    for (int i = 0; i < 40; ++i) {
+      AgentStats::call_finished(stats.call_started("w1", "f", 1), absl::StatusCode::kOk, 1);
+      AgentStats::Request r = stats.request_received("w1", "g", 1, AgentStats::Clock::now());
+      AgentStats::request_started(r);
+      AgentStats::request_finished(r, absl::StatusCode::kOk, 1);
+    }
+  }).join();
+  StatsSnapshot s = stats.snapshot();
+  EXPECT_EQ(s.totals.made, 40u);
+  EXPECT_EQ(s.totals.served, 40u);
+  EXPECT_EQ(s.totals.bytes_out, 80u);
+  EXPECT_EQ(s.made_in_flight, 0);
+  EXPECT_EQ(s.served_in_flight, 0);
+  // One in four of each, made and served apart.
+  EXPECT_EQ(s.made_latency.count, 10u);
+  EXPECT_EQ(s.served_latency.count, 10u);
+  EXPECT_EQ(s.queue_latency.count, 10u);
+  EXPECT_EQ(AgentStats(" ", 0).snapshot().made_latency.count, 0u) << "0 is taken as 1";
+}
+
+TEST(AgentStats, ACallFinishedOnAnotherThreadCountsThere) {
+  // Replies are read on transport threads: the end of a call made on one thread is
+  // recorded on another, whose cells it must not share with the caller's.
+  AgentStats stats("w0", /*time_one_in=*/1);
+  constexpr int kCalls = 20000;
+  std::vector<AgentStats::Call> calls(kCalls);
+  std::vector<AgentStats::Request> requests(kCalls);
+  for (int i = 0; i < kCalls; ++i) {
+    calls[i] = stats.call_started("w1", "f", 3);
+    requests[i] = stats.request_received("w1", "g", 5, AgentStats::Clock::now());
+  }
+  std::thread finisher([&] {
+    for (int i = 0; i < kCalls; ++i) {
+      AgentStats::call_finished(calls[i], i % 2 ? absl::StatusCode::kOk : absl::StatusCode::kUnavailable, 7);
+      AgentStats::request_started(requests[i]);
+      AgentStats::request_finished(requests[i], absl::StatusCode::kOk, 11);
+    }
+  });
+  // Meanwhile: more calls on this thread to the same cells, and snapshots that never see
+  // more done than made.
+  for (int i = 0; i < kCalls; ++i) {
+    AgentStats::call_finished(stats.call_started("w1", "f", 3), absl::StatusCode::kOk, 7);
+    if (i % 1000 == 0) {
+      StatsSnapshot s = stats.snapshot();
+      EXPECT_GE(s.made_in_flight, 0);
+      EXPECT_GE(s.served_in_flight, 0);
+    }
+  }
+  finisher.join();
+  StatsSnapshot s = stats.snapshot();
+  EXPECT_EQ(s.totals.made, 2u * kCalls);
+  EXPECT_EQ(s.totals.made_errors, uint64_t{kCalls} / 2);
+  EXPECT_EQ(s.totals.served, uint64_t{kCalls});
+  EXPECT_EQ(s.totals.bytes_out, 2u * kCalls * 3 + uint64_t{kCalls} * 11);
+  EXPECT_EQ(s.totals.bytes_in, 2u * kCalls * 7 + uint64_t{kCalls} * 5);
+  EXPECT_EQ(s.made_in_flight, 0);
+  EXPECT_EQ(s.served_in_flight, 0);
+  EXPECT_EQ(s.made_latency.count, 2u * kCalls);
+  EXPECT_EQ(s.served_latency.count, uint64_t{kCalls});
+  EXPECT_EQ((s.by_peer_function[{"w1", "f"}].made), 2u * kCalls);
+  EXPECT_EQ(s.made_errors_by_code["UNAVAILABLE"], uint64_t{kCalls} / 2);
 }
 
 TEST(Prometheus, RoundTripsASnapshotAndEscapesLabels) {
-  AgentStats stats("w\"0");
+  AgentStats stats("w\"0", /*time_one_in=*/1);
   AgentStats::call_finished(stats.call_started("w1", "a\\b\"c\nd", 10), absl::StatusCode::kOk, 5);
   AgentStats::call_finished(stats.call_started("w1", "add", 10), absl::StatusCode::kInternal, 0);
-  AgentStats::Request r = stats.request_received("w2", "add", 3);
+  AgentStats::Request r = stats.request_received("w2", "add", 3, AgentStats::Clock::now());
   AgentStats::request_started(r);
   AgentStats::request_finished(r, absl::StatusCode::kOk, 4);
   StatsSnapshot s = stats.snapshot();

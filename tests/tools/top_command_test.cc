@@ -10,6 +10,7 @@
 #include "agents/tensorpipe/factory.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "metrics/metrics_server.h"
 #include "rpc/call.h"
 #include "store/tcp_store.h"
 #include "tests/testing/free_port.h"
@@ -49,7 +50,7 @@ void worker_body(int rank, uint16_t port) {
   (void)register_function("add", [](int64_t a, int64_t b) { return a + b; });
   setenv("FERRY_METRICS_PORT", "0", 1);
   setenv("FERRY_METRICS_HOST", "127.0.0.1", 1);
-  std::shared_ptr<Store> store = store_at(port, rank == 0);
+  std::shared_ptr<Store> store = store_at(port, false);
   std::string name = "worker" + std::to_string(rank);
   TensorPipeAgentOptions options;
   options.init_timeout = std::chrono::seconds(20);
@@ -70,6 +71,7 @@ void worker_body(int rank, uint16_t port) {
   EXPECT_LT(Clock::now(), deadline);
   EXPECT_TRUE((*agent)->join(std::chrono::seconds(30)).ok());
   (*agent)->shutdown();
+  ASSERT_TRUE(store->set("test/gone/" + name, to_bytes("1")).ok());
 }
 
 TEST(TopCommand, OnceJsonShowsEveryWorkerAndOneThatStopsAnswering) {
@@ -79,7 +81,8 @@ TEST(TopCommand, OnceJsonShowsEveryWorkerAndOneThatStopsAnswering) {
       worker_body(rank, port);
       return;
     }
-    std::shared_ptr<Store> store = store_at(port, false);
+    // The store outlives the workers, so that top can see them gone.
+    std::shared_ptr<Store> store = store_at(port, true);
     ASSERT_TRUE(store->wait({"test/pid/worker0", "test/pid/worker1", "test/pid/worker2"}, std::chrono::seconds(30)).ok());
     nlohmann::json first = top(port);
     ASSERT_EQ(first["workers"].size(), size_t{kWorkers}) << first.dump(2);
@@ -111,8 +114,40 @@ TEST(TopCommand, OnceJsonShowsEveryWorkerAndOneThatStopsAnswering) {
     EXPECT_FALSE((*w2)["answering"].get<bool>()) << w2->dump(2);
     EXPECT_NE((*w2)["error"].get<std::string>(), "");
     EXPECT_GT((*w2)["silent_seconds"].get<double>(), 0);
+    EXPECT_FALSE((*w2)["departed"].get<bool>());
     EXPECT_TRUE((*worker(stopped, "worker0"))["answering"].get<bool>());
     ASSERT_TRUE(store->set("test/done", to_bytes("1")).ok());
+
+    // They leave with a graceful shutdown: shown as gone on purpose, with their last
+    // figures, not as silent. A worker that died (its port closed, its record live) is
+    // the other kind.
+    ASSERT_TRUE(store->wait({"test/gone/worker0", "test/gone/worker1", "test/gone/worker2"}, std::chrono::seconds(60)).ok());
+    ASSERT_TRUE(publish_metrics_endpoint(*store, kMetricsStorePrefix, "crashed",
+                                         "127.0.0.1:" + std::to_string(::ferry::testing::free_port()))
+                    .ok());
+    nlohmann::json gone = top(port);
+    ASSERT_EQ(gone["workers"].size(), size_t{kWorkers + 1}) << gone.dump(2);
+    for (int r = 0; r < kWorkers; ++r) {
+      const nlohmann::json* w = worker(gone, "worker" + std::to_string(r));
+      ASSERT_NE(w, nullptr) << gone.dump(2);
+      EXPECT_TRUE((*w)["departed"].get<bool>()) << w->dump(2);
+      EXPECT_FALSE((*w)["answering"].get<bool>()) << w->dump(2);
+      EXPECT_EQ((*w)["silent_seconds"].get<double>(), 0) << w->dump(2);
+      EXPECT_GE((*w)["departed_seconds_ago"].get<double>(), 0) << w->dump(2);
+      EXPECT_LT((*w)["departed_seconds_ago"].get<double>(), 60) << w->dump(2);
+    }
+    const nlohmann::json* crashed = worker(gone, "crashed");
+    ASSERT_NE(crashed, nullptr);
+    EXPECT_FALSE((*crashed)["departed"].get<bool>()) << crashed->dump(2);
+    EXPECT_FALSE((*crashed)["answering"].get<bool>()) << crashed->dump(2);
+    EXPECT_TRUE((*crashed)["departed_seconds_ago"].is_null());
+    // The plain-text table says which is which.
+    ::ferry::testing::ProgramRun text = ::ferry::testing::run_program(
+        FERRY_BINARY, {"top", "--store", "127.0.0.1:" + std::to_string(port), "--once", "--timeout-ms", "500"},
+        std::chrono::seconds(30));
+    EXPECT_EQ(text.exit_code, 0) << text.err;
+    EXPECT_NE(text.out.find("worker1      left the job"), std::string::npos) << text.out;
+    EXPECT_NE(text.out.find("crashed      not answering"), std::string::npos) << text.out;
   }));
 }
 

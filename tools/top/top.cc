@@ -15,6 +15,10 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_between(const StatsSnapshot& a, const StatsSnapshot& b) { return b.time - a.time; }
 
+double epoch_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
 // What happened between two snapshots of one histogram; the whole of `latest` when
 // nothing did (or there is no earlier one), so that an idle worker still shows figures.
 HistogramSnapshot window(const HistogramSnapshot& latest, const HistogramSnapshot* previous, bool* interval) {
@@ -106,16 +110,28 @@ absl::Status JobView::refresh(std::chrono::milliseconds timeout) {
       it->latest.reset();
       it->previous.reset();
     }
+    it->departed = e.departed;
+    if (e.departed) {
+      // Its last figures stay, as totals: it makes no calls per second any more.
+      it->error.clear();
+      it->previous.reset();
+    }
   }
-  // Scraped all at once: a stopped worker costs one timeout, not one each.
+  // Scraped all at once: a stopped worker costs one timeout, not one each. One that left
+  // is not: its port may be gone, or someone else's now.
   std::vector<std::future<absl::StatusOr<std::string>>> answers;
   for (const WorkerView& w : workers_) {
+    if (w.departed) {
+      answers.emplace_back();
+      continue;
+    }
     answers.push_back(std::async(std::launch::async, [address = w.address, timeout] {
       return scrape_metrics(address, timeout);
     }));
   }
   for (size_t i = 0; i < workers_.size(); ++i) {
     WorkerView& w = workers_[i];
+    if (w.departed) continue;
     absl::StatusOr<std::string> text = answers[i].get();
     absl::StatusOr<StatsSnapshot> snapshot =
         text.ok() ? from_prometheus(*text) : absl::StatusOr<StatsSnapshot>(text.status());
@@ -137,11 +153,15 @@ nlohmann::json JobView::json() const {
   const Clock::time_point now = Clock::now();
   for (const WorkerView& w : workers_) {
     nlohmann::json j = {{"worker", w.worker}, {"address", w.address}};
-    const bool answering = w.error.empty() && w.last_answer.has_value();
+    // A worker that left is neither answering nor silent: it is gone, as it meant to.
+    const bool answering = !w.departed && w.error.empty() && w.last_answer.has_value();
     j["answering"] = answering;
+    j["departed"] = w.departed.has_value();
+    j["departed_seconds_ago"] =
+        w.departed ? nlohmann::json(std::max(0.0, epoch_seconds() - *w.departed)) : nlohmann::json(nullptr);
     j["error"] = w.error;
     const Clock::time_point since = w.last_answer.value_or(w.first_seen);
-    j["silent_seconds"] = answering ? 0.0 : std::chrono::duration<double>(now - since).count();
+    j["silent_seconds"] = answering || w.departed ? 0.0 : std::chrono::duration<double>(now - since).count();
     if (!w.latest.has_value()) {
       workers.push_back(j);
       continue;
@@ -187,7 +207,14 @@ std::vector<std::string> JobView::table(int width) const {
   for (const nlohmann::json& w : all["workers"]) {
     std::string line;
     const std::string name = w["worker"].get<std::string>().substr(0, 12);
-    if (!w["answering"].get<bool>()) {
+    if (w["departed"].get<bool>()) {
+      line = absl::StrFormat("%-12s left the job %.0f s ago", name, w["departed_seconds_ago"].get<double>());
+      if (w.contains("made")) {
+        absl::StrAppendFormat(&line, " (made %d, served %d, errors %d)", w["made"].get<uint64_t>(),
+                              w["served"].get<uint64_t>(),
+                              w["errors_made"].get<uint64_t>() + w["errors_served"].get<uint64_t>());
+      }
+    } else if (!w["answering"].get<bool>()) {
       line = absl::StrFormat("%-12s not answering for %.0f s (%s)", name, w["silent_seconds"].get<double>(),
                              w["error"].get<std::string>());
     } else if (!w.contains("made")) {

@@ -36,6 +36,9 @@ struct WorkerView {
   std::optional<std::chrono::steady_clock::time_point> last_answer;
   std::chrono::steady_clock::time_point first_seen;
   std::string error;
+  // When it left the job on purpose (seconds since the epoch), as its store record says:
+  // it is not scraped any more, and its last figures stay.
+  std::optional<double> departed;
 };
 
 class JobView {
@@ -43,8 +46,8 @@ class JobView {
   explicit JobView(std::shared_ptr<Store> store) : store_(std::move(store)) {}
 
   // Looks the workers up in the store again and scrapes each (all at once), at most
-  // `timeout` each. Errors: only the store's; a worker that does not answer is recorded
-  // as such.
+  // `timeout` each, except those that left. Errors: only the store's; a worker that does
+  // not answer is recorded as such.
   absl::Status refresh(std::chrono::milliseconds timeout);
 
   const std::vector<WorkerView>& workers() const { return workers_; }
