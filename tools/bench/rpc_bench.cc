@@ -590,7 +590,8 @@ std::map<std::string, std::pair<double, double>> ratio_ranges(const TransportRes
 std::string format_value(double v, const std::string& units) {
   if (units == "calls/s") return absl::StrFormat("%.0f", v);
   if (units == "GB/s") return absl::StrFormat("%.3f", v);
-  return absl::StrFormat(v < 100 ? "%.2f" : "%.0f", v);
+  // Two calls, not one with a chosen format: StrFormat checks a constant format.
+  return v < 100 ? absl::StrFormat("%.2f", v) : absl::StrFormat("%.0f", v);
 }
 
 }  // namespace
