@@ -31,6 +31,8 @@ enum class MessageType : uint8_t {
   kError = 3,     // a call's failure: origin worker, status code, message
   kPing = 4,      // answered by the agent itself with an empty kResponse
   kControl = 5,   // a request to the agent itself (group membership), never to user code
+  kBusy = 6,      // on a reply pipe, id 0: the server is alive but stopped reading this
+                  // pipe at its cap (backpressure); counts as a reply for the heartbeat
 };
 
 const char* message_type_name(MessageType type);

@@ -891,20 +891,28 @@ void Agent::on_request(const std::shared_ptr<Connection>& from, Wire wire) {
     from->write(Wire{refused.seal(), {}, {}});
     return;
   }
-  if (request->type() == MessageType::kRequest &&
-      s.serving.fetch_add(1, std::memory_order_relaxed) >= options_.max_requests_in_flight) {
-    // A ferry caller holds its requests beyond the cap itself; one that sends more
-    // (another configuration, or not ferry) is refused before anything is queued, so a
-    // flood cannot grow this worker (issue 27, finding 10).
-    s.serving.fetch_sub(1, std::memory_order_relaxed);
-    Message refused = make_error_message(
-        request->id(), self_.name,
-        absl::ResourceExhaustedError(absl::StrCat(
-            "worker \"", self_.name, "\" already has ", options_.max_requests_in_flight, " requests from ",
-            describe(s), " in flight (max_requests_in_flight); this one was refused unrun. Do all workers use the "
-            "same max_requests_in_flight?")));
-    from->write(Wire{refused.seal(), {}, {}});
-    return;
+  if (request->type() == MessageType::kRequest) {
+    const int cap = options_.max_requests_in_flight;
+    const int serving = s.serving.fetch_add(1, std::memory_order_seq_cst) + 1;
+    if (serving > cap) {
+      // Reads stop at the cap (below), so only a transport that delivers past a pause
+      // gets here; the last line of defence still queues nothing (issue 27, finding 10).
+      s.serving.fetch_sub(1, std::memory_order_seq_cst);
+      requests_refused_.fetch_add(1, std::memory_order_relaxed);
+      Message refused = make_error_message(
+          request->id(), self_.name,
+          absl::ResourceExhaustedError(absl::StrCat(
+              "worker \"", self_.name, "\" already has ", cap, " requests from ", describe(s),
+              " in flight (max_requests_in_flight); this one was refused unrun")));
+      from->write(Wire{refused.seal(), {}, {}});
+      return;
+    }
+    int peak = serving_peak_.load(std::memory_order_relaxed);
+    while (serving > peak && !serving_peak_.compare_exchange_weak(peak, serving, std::memory_order_relaxed)) {
+    }
+    // A caller with a larger cap, or one that is not ferry, then waits in its own
+    // transport rather than in this worker's memory.
+    if (serving >= cap) pause_reads(from);
   }
   if (request->type() == MessageType::kRequest && !any_device_target(wire.targets) && options_.serves_inline &&
       !internal::driving_for_user() && options_.serves_inline(*request)) {
@@ -995,9 +1003,66 @@ void Agent::serve(const std::shared_ptr<Connection>& from, std::vector<std::stri
   send_reply(from, member, caller, request.id(), counted, served, std::move(reply));
 }
 
+void Agent::pause_reads(const std::shared_ptr<Connection>& connection) {
+  Session& s = *connection->session();
+  bool keepalive = false;
+  {
+    std::lock_guard<std::mutex> lock(s.flow_mu);
+    // The flag goes up before the count is read again, and a reply lowers the count
+    // before it reads the flag: one of the two sees the other, so a reply that came
+    // meanwhile never leaves the connection paused with room under the cap.
+    s.reads_paused.store(true, std::memory_order_seq_cst);
+    if (s.serving.load(std::memory_order_seq_cst) < options_.max_requests_in_flight) {
+      s.reads_paused.store(false, std::memory_order_seq_cst);
+      return;
+    }
+    connection->pause_reads();
+    reads_paused_.fetch_add(1, std::memory_order_relaxed);
+    keepalive = options_.heartbeat.count() > 0 && !s.keepalive_armed;
+    if (keepalive) s.keepalive_armed = true;
+  }
+  if (keepalive) keep_alive(connection);
+}
+
+void Agent::resume_reads(Connection& connection) {
+  Session& s = *connection.session();
+  std::lock_guard<std::mutex> lock(s.flow_mu);
+  if (!s.reads_paused.load(std::memory_order_seq_cst) ||
+      s.serving.load(std::memory_order_seq_cst) >= options_.max_requests_in_flight) {
+    return;
+  }
+  s.reads_paused.store(false, std::memory_order_seq_cst);
+  connection.resume_reads();
+}
+
+void Agent::keep_alive(const std::shared_ptr<Connection>& connection) {
+  std::weak_ptr<Agent> weak = weak_from_this();
+  std::weak_ptr<Connection> weak_connection = connection;
+  calls_->run_at(Clock::now() + std::max(options_.heartbeat / 4, std::chrono::milliseconds(1)),
+                 [weak, weak_connection] {
+                   std::shared_ptr<Agent> agent = weak.lock();
+                   std::shared_ptr<Connection> c = weak_connection.lock();
+                   if (!agent || !c) return;
+                   Session& s = *c->session();
+                   {
+                     std::lock_guard<std::mutex> lock(s.flow_mu);
+                     if (!s.reads_paused.load(std::memory_order_seq_cst)) {
+                       s.keepalive_armed = false;
+                       return;
+                     }
+                   }
+                   c->write(Wire{Message(MessageType::kBusy, 0).seal(), {}, {}});
+                   agent->keep_alive(c);
+                 });
+}
+
 void Agent::send_reply(const std::shared_ptr<Connection>& from, const Member* member, const WorkerInfo& caller,
                        uint64_t id, bool counted, const Served& served, Message reply) {
-  if (counted) from->session()->serving.fetch_sub(1, std::memory_order_relaxed);
+  if (counted) {
+    Session& s = *from->session();
+    s.serving.fetch_sub(1, std::memory_order_seq_cst);
+    if (s.reads_paused.load(std::memory_order_seq_cst)) resume_reads(*from);
+  }
   reply.set_id(id);
   requests_served_.fetch_add(1, std::memory_order_relaxed);
   absl::StatusCode outcome =
@@ -1134,6 +1199,8 @@ void Agent::complete_reply(int peer, std::vector<std::string> targets, Message r
     settled = calls_->complete_from(peer, id, error_from_message(reply));
   } else if (reply.type() == MessageType::kResponse) {
     settled = calls_->complete_from(peer, id, std::move(reply));
+  } else if (reply.type() == MessageType::kBusy) {
+    calls_->heard(peer);
   } else {
     FERRY_LOG(WARNING) << self_.name << ": ignoring a " << message_type_name(reply.type())
                        << " message from worker id " << peer << " on a reply pipe";
@@ -1524,6 +1591,9 @@ std::map<std::string, std::string> Agent::debug_info() const {
   info["pool_wakeups"] = std::to_string(pool_->wakeups());
   info["auth"] = options_.auth_token.empty() ? "none" : "job token";
   info["handshakes_refused"] = std::to_string(handshakes_refused_.load());
+  info["reads_paused"] = std::to_string(reads_paused_.load());
+  info["requests_refused_at_cap"] = std::to_string(requests_refused_.load());
+  info["requests_in_flight_peak"] = std::to_string(serving_peak_.load());
   {
     std::lock_guard<std::mutex> lock(links_mu_);
     info["connections_out"] = std::to_string(links_.size());

@@ -9,8 +9,9 @@
 //   - serving: requests decoded on the transport thread, run on the worker pool,
 //     replies routed back on the connection they came on (or later, defer_reply);
 //     pings answered without user code; at most max_requests_in_flight requests per
-//     caller in flight (the caller holds the rest), and requests whose caller's
-//     timeout passed before they ran dropped unrun;
+//     caller in flight (the caller holds the rest, and the server stops reading a
+//     connection that reaches it), and requests whose caller's timeout passed before
+//     they ran dropped unrun;
 //   - the membership: a versioned table that can grow and shrink while calls run,
 //     and the dynamic-group protocol over it (agents/core/dynamic_group.h);
 //   - heartbeats on idle peers with calls pending;
@@ -96,9 +97,13 @@ struct AgentOptions {
   std::chrono::milliseconds handshake_timeout{std::chrono::seconds(5)};
   // Requests (kRequest) in flight between one caller and this worker: a caller writes
   // at most this many to a peer before replies come back, holding the rest (its
-  // memory, not the server's); a server answers a caller that sends more anyway
-  // with kResourceExhausted, unrun. Pings and control requests are not counted. All
-  // workers of a group should agree. At least 1.
+  // memory, not the server's); a server serving this many from one connection stops
+  // reading it until one is answered (Connection::pause_reads), so a caller with a
+  // larger setting, or one that is not ferry, waits in its own transport. Pings and
+  // control requests are not counted, but wait unread behind a pause; the server then
+  // sends kBusy every quarter heartbeat so that the caller's heartbeat still hears it.
+  // A request a transport delivers past a pause is answered kResourceExhausted, unrun.
+  // At least 1.
   int max_requests_in_flight = 1024;
   // Device channels tried before staging, in order (Agent::channel_for).
   std::vector<std::shared_ptr<DeviceChannel>> device_channels;
@@ -246,6 +251,14 @@ class Agent final : public RpcAgent, public TransportEvents, public std::enable_
   void write_counted(const std::shared_ptr<Connection>& connection, Wire wire, uint64_t id);
   // A reply to request `id` came on `connection`'s link: its room goes to the next held.
   void answered(const std::shared_ptr<Connection>& connection, uint64_t id);
+  // Serving: a connection a peer opened stops being read while it has
+  // max_requests_in_flight requests here (pause_reads from its on_message), and is
+  // read again when one is answered (resume_reads, from the thread that answered).
+  void pause_reads(const std::shared_ptr<Connection>& connection);
+  void resume_reads(Connection& connection);
+  // While `connection` is paused, a kBusy every quarter heartbeat tells its caller's
+  // heartbeat that this worker is alive: the caller's pings wait unread behind the pause.
+  void keep_alive(const std::shared_ptr<Connection>& connection);
   // Connects the link whose first send this was, writes the hello, and (without a
   // token) lets the waiting requests follow.
   void open_link(const PeerAddress& peer, std::shared_ptr<internal::Session> session);
@@ -361,6 +374,12 @@ class Agent final : public RpcAgent, public TransportEvents, public std::enable_
   // join() saw every worker arrive: a peer that goes from now on left; it was not lost.
   std::atomic<bool> departing_{false};
   std::atomic<uint64_t> requests_served_{0};
+  // Backpressure (debug_info): pauses of a connection's reads at the cap, requests
+  // refused at the cap (a transport delivered past a pause), the most requests one
+  // connection had here at once.
+  std::atomic<uint64_t> reads_paused_{0};
+  std::atomic<uint64_t> requests_refused_{0};
+  std::atomic<int> serving_peak_{0};
   std::atomic<bool> shut_down_{false};
   std::atomic<int> join_generation_{0};
 };

@@ -132,6 +132,11 @@ size_t CallTable::fail_all(const absl::Status& status) {
   return failed.size();
 }
 
+void CallTable::heard(int peer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (heartbeat_.count() > 0) heard_[peer] = Clock::now();
+}
+
 CallTable::Clock::time_point CallTable::last_heard(int peer) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = heard_.find(peer);

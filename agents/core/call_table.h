@@ -70,6 +70,9 @@ class CallTable {
   // When the last reply from `peer` arrived (heartbeat on); the epoch if none since
   // its pipe came up.
   Clock::time_point last_heard(int peer) const;
+  // `peer` said it is alive without answering a call (a kBusy: it stopped reading our
+  // requests at its cap); counts as a reply for the heartbeat.
+  void heard(int peer);
   // Waits until no call to `peer` is pending; false when `timeout` passed first.
   bool wait_peer_idle(int peer, std::chrono::milliseconds timeout);
   // Runs `task` on the timer thread at `when`; it must be quick and must not block.

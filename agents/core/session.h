@@ -71,6 +71,12 @@ struct Session {
   std::deque<Outgoing> held;                // guarded by mu
   // Incoming: the requests taken from this connection and not yet answered.
   std::atomic<int> serving{0};
+  // Incoming: reads are paused (Connection::pause_reads) while `serving` is at
+  // AgentOptions::max_requests_in_flight. Changed only under flow_mu; read without it
+  // by a reply, which takes flow_mu only when it may have to resume.
+  std::mutex flow_mu;
+  std::atomic<bool> reads_paused{false};
+  bool keepalive_armed = false;  // guarded by flow_mu: a kBusy timer is set
   // Outgoing: set when the transport reported its end, even before the core had it in
   // its table (a connect that failed at once).
   std::atomic<bool> closed{false};

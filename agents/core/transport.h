@@ -68,6 +68,26 @@ class Connection {
   // refusal's reason reaches the peer); on_closed follows as for close().
   virtual void close_after_writes() = 0;
 
+  // Flow control for a connection a peer opened (its requests in, our replies out):
+  // the core stops taking its requests while it serves as many as it allows
+  // (AgentOptions::max_requests_in_flight), so a flood waits in the peer, the bytes
+  // held back by the transport (a full socket buffer, a full ring), not in this
+  // worker's memory.
+  // - pause_reads(): the core calls it only from this connection's on_message, on the
+  //   thread delivering it. No on_header or on_message of this connection follows
+  //   until resume_reads(); what the transport has not read yet stays unread.
+  // - resume_reads(): any thread, at most once per pause_reads(). Delivery goes on, on
+  //   a transport thread, never inline.
+  // Neither blocks, writes, or calls back into the core: the core calls them holding a
+  // lock of its own (the only calls it makes so). Writes on the connection go on while
+  // it is paused, and so do reads on every other connection: requests and replies
+  // must not share what a pause stops, or two workers calling each other would wait on
+  // each other's replies. A transport whose one stream to a peer carries both ways
+  // (agents/process_group/) holds that peer's requests aside while paused instead,
+  // and keeps reading its replies. on_closed still comes when the connection ends.
+  virtual void pause_reads() = 0;
+  virtual void resume_reads() = 0;
+
   // The core's state for this connection. A transport passes it to the constructor
   // (for connections it opens through connect()) and never reads it; the core sets it
   // on accepted connections in on_accepted, before any other event of theirs.

@@ -12,7 +12,7 @@ std::unique_ptr<Transport> make_inproc_transport(std::string name) {
 
 absl::StatusOr<std::shared_ptr<Agent>> InprocAgent::start(std::shared_ptr<Store> store, std::string name, int rank,
                                                           InprocAgentOptions options, RequestHandler handler) {
-  std::unique_ptr<Transport> transport = make_inproc_transport(name);
+  std::unique_ptr<Transport> transport = std::make_unique<internal::InprocTransport>(name, options.ignore_pauses);
   return Agent::start(WorkerInfo{std::move(name), rank}, std::move(store), std::move(options.agent),
                       std::move(handler), std::move(transport));
 }

@@ -31,6 +31,10 @@ struct InprocAgentOptions {
   AgentOptions agent;
   // create(): how long to wait for every worker's address.
   std::chrono::milliseconds init_timeout{std::chrono::seconds(30)};
+  // For tests of the core's last line of defence: this worker's transport delivers
+  // requests past Connection::pause_reads(), so those beyond
+  // AgentOptions::max_requests_in_flight reach the core (which refuses them).
+  bool ignore_pauses = false;
 };
 
 // The in-process transport alone (the transport conformance suite drives it).

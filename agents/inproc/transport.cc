@@ -33,6 +33,8 @@ struct InprocTransport::Endpoint : std::enable_shared_from_this<Endpoint> {
   absl::flat_hash_set<std::shared_ptr<Link>> links;  // guarded by mu: open links of this side
   std::thread thread;
   std::atomic<uint64_t> delivered{0};
+  // A transport that reads past Connection::pause_reads() (tests of the core's refusal).
+  bool ignores_pauses = false;
 
   // Runs `task` on this endpoint's thread, after what was posted before; dropped once
   // the endpoint stops.
@@ -120,9 +122,62 @@ class Link final : public Connection, public std::enable_shared_from_this<Link> 
     });
   }
 
+  // There is no socket to leave unread: a paused link keeps what arrives aside, in
+  // order, undelivered, and hands it over on its home thread once resumed. What waits
+  // is bounded by the writer's own cap (the writer is this process).
+  void pause_reads() override {
+    std::lock_guard<std::mutex> lock(park_mu_);
+    paused_ = !ignores_pauses_;
+  }
+
+  void resume_reads() override {
+    {
+      std::lock_guard<std::mutex> lock(park_mu_);
+      paused_ = false;
+      if (parked_.empty() || draining_) return;
+      draining_ = true;
+    }
+    std::shared_ptr<Endpoint> home = home_.lock();
+    if (home) home->post([self = shared_from_this()] { self->drain(); });
+  }
+
+  void set_ignores_pauses(bool yes) { ignores_pauses_ = yes; }
+
+  // Home thread: a message from the other side, delivered unless paused.
+  void receive(Wire wire) {
+    {
+      std::lock_guard<std::mutex> lock(park_mu_);
+      if (paused_ || !parked_.empty()) {
+        parked_.push_back(std::move(wire));
+        return;
+      }
+    }
+    deliver(std::move(wire));
+  }
+
+  bool closed() const { return closed_.load(std::memory_order_acquire); }
+
+ private:
+  // Home thread: what was kept aside, until it runs out or the link pauses again.
+  void drain() {
+    for (;;) {
+      Wire next;
+      {
+        std::lock_guard<std::mutex> lock(park_mu_);
+        if (paused_ || parked_.empty()) {
+          draining_ = false;
+          return;
+        }
+        next = std::move(parked_.front());
+        parked_.pop_front();
+      }
+      deliver(std::move(next));
+    }
+  }
+
   // Home thread: the core admits the sizes, then the bytes are copied as a network
   // would land them in buffers of the receiver's.
-  void receive(Wire wire) {
+  void deliver(Wire wire) {
     if (closed_.load(std::memory_order_acquire)) return;
     std::shared_ptr<Endpoint> home = home_.lock();
     std::shared_ptr<TransportEvents> events = home ? home->events.lock() : nullptr;
@@ -159,18 +214,21 @@ class Link final : public Connection, public std::enable_shared_from_this<Link> 
     events->on_message(shared_from_this(), std::move(landed));
   }
 
-  bool closed() const { return closed_.load(std::memory_order_acquire); }
-
- private:
   const std::weak_ptr<Endpoint> home_;
   std::weak_ptr<Link> other_;
   std::atomic<bool> closed_{false};
+  bool ignores_pauses_ = false;  // set before the link is shared
+  std::mutex park_mu_;
+  bool paused_ = false;        // guarded by park_mu_
+  bool draining_ = false;      // guarded by park_mu_: a drain() is posted
+  std::deque<Wire> parked_;    // guarded by park_mu_
 };
 
 }  // namespace
 
-InprocTransport::InprocTransport(std::string name) : endpoint_(std::make_shared<Endpoint>()) {
+InprocTransport::InprocTransport(std::string name, bool ignores_pauses) : endpoint_(std::make_shared<Endpoint>()) {
   static std::atomic<uint64_t> next{1};
+  endpoint_->ignores_pauses = ignores_pauses;
   endpoint_->name = std::move(name);
   endpoint_->address = absl::StrCat("inproc:", next.fetch_add(1));
 }
@@ -204,6 +262,7 @@ std::shared_ptr<Connection> InprocTransport::connect(std::shared_ptr<Session> se
     return mine;
   }
   auto theirs = std::make_shared<Link>(nullptr, there);
+  theirs->set_ignores_pauses(there->ignores_pauses);
   mine->pair(theirs);
   theirs->pair(mine);
   {

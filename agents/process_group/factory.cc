@@ -50,6 +50,7 @@ absl::StatusOr<std::shared_ptr<Agent>> ProcessGroupAgent::start(std::shared_ptr<
   core_options.reverse_device_maps = std::move(options.reverse_device_maps);
   core_options.store_prefix = kKeyPrefix;
   core_options.serves_inline = std::move(options.serves_inline);
+  core_options.max_requests_in_flight = options.max_requests_in_flight;
   return Agent::start(WorkerInfo{std::move(name), rank}, std::move(store), std::move(core_options),
                       std::move(handler), std::move(transport));
 }

@@ -57,6 +57,8 @@ struct ProcessGroupAgentOptions {
   std::chrono::milliseconds heartbeat_interval{std::chrono::seconds(5)};
   // Requests to serve on the receiving thread (see InlineFilter); unset: none.
   InlineFilter serves_inline;
+  // See AgentOptions::max_requests_in_flight.
+  int max_requests_in_flight = 1024;
   // The job token (docs/security.md): unset reads FERRY_AUTH_TOKEN; "" means none. With
   // one, every rank's first message to another is the core's challenge-response
   // (AgentOptions::auth_token).

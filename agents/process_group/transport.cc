@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstring>
 #include <deque>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -170,7 +171,7 @@ absl::StatusOr<int> rank_of_process_group_address(const std::string& address) {
 struct ProcessGroupTransport::State : std::enable_shared_from_this<State> {
   // One way of a rank pair: our requests to `rank` and its replies (outgoing), or its
   // requests and our replies. The group's connection itself outlives any Link.
-  struct Link final : Connection {
+  struct Link final : Connection, std::enable_shared_from_this<Link> {
     Link(std::shared_ptr<Session> session, std::weak_ptr<State> state, int rank, bool outgoing)
         : Connection(std::move(session)), state(std::move(state)), rank(rank), outgoing(outgoing) {}
     void write(Wire wire) override {
@@ -193,12 +194,26 @@ struct ProcessGroupTransport::State : std::enable_shared_from_this<State> {
       if (closed.exchange(true)) return;
       if (std::shared_ptr<State> s = state.lock()) s->unlink(this, /*drop_queued=*/false);
     }
+    // One Gloo stream per rank pair carries its requests and our replies' replies both
+    // ways, so it is never left unread (two ranks calling each other would wait on each
+    // other's replies): a paused link keeps the requests that arrive aside, in order,
+    // and the resumer thread hands them over. Only ranks of the group speak here, and a
+    // ferry caller sends at most its own cap, which bounds what waits.
+    void pause_reads() override { paused.store(true, std::memory_order_seq_cst); }
+    void resume_reads() override {
+      paused.store(false, std::memory_order_seq_cst);
+      if (std::shared_ptr<State> s = state.lock()) s->resume(shared_from_this());
+    }
     const std::weak_ptr<State> state;
     const int rank;
     const bool outgoing;
     std::atomic<bool> closed{false};
     std::atomic<bool> reported{false};
     std::atomic<bool> opened{false};  // its first frame is queued
+    std::atomic<bool> paused{false};
+    std::mutex park_mu;
+    std::deque<Wire> parked;  // guarded by park_mu: requests kept aside while paused
+    bool draining = false;    // guarded by park_mu: the resumer hands `parked` over
   };
   struct Outgoing {
     FrameKind kind;
@@ -232,6 +247,13 @@ struct ProcessGroupTransport::State : std::enable_shared_from_this<State> {
   // By rank: bumped by disconnect(), which gives up on the sends in flight. A sender
   // whose send failed across a bump leaves the verdict to whoever disconnected.
   std::vector<std::unique_ptr<std::atomic<uint64_t>>> disconnects;
+
+  // The resumer thread: hands over what paused links kept aside once they resume.
+  std::thread resumer;
+  absl::Mutex resume_mu;
+  absl::CondVar resume_cv;
+  std::deque<std::weak_ptr<Link>> to_resume ABSL_GUARDED_BY(resume_mu);
+  bool stop_resumer ABSL_GUARDED_BY(resume_mu) = false;
 
   std::atomic<uint64_t> frames_sent{0};
   std::atomic<uint64_t> frames_received{0};
@@ -305,6 +327,75 @@ struct ProcessGroupTransport::State : std::enable_shared_from_this<State> {
     group->cancel_sends(link->rank, absl::StrCat("worker ", name_of(link->rank), " was disconnected"));
   }
 
+  // Delivers one message on `link` (on_header, then on_message), or keeps it aside
+  // while the link is paused or still has earlier ones aside. Requests come from one
+  // thread per rank, so the resumer and that thread never deliver on a link at once.
+  void hand_over(const std::shared_ptr<Link>& link, Wire wire, TransportEvents& e) {
+    if (!link->outgoing) {
+      std::lock_guard<std::mutex> lock(link->park_mu);
+      if (link->paused.load(std::memory_order_seq_cst) || link->draining || !link->parked.empty()) {
+        link->parked.push_back(std::move(wire));
+        return;
+      }
+    }
+    deliver_now(link, std::move(wire), e);
+  }
+
+  void deliver_now(const std::shared_ptr<Link>& link, Wire wire, TransportEvents& e) {
+    std::vector<uint64_t> lengths;
+    for (const Tensor& t : wire.tensors) lengths.push_back(t.nbytes());
+    // The frame is whole already (Gloo received it); the check still ends a peer that
+    // breaks the handshake's or the message size's rules.
+    if (absl::Status fits = e.on_header(*link, wire.metadata.size(), lengths); !fits.ok()) {
+      link->close();
+      report(link, std::move(fits));
+      return;
+    }
+    e.on_message(link, std::move(wire));
+  }
+
+  // Any thread (Link::resume_reads): has the resumer hand over what `link` kept aside.
+  void resume(const std::shared_ptr<Link>& link) ABSL_LOCKS_EXCLUDED(resume_mu) {
+    {
+      std::lock_guard<std::mutex> lock(link->park_mu);
+      if (link->parked.empty() || link->draining) return;
+      link->draining = true;
+    }
+    absl::MutexLock lock(&resume_mu);
+    to_resume.push_back(link);
+    resume_cv.Signal();
+  }
+
+  void resume_loop() ABSL_LOCKS_EXCLUDED(resume_mu) {
+    TransportThreadScope transport_thread;
+    AgentThreadScope agent_thread;
+    for (;;) {
+      std::shared_ptr<Link> link;
+      {
+        absl::MutexLock lock(&resume_mu);
+        while (to_resume.empty() && !stop_resumer) resume_cv.Wait(&resume_mu);
+        if (stop_resumer) return;
+        link = to_resume.front().lock();
+        to_resume.pop_front();
+      }
+      std::shared_ptr<TransportEvents> e = events.lock();
+      if (!link) continue;
+      for (;;) {
+        Wire next;
+        {
+          std::lock_guard<std::mutex> lock(link->park_mu);
+          if (!e || link->reported.load() || link->paused.load(std::memory_order_seq_cst) || link->parked.empty()) {
+            link->draining = false;
+            break;
+          }
+          next = std::move(link->parked.front());
+          link->parked.pop_front();
+        }
+        deliver_now(link, std::move(next), *e);
+      }
+    }
+  }
+
   // A message to ourselves: served on a copy, as a remote worker would get it.
   void loop_back(const Link& from, const Wire& wire) ABSL_LOCKS_EXCLUDED(mu) {
     std::shared_ptr<Link> to;
@@ -319,7 +410,7 @@ struct ProcessGroupTransport::State : std::enable_shared_from_this<State> {
       return;
     }
     TransportThreadScope transport_thread;
-    if (std::shared_ptr<TransportEvents> e = events.lock()) e->on_message(to, *std::move(copy));
+    if (std::shared_ptr<TransportEvents> e = events.lock()) hand_over(to, *std::move(copy), *e);
   }
 
   // One of rank `r`'s senders: frames to other ranks never wait behind a rank that
@@ -413,16 +504,7 @@ struct ProcessGroupTransport::State : std::enable_shared_from_this<State> {
     if (previous) report(previous, absl::CancelledError("the peer opened a new connection"));
     if (link == nullptr) return true;  // a reply on a link the core closed
     if (fresh) e->on_accepted(link);
-    std::vector<uint64_t> lengths;
-    for (const Tensor& t : frame->wire.tensors) lengths.push_back(t.nbytes());
-    // The frame is whole already (Gloo received it); the check still ends a peer that
-    // breaks the handshake's or the message size's rules.
-    if (absl::Status fits = e->on_header(*link, frame->wire.metadata.size(), lengths); !fits.ok()) {
-      link->close();
-      report(link, std::move(fits));
-      return true;
-    }
-    e->on_message(link, std::move(frame->wire));
+    hand_over(link, std::move(frame->wire), *e);
     return true;
   }
 };
@@ -469,6 +551,7 @@ absl::StatusOr<std::string> ProcessGroupTransport::listen(std::weak_ptr<Transpor
     s.senders.emplace_back([state = state_, r] { state->send_loop(r); });
     s.receivers.emplace_back([state = state_, r] { state->receive_loop(r); });
   }
+  s.resumer = std::thread([state = state_] { state->resume_loop(); });
   return process_group_address(s.rank);
 }
 
@@ -549,6 +632,12 @@ void ProcessGroupTransport::close() {
   // The only way to end a Gloo receive: shut the group down.
   s.group->shutdown();
   for (std::thread& t : s.receivers) t.join();
+  {
+    absl::MutexLock lock(&s.resume_mu);
+    s.stop_resumer = true;
+    s.resume_cv.SignalAll();
+  }
+  if (s.resumer.joinable()) s.resumer.join();
   {
     absl::MutexLock lock(&s.mu);
     s.closed = true;

@@ -542,6 +542,20 @@ class Pipe final : public Connection, public std::enable_shared_from_this<Pipe> 
     }
   }
 
+  // A paused pipe's ring is not read: it fills, and the peer's writes wait in its own
+  // queue (Outgoing) for room, as for any slow reader. Only the requests' ring stops;
+  // our replies go out through the other. Pauses come between messages (from
+  // on_message), so a paused receive() never stops inside one.
+  void pause_reads() override { paused_.store(true, std::memory_order_seq_cst); }
+  void resume_reads() override {
+    paused_.store(false, std::memory_order_seq_cst);
+    // The peer rang once when it wrote, while we were paused: ring ourselves, so the
+    // data thread (or a driver) takes what waits.
+    std::shared_ptr<Endpoint> home = home_.lock();
+    if (home && home->bell != nullptr) ring::ring(home->bell);
+  }
+  bool paused() const { return paused_.load(std::memory_order_seq_cst); }
+
   void close_after_writes() override {
     bool now;
     {
@@ -569,7 +583,7 @@ class Pipe final : public Connection, public std::enable_shared_from_this<Pipe> 
     return moved;
   }
 
-  bool has_work() const { return rx_.has_data() || tx_pending_.load(std::memory_order_relaxed); }
+  bool has_work() const { return (!paused() && rx_.has_data()) || tx_pending_.load(std::memory_order_relaxed); }
 
   // Data thread: reads what the ring holds, delivering whole messages. True when it
   // took something.
@@ -662,6 +676,7 @@ class Pipe final : public Connection, public std::enable_shared_from_this<Pipe> 
   std::atomic<bool> peer_reads_me_{false};
   std::atomic<bool> writable_{true};
   std::atomic<bool> closing_{false};
+  std::atomic<bool> paused_{false};
 
   std::mutex tx_mu_;
   ring::Producer tx_;                              // guarded by tx_mu_
@@ -745,7 +760,7 @@ bool Pipe::receive(Endpoint& home, const std::shared_ptr<TransportEvents>& event
     end(home, absl::DataLossError("the peer's ring position is corrupt"));
     return false;
   }
-  if (avail == 0 || broken.load()) return false;
+  if (avail == 0 || broken.load() || paused()) return false;
   std::shared_ptr<Pipe> self = shared_from_this();
   auto fail = [&](absl::Status why) {
     broken.store(true);
@@ -755,6 +770,7 @@ bool Pipe::receive(Endpoint& home, const std::shared_ptr<TransportEvents>& event
   for (;;) {
     switch (stage_) {
       case Stage::kFixed: {
+        if (paused()) goto out;
         if (!take_into(scratch_, sizeof(Fixed), avail)) goto out;
         std::memcpy(&fixed_, scratch_.data(), sizeof(Fixed));
         scratch_.clear();

@@ -113,6 +113,7 @@ absl::StatusOr<std::shared_ptr<Agent>> TensorPipeAgent::start(std::shared_ptr<St
   agent_options.devices = std::move(options.devices);
   agent_options.store_prefix = options.store_prefix;
   agent_options.serves_inline = std::move(options.serves_inline);
+  agent_options.max_requests_in_flight = options.max_requests_in_flight;
   return Agent::start(WorkerInfo{std::move(name), rank}, std::move(store), std::move(agent_options),
                       std::move(handler), std::move(transport));
 }

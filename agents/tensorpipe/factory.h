@@ -87,6 +87,8 @@ struct TensorPipeAgentOptions : TensorPipeAgentSettings {
   std::string store_prefix = "ferry/rpc/";
   // Requests to serve on the transport thread (see InlineFilter); unset: none.
   InlineFilter serves_inline;
+  // See AgentOptions::max_requests_in_flight.
+  int max_requests_in_flight = 1024;
   // The store's host as the workers reach it (empty: unknown), for the listen-address
   // resolver: a host whose name resolves to loopback listens on the interface that
   // routes there (base/net.h).

@@ -76,28 +76,35 @@ class TensorPipeTransport::State::Pipe final : public Connection, public std::en
     if (pipe_ != nullptr && in_flight_.load(std::memory_order_acquire) == 0) pipe_->close();
   }
 
-  // Arms the next read; on_message per message, on_closed once when the pipe ends.
+  // A paused pipe arms no read: TensorPipe then reads nothing more from the socket,
+  // and the peer's writes wait in its own queue once the socket's buffers are full.
+  void pause_reads() override {
+    std::lock_guard<std::mutex> lock(read_mu_);
+    paused_ = true;
+  }
+
+  void resume_reads() override {
+    {
+      std::lock_guard<std::mutex> lock(read_mu_);
+      paused_ = false;
+      if (!parked_) return;
+      parked_ = false;
+    }
+    // readDescriptor defers to TensorPipe's loop: the next message comes there.
+    arm();
+  }
+
+  // Arms the next read unless paused (then resume_reads() arms it); on_message per
+  // message, on_closed once when the pipe ends.
   void read_next() {
-    std::shared_ptr<Pipe> self = shared_from_this();
-    std::weak_ptr<State> weak_state = state_;
-    auto admit = [self, weak_state](uint64_t metadata_bytes, std::span<const uint64_t> lengths) {
-      std::shared_ptr<State> state = weak_state.lock();
-      std::shared_ptr<TransportEvents> events = state ? state->events.lock() : nullptr;
-      if (!events) return absl::CancelledError("the agent is gone");
-      return events->on_header(*self, metadata_bytes, lengths);
-    };
-    read_wire(pipe_, buffers(), std::move(admit), [self](absl::StatusOr<Wire> wire) {
-      if (!wire.ok()) {
-        self->report(wire.status());
+    {
+      std::lock_guard<std::mutex> lock(read_mu_);
+      if (paused_) {
+        parked_ = true;
         return;
       }
-      self->read_next();
-      std::shared_ptr<State> state = self->state_.lock();
-      if (!state || state->closing.load()) return;
-      if (std::shared_ptr<TransportEvents> events = state->events.lock()) {
-        events->on_message(self, *std::move(wire));
-      }
-    });
+    }
+    arm();
   }
 
   // on_closed, once; the pipe is forgotten.
@@ -112,6 +119,33 @@ class TensorPipeTransport::State::Pipe final : public Connection, public std::en
   }
 
  private:
+  void arm() {
+    std::shared_ptr<Pipe> self = shared_from_this();
+    std::weak_ptr<State> weak_state = state_;
+    auto admit = [self, weak_state](uint64_t metadata_bytes, std::span<const uint64_t> lengths) {
+      std::shared_ptr<State> state = weak_state.lock();
+      std::shared_ptr<TransportEvents> events = state ? state->events.lock() : nullptr;
+      if (!events) return absl::CancelledError("the agent is gone");
+      return events->on_header(*self, metadata_bytes, lengths);
+    };
+    read_wire(pipe_, buffers(), std::move(admit), [self](absl::StatusOr<Wire> wire) {
+      if (!wire.ok()) {
+        self->report(wire.status());
+        return;
+      }
+      // A pipe this worker opened carries replies, never paused: its next read is armed
+      // before this one is handled. A pipe a peer opened is armed after, so that a
+      // pause_reads() from on_message holds the very next message back.
+      if (self->outgoing_) self->arm();
+      std::shared_ptr<State> state = self->state_.lock();
+      if (!state || state->closing.load()) return;
+      if (std::shared_ptr<TransportEvents> events = state->events.lock()) {
+        events->on_message(self, *std::move(wire));
+      }
+      if (!self->outgoing_) self->read_next();
+    });
+  }
+
   std::shared_ptr<BufferPool> buffers() const {
     std::shared_ptr<State> state = state_.lock();
     return state ? state->buffers : BufferPool::create(0);
@@ -124,6 +158,9 @@ class TensorPipeTransport::State::Pipe final : public Connection, public std::en
   std::atomic<bool> close_when_written_{false};
   std::atomic<int> in_flight_{0};
   std::atomic<bool> reported_{false};
+  std::mutex read_mu_;
+  bool paused_ = false;  // guarded by read_mu_
+  bool parked_ = false;  // guarded by read_mu_: a read is due and waits for resume_reads()
 };
 
 void TensorPipeTransport::State::accept_next() {

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -63,6 +64,8 @@ struct AgentKind {
   // Its workers must share a process (the in-process transport): they run as threads,
   // and the tests that kill or stop a worker's process skip it.
   bool in_process = false;
+  // The same kind with AgentOptions::max_requests_in_flight set to `cap`.
+  std::function<AgentKind(int cap)> with_cap;
 };
 
 // For test names and failure messages (gtest would print the bytes).
@@ -70,12 +73,13 @@ void PrintTo(const AgentKind& kind, std::ostream* os) { *os << kind.name; }
 
 Agent& agent_of(RpcAgent& a) { return dynamic_cast<Agent&>(a); }
 
-AgentKind tensorpipe_kind(const std::string& transport) {
+AgentKind tensorpipe_kind(const std::string& transport, int cap = 1024) {
   TensorPipeAgentOptions options;
   options.transports = std::vector<std::string>{transport};
   options.init_timeout = seconds(20);
   options.rpc_timeout = seconds(30);
   options.heartbeat_interval = milliseconds(300);
+  options.max_requests_in_flight = cap;
   return AgentKind{
       "tensorpipe_" + transport,
       [options](std::shared_ptr<Store> store, std::string name, int rank, int n, RequestHandler handler) {
@@ -84,13 +88,16 @@ AgentKind tensorpipe_kind(const std::string& transport) {
       [options](std::shared_ptr<Store> store, std::string name, int rank, int /*n*/, RequestHandler handler) {
         return TensorPipeAgent::start(store, name, rank, options, handler);
       },
+      false,
+      [transport](int c) { return tensorpipe_kind(transport, c); },
   };
 }
 
-AgentKind process_group_kind() {
+AgentKind process_group_kind(int cap = 1024) {
   ProcessGroupAgentOptions options;
   options.rpc_timeout = seconds(30);
   options.heartbeat_interval = milliseconds(300);
+  options.max_requests_in_flight = cap;
   auto group = [](std::shared_ptr<Store> store, int rank, int n) -> absl::StatusOr<std::shared_ptr<ProcessGroup>> {
     FERRY_ASSIGN_OR_RETURN(std::unique_ptr<ProcessGroup> g, ProcessGroup::create(std::move(store), rank, n, seconds(20)));
     return std::shared_ptr<ProcessGroup>(std::move(g));
@@ -107,11 +114,14 @@ AgentKind process_group_kind() {
         FERRY_ASSIGN_OR_RETURN(std::shared_ptr<ProcessGroup> g, group(store, rank, n));
         return ProcessGroupAgent::start(std::move(g), store, name, options, handler);
       },
+      false,
+      [](int c) { return process_group_kind(c); },
   };
 }
 
-AgentKind inproc_kind() {
+AgentKind inproc_kind(int cap = 1024) {
   InprocAgentOptions options;
+  options.agent.max_requests_in_flight = cap;
   options.agent.rpc_timeout = seconds(30);
   options.agent.heartbeat = milliseconds(300);
   options.init_timeout = seconds(20);
@@ -124,11 +134,13 @@ AgentKind inproc_kind() {
         return InprocAgent::start(store, name, rank, options, handler);
       },
       /*in_process=*/true,
+      [](int c) { return inproc_kind(c); },
   };
 }
 
-AgentKind ring_kind() {
+AgentKind ring_kind(int cap = 1024) {
   RingAgentOptions options;
+  options.agent.max_requests_in_flight = cap;
   options.agent.rpc_timeout = seconds(30);
   options.agent.heartbeat = milliseconds(300);
   options.init_timeout = seconds(20);
@@ -140,6 +152,8 @@ AgentKind ring_kind() {
       [options](std::shared_ptr<Store> store, std::string name, int rank, int /*n*/, RequestHandler handler) {
         return RingAgent::start(store, name, rank, options, handler);
       },
+      false,
+      [](int c) { return ring_kind(c); },
   };
 }
 
@@ -233,6 +247,13 @@ std::shared_ptr<RpcAgent> make(const AgentKind& kind, const std::string& dir, in
   auto agent = kind.create(file_store(dir), name_of(rank), rank, n, handler_for(name_of(rank)));
   if (!agent.ok()) throw RpcError(agent.status());
   return *agent;
+}
+
+// A counter of agent_of(agent)->debug_info(), 0 when absent.
+int64_t counter(RpcAgent& agent, const std::string& key) {
+  std::map<std::string, std::string> info = agent_of(agent).debug_info();
+  auto it = info.find(key);
+  return it == info.end() ? 0 : std::stoll(it->second);
 }
 
 class AgentConformance : public ::testing::TestWithParam<AgentKind> {};
@@ -440,6 +461,90 @@ TEST_P(AgentConformance, AFloodOfCallsKeepsTheServersMemoryBounded) {
     EXPECT_OK(agent->join(seconds(60)));
     agent->shutdown();
   }, seconds(180)));
+}
+
+// Issue 27, finding 10: a server read every request a caller sent, whatever its cap,
+// and refused those beyond it. Now it stops reading a connection that has
+// max_requests_in_flight requests here (Connection::pause_reads) until one is answered:
+// a caller with a larger cap waits in its own transport, nothing is refused, and the
+// server never holds more than its cap.
+TEST_P(AgentConformance, AServerAtItsCapStopsReadingThatConnection) {
+  ferry::testing::TempDir dir;
+  constexpr int kServerCap = 4;
+  ferry::testing::expect_all_succeed(run_workers(GetParam(), 2, [&](int rank) {
+    // The caller allows 64 in flight, the server 4.
+    const AgentKind kind = GetParam().with_cap(rank == 1 ? kServerCap : 64);
+    auto agent = kind.create(file_store(dir.path()), name_of(rank), rank, 2, handler_for(name_of(rank)));
+    ASSERT_OK(agent.status());
+    std::shared_ptr<Store> store = file_store(dir.path());
+    if (rank == 0) {
+      std::vector<Future<Message>> calls;
+      for (int i = 0; i < 200; ++i) calls.push_back((*agent)->send(1, request("sleep:10"), seconds(30)));
+      int failed = 0;
+      for (Future<Message>& f : calls) {
+        (void)f.wait_for(seconds(40));
+        ASSERT_TRUE(f.is_ready()) << "a call never ended";
+        if (!f.status().ok() && ++failed <= 3) ADD_FAILURE() << f.status();
+      }
+      EXPECT_EQ(failed, 0);
+      ASSERT_OK(store->set("flooded", to_bytes("1")));
+    } else {
+      ASSERT_OK(store->wait({"flooded"}, seconds(60)));
+      EXPECT_GE(counter(**agent, "reads_paused"), 1) << "the server never stopped reading the flood";
+      EXPECT_LE(counter(**agent, "requests_in_flight_peak"), kServerCap);
+      EXPECT_GE(counter(**agent, "requests_in_flight_peak"), 1);
+      EXPECT_EQ(counter(**agent, "requests_refused_at_cap"), 0);
+    }
+    EXPECT_OK((*agent)->join(seconds(30)));
+    (*agent)->shutdown();
+  }, seconds(120)));
+}
+
+// Requests one way and replies the other must not share what a pause stops: two
+// workers flooding each other's slow function, each at its cap (so each pauses the
+// other's connection), still get every reply.
+TEST_P(AgentConformance, TwoWorkersFloodingEachOtherAtTheirCapsBothFinish) {
+  ferry::testing::TempDir dir;
+  ferry::testing::expect_all_succeed(run_workers(GetParam(), 2, [&](int rank) {
+    const AgentKind kind = GetParam().with_cap(4);
+    auto agent = kind.create(file_store(dir.path()), name_of(rank), rank, 2, handler_for(name_of(rank)));
+    ASSERT_OK(agent.status());
+    std::vector<Future<Message>> calls;
+    for (int i = 0; i < 300; ++i) calls.push_back((*agent)->send(1 - rank, request("sleep:5"), seconds(30)));
+    int failed = 0;
+    for (Future<Message>& f : calls) {
+      (void)f.wait_for(seconds(40));
+      ASSERT_TRUE(f.is_ready()) << "a call never ended";
+      if (!f.status().ok() && ++failed <= 3) ADD_FAILURE() << f.status();
+    }
+    EXPECT_EQ(failed, 0);
+    EXPECT_OK((*agent)->join(seconds(30)));
+    EXPECT_GE(counter(**agent, "reads_paused"), 1);
+    EXPECT_EQ(counter(**agent, "requests_refused_at_cap"), 0);
+    (*agent)->shutdown();
+  }, seconds(120)));
+}
+
+// A paused connection holds its caller's heartbeat pings unread behind the requests.
+// With every request slower than the heartbeat, the caller would hear nothing and
+// declare a live server lost; the server's kBusy while paused keeps it heard.
+TEST_P(AgentConformance, AServerThatStoppedReadingIsStillHeardByTheHeartbeat) {
+  ferry::testing::TempDir dir;
+  ferry::testing::expect_all_succeed(run_workers(GetParam(), 2, [&](int rank) {
+    const AgentKind kind = GetParam().with_cap(rank == 1 ? 2 : 64);  // heartbeat 300 ms
+    auto agent = kind.create(file_store(dir.path()), name_of(rank), rank, 2, handler_for(name_of(rank)));
+    ASSERT_OK(agent.status());
+    if (rank == 0) {
+      std::vector<Future<Message>> calls;
+      for (int i = 0; i < 6; ++i) calls.push_back((*agent)->send(1, request("sleep:1200"), seconds(30)));
+      for (Future<Message>& f : calls) EXPECT_OK(f.status());
+    }
+    EXPECT_OK((*agent)->join(seconds(30)));
+    if (rank == 1) {
+      EXPECT_GE(counter(**agent, "reads_paused"), 1);
+    }
+    (*agent)->shutdown();
+  }, seconds(120)));
 }
 
 // Issue 27, finding 10: a request whose caller had given up (its deadline passed while
@@ -824,16 +929,18 @@ TEST_P(AgentConformance, MembersJoinAndLeaveWhileCallsRun) {
   }));
 }
 
-// A caller that sends more requests than the server takes in flight (another
-// max_requests_in_flight, or not ferry) has the excess refused unrun with
-// kResourceExhausted, saying why; nothing is queued for it and every call ends.
-TEST(AgentBackpressure, RequestsBeyondTheServersCapAreRefusedUnrun) {
+// The last line of defence: a request a transport delivers past a pause (here an
+// in-process transport told to ignore pauses, as one that cannot pause would) beyond
+// the server's cap is refused unrun with kResourceExhausted, saying why; nothing is
+// queued for it and every call ends.
+TEST(AgentBackpressure, RequestsDeliveredPastAPauseAreRefusedUnrun) {
   ferry::testing::TempDir dir;
   ferry::testing::expect_all_succeed(ferry::testing::run_threads(2, [&](int rank) {
     InprocAgentOptions options;
     options.init_timeout = seconds(20);
     options.agent.num_worker_threads = 4;
     options.agent.max_requests_in_flight = rank == 0 ? 64 : 4;  // the caller allows more than the server
+    options.ignore_pauses = rank == 1;
     auto agent = InprocAgent::create(file_store(dir.path()), name_of(rank), rank, 2, options, handler_for(name_of(rank)));
     ASSERT_OK(agent.status());
     if (rank == 0) {
@@ -850,6 +957,10 @@ TEST(AgentBackpressure, RequestsBeyondTheServersCapAreRefusedUnrun) {
       EXPECT_LE(refused, 28);  // at least the 4 the server took ran
     }
     EXPECT_OK((*agent)->join(seconds(20)));
+    if (rank == 1) {
+      EXPECT_GE(counter(**agent, "requests_refused_at_cap"), 1);
+      EXPECT_LE(counter(**agent, "requests_in_flight_peak"), 4);
+    }
     (*agent)->shutdown();
   }, seconds(60)));
 }

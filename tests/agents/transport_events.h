@@ -46,6 +46,8 @@ class Recorder final : public TransportEvents {
   void on_message(const std::shared_ptr<Connection>& connection, Wire wire) override {
     std::lock_guard<std::mutex> lock(mu_);
     received_.push_back({connection, std::move(wire), std::this_thread::get_id()});
+    // As the core does from on_message (Connection::pause_reads).
+    if (after_message_) after_message_(*connection, received_.back().wire);
     cv_.notify_all();
   }
   void on_closed(const std::shared_ptr<Connection>& connection, absl::Status why) override {
@@ -57,6 +59,11 @@ class Recorder final : public TransportEvents {
   void set_admit(std::function<absl::Status(uint64_t, std::span<const uint64_t>)> admit) {
     std::lock_guard<std::mutex> lock(mu_);
     admit_ = std::move(admit);
+  }
+  // Runs on the delivering thread after each message is recorded (under the lock).
+  void set_after_message(std::function<void(Connection&, const Wire&)> after) {
+    std::lock_guard<std::mutex> lock(mu_);
+    after_message_ = std::move(after);
   }
   bool wait_for(const std::function<bool()>& done, milliseconds timeout = milliseconds(20000)) {
     std::unique_lock<std::mutex> lock(mu_);
@@ -74,6 +81,7 @@ class Recorder final : public TransportEvents {
   std::vector<std::pair<std::shared_ptr<Connection>, absl::Status>> closed_;
   int headers_ = 0;
   std::function<absl::Status(uint64_t, std::span<const uint64_t>)> admit_;
+  std::function<void(Connection&, const Wire&)> after_message_;
 };
 
 // A listening transport and its recorder.
