@@ -549,10 +549,11 @@ class Pipe final : public Connection, public std::enable_shared_from_this<Pipe> 
   void pause_reads() override { paused_.store(true, std::memory_order_seq_cst); }
   void resume_reads() override {
     paused_.store(false, std::memory_order_seq_cst);
-    // The peer rang once when it wrote, while we were paused: ring ourselves, so the
-    // data thread (or a driver) takes what waits.
+    // The peer rang once when it wrote, while we were paused (and its news was read
+    // then): ring ourselves, with news of this pipe, so the data thread (or a driver)
+    // takes what waits.
     std::shared_ptr<Endpoint> home = home_.lock();
-    if (home && home->bell != nullptr) ring::ring(home->bell);
+    if (home && home->bell != nullptr) ring::ring(home->bell, own_slot);
   }
   bool paused() const { return paused_.load(std::memory_order_seq_cst); }
 
