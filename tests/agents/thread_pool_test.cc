@@ -177,10 +177,9 @@ TEST(ThreadPoolHandOff, AnotherThreadOnlyWhenTheBusyOnesStallOrACoreIsFree) {
   EXPECT_FALSE(ThreadPool::another_thread_helps(stall / 2, 10 * stall, /*spare_core=*/true));
 }
 
-// The same host, tasks that block: the busy thread takes nothing for kStall, so the
-// queued task gets a thread of its own.
-TEST(ThreadPoolHandOff, OnAFullHostATaskQueuedBehindABlockedOneStillRuns) {
-  ThreadPool pool(2, nullptr, no_spare_core);
+// Posts a task that waits (up to 5 s) for a second one, then the second `head_start`
+// later, so that it finds a busy thread; the second must run while the first waits.
+void expect_a_task_behind_a_blocked_one_runs(ThreadPool& pool, std::chrono::microseconds head_start) {
   std::atomic<int> second_ran{0};
   std::atomic<int> first_done{0};
   ASSERT_TRUE(pool.post([&] {
@@ -188,10 +187,17 @@ TEST(ThreadPoolHandOff, OnAFullHostATaskQueuedBehindABlockedOneStillRuns) {
     while (second_ran.load() == 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
     first_done = 1;
   }));
-  std::this_thread::sleep_for(std::chrono::microseconds(200));
+  std::this_thread::sleep_for(head_start);
   ASSERT_TRUE(pool.post([&] { second_ran = 1; }));
   ASSERT_TRUE(wait_until(first_done, 1, std::chrono::seconds(10)));
   EXPECT_EQ(second_ran.load(), 1) << "the second task waited for the first";
+}
+
+// The same host, tasks that block: the busy thread takes nothing for kStall, so the
+// queued task gets a thread of its own.
+TEST(ThreadPoolHandOff, OnAFullHostATaskQueuedBehindABlockedOneStillRuns) {
+  ThreadPool pool(2, nullptr, no_spare_core);
+  expect_a_task_behind_a_blocked_one_runs(pool, std::chrono::microseconds(200));
 }
 
 class ThreadPoolSizes : public ::testing::TestWithParam<int> {};
@@ -204,18 +210,9 @@ class ThreadPoolSeveralThreads : public ThreadPoolSizes {};
 TEST_P(ThreadPoolSeveralThreads, ATaskQueuedBehindABlockedOneStillRuns) {
   ThreadPool pool(GetParam());
   for (int round = 0; round < 20; ++round) {
-    std::atomic<int> second_ran{0};
-    std::atomic<int> first_done{0};
-    ASSERT_TRUE(pool.post([&] {
-      auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-      while (second_ran.load() == 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
-      first_done = 1;
-    }));
-    // Give the first task time to start, so the second finds a busy thread.
-    std::this_thread::sleep_for(std::chrono::microseconds(round % 4 == 0 ? 0 : 200));
-    ASSERT_TRUE(pool.post([&] { second_ran = 1; }));
-    ASSERT_TRUE(wait_until(first_done, 1, std::chrono::seconds(10)));
-    ASSERT_EQ(second_ran.load(), 1) << "round " << round << ": the second task waited for the first";
+    SCOPED_TRACE(::testing::Message() << "round " << round);
+    // Mostly give the first task time to start, so the second finds a busy thread.
+    expect_a_task_behind_a_blocked_one_runs(pool, std::chrono::microseconds(round % 4 == 0 ? 0 : 200));
   }
 }
 
