@@ -21,6 +21,7 @@
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <memory>
 #include <mutex>
 #include <new>
 #include <random>
@@ -39,7 +40,56 @@
 #include "base/progress.h"
 #include "base/thread_role.h"
 
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define FERRY_RING_TSAN 1
+#endif
+#endif
+#if defined(__SANITIZE_THREAD__) && !defined(FERRY_RING_TSAN)
+#define FERRY_RING_TSAN 1
+#endif
+#ifdef FERRY_RING_TSAN
+extern "C" void __tsan_release(void* addr);
+extern "C" void __tsan_acquire(void* addr);
+#endif
+
 namespace ferry::internal {
+
+namespace {
+
+// TSan orders accesses by address. A worker's connection to itself maps one segment
+// twice, at two addresses, so a head published through one mapping and read through
+// the other pairs no release with an acquire, and what the message carried looks
+// unsynchronized. Under TSan, both mappings of a segment (same inode) share a token
+// that publish releases and receive acquires. Elsewhere: nothing.
+void* sync_token([[maybe_unused]] int segment_fd) {
+#ifdef FERRY_RING_TSAN
+  struct stat st {};
+  if (fstat(segment_fd, &st) != 0) return nullptr;
+  static std::mutex mu;
+  static auto* tokens = new absl::flat_hash_map<ino_t, std::unique_ptr<char>>();  // never freed: TSan only
+  std::lock_guard<std::mutex> lock(mu);
+  std::unique_ptr<char>& token = (*tokens)[st.st_ino];
+  if (token == nullptr) token = std::make_unique<char>();
+  return token.get();
+#else
+  return nullptr;
+#endif
+}
+
+void tsan_release([[maybe_unused]] void* token) {
+#ifdef FERRY_RING_TSAN
+  if (token != nullptr) __tsan_release(token);
+#endif
+}
+
+void tsan_acquire([[maybe_unused]] void* token) {
+#ifdef FERRY_RING_TSAN
+  if (token != nullptr) __tsan_acquire(token);
+#endif
+}
+
+}  // namespace
 
 namespace ring {
 
@@ -441,8 +491,10 @@ class Pipe final : public Connection, public std::enable_shared_from_this<Pipe> 
   }
 
   // Before the pipe is shared: the socket (owned from here on) and the segment.
-  void attach(int fd, Mapping segment, uint64_t ring_bytes) {
+  // `token`: sync_token() of the segment.
+  void attach(int fd, Mapping segment, uint64_t ring_bytes, void* token) {
     fd_ = fd;
+    tsan_token_ = token;
     segment_ = std::move(segment);
     shared_ = static_cast<ring::SegmentHeader*>(segment_.ptr);
     uint8_t* base = static_cast<uint8_t*>(segment_.ptr) + ring::kHeaderBytes;
@@ -637,6 +689,7 @@ class Pipe final : public Connection, public std::enable_shared_from_this<Pipe> 
   }
 
   void publish_locked() {
+    tsan_release(tsan_token_);
     tx_.publish();
     if (ring::Bell* bell = peer_bell_.load(std::memory_order_acquire)) {
       ring::ring(bell, peer_slot_.load(std::memory_order_relaxed));
@@ -674,6 +727,7 @@ class Pipe final : public Connection, public std::enable_shared_from_this<Pipe> 
   std::atomic<ring::Bell*> peer_bell_{nullptr};
   std::atomic<pid_t> peer_pid_{0};  // set before peer_bell_
   std::atomic<uint32_t> peer_slot_{ring::kNoSlot};  // set before peer_bell_
+  void* tsan_token_ = nullptr;  // set before the pipe is shared
   std::atomic<bool> peer_reads_me_{false};
   std::atomic<bool> writable_{true};
   std::atomic<bool> closing_{false};
@@ -762,6 +816,7 @@ bool Pipe::receive(Endpoint& home, const std::shared_ptr<TransportEvents>& event
     return false;
   }
   if (avail == 0 || broken.load() || paused()) return false;
+  tsan_acquire(tsan_token_);
   std::shared_ptr<Pipe> self = shared_from_this();
   auto fail = [&](absl::Status why) {
     broken.store(true);
@@ -1209,11 +1264,12 @@ void Endpoint::accept_hello(uint64_t id, int fd) {
   }
   absl::StatusOr<Mapping> segment = map_peer_memfd(fds[0], ring::kHeaderBytes + 2 * rb, /*exact=*/true);
   if (!segment.ok()) return refuse(std::string(segment.status().message()));
+  void* token = sync_token(fds[0]);
   absl::StatusOr<Mapping> peer_bell = map_peer_memfd(fds[1], ring::kBellBytes, /*exact=*/false);
   if (!peer_bell.ok()) return refuse(std::string(peer_bell.status().message()));
   close_all(fds);
   auto pipe = std::make_shared<Pipe>(nullptr, weak_from_this(), /*side=*/1);
-  pipe->attach(fd, *std::move(segment), rb);
+  pipe->attach(fd, *std::move(segment), rb, token);
   pipe->own_slot = take_slot();
   const pid_t pid = static_cast<pid_t>(hello.pid);
   const bool reads = can_read_in_place(pid, hello.probe_addr, hello.probe_value);
@@ -1419,6 +1475,7 @@ std::shared_ptr<Connection> RingTransport::connect(std::shared_ptr<Session> sess
   hello.probe_value = e.probe;
   pipe->own_slot = e.take_slot();  // given back at kAdd if the pipe never comes up
   hello.slot = pipe->own_slot;
+  void* token = sync_token(segment->first);
   bool sent = send_packet(fd, hello, {segment->first, e.bell_fd});
   int err = errno;
   ::close(segment->first);
@@ -1428,7 +1485,7 @@ std::shared_ptr<Connection> RingTransport::connect(std::shared_ptr<Session> sess
                                                     errno_text(err))));
   }
   fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
-  pipe->attach(fd, std::move(segment->second), e.ring_bytes);
+  pipe->attach(fd, std::move(segment->second), e.ring_bytes, token);
   e.opened.fetch_add(1);
   e.post({Endpoint::Command::kAdd, pipe, absl::OkStatus()});
   e.watch(e.next_id.fetch_add(1), fd, pipe);

@@ -51,6 +51,11 @@ using ::testing::HasSubstr;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
+// The heartbeat of the flood tests at the cap, which test reading, not the heartbeat:
+// a sanitized build on a loaded host can stall a worker past 300 ms (TSan, TensorPipe
+// shm: declared lost mid-flood).
+constexpr milliseconds kFloodHeartbeat = kSanitized ? milliseconds(3000) : milliseconds(300);
+
 // How the suite makes agents of one kind: a static group through `create`, a worker
 // with no members yet through `start` (membership then changes through the Agent). It
 // gets the number of processes too: a process-group agent's group is fixed-size, so its
@@ -64,8 +69,9 @@ struct AgentKind {
   // Its workers must share a process (the in-process transport): they run as threads,
   // and the tests that kill or stop a worker's process skip it.
   bool in_process = false;
-  // The same kind with AgentOptions::max_requests_in_flight set to `cap`.
-  std::function<AgentKind(int cap)> with_cap;
+  // The same kind with AgentOptions::max_requests_in_flight set to `cap`, and the
+  // heartbeat's interval.
+  std::function<AgentKind(int cap, milliseconds heartbeat)> with_cap;
 };
 
 // For test names and failure messages (gtest would print the bytes).
@@ -73,12 +79,12 @@ void PrintTo(const AgentKind& kind, std::ostream* os) { *os << kind.name; }
 
 Agent& agent_of(RpcAgent& a) { return dynamic_cast<Agent&>(a); }
 
-AgentKind tensorpipe_kind(const std::string& transport, int cap = 1024) {
+AgentKind tensorpipe_kind(const std::string& transport, int cap = 1024, milliseconds heartbeat = milliseconds(300)) {
   TensorPipeAgentOptions options;
   options.transports = std::vector<std::string>{transport};
   options.init_timeout = seconds(20);
   options.rpc_timeout = seconds(30);
-  options.heartbeat_interval = milliseconds(300);
+  options.heartbeat_interval = heartbeat;
   options.max_requests_in_flight = cap;
   return AgentKind{
       "tensorpipe_" + transport,
@@ -89,14 +95,14 @@ AgentKind tensorpipe_kind(const std::string& transport, int cap = 1024) {
         return TensorPipeAgent::start(store, name, rank, options, handler);
       },
       false,
-      [transport](int c) { return tensorpipe_kind(transport, c); },
+      [transport](int c, milliseconds h) { return tensorpipe_kind(transport, c, h); },
   };
 }
 
-AgentKind process_group_kind(int cap = 1024) {
+AgentKind process_group_kind(int cap = 1024, milliseconds heartbeat = milliseconds(300)) {
   ProcessGroupAgentOptions options;
   options.rpc_timeout = seconds(30);
-  options.heartbeat_interval = milliseconds(300);
+  options.heartbeat_interval = heartbeat;
   options.max_requests_in_flight = cap;
   auto group = [](std::shared_ptr<Store> store, int rank, int n) -> absl::StatusOr<std::shared_ptr<ProcessGroup>> {
     FERRY_ASSIGN_OR_RETURN(std::unique_ptr<ProcessGroup> g, ProcessGroup::create(std::move(store), rank, n, seconds(20)));
@@ -115,15 +121,15 @@ AgentKind process_group_kind(int cap = 1024) {
         return ProcessGroupAgent::start(std::move(g), store, name, options, handler);
       },
       false,
-      [](int c) { return process_group_kind(c); },
+      [](int c, milliseconds h) { return process_group_kind(c, h); },
   };
 }
 
-AgentKind inproc_kind(int cap = 1024) {
+AgentKind inproc_kind(int cap = 1024, milliseconds heartbeat = milliseconds(300)) {
   InprocAgentOptions options;
   options.agent.max_requests_in_flight = cap;
   options.agent.rpc_timeout = seconds(30);
-  options.agent.heartbeat = milliseconds(300);
+  options.agent.heartbeat = heartbeat;
   options.init_timeout = seconds(20);
   return AgentKind{
       "inproc",
@@ -134,15 +140,15 @@ AgentKind inproc_kind(int cap = 1024) {
         return InprocAgent::start(store, name, rank, options, handler);
       },
       /*in_process=*/true,
-      [](int c) { return inproc_kind(c); },
+      [](int c, milliseconds h) { return inproc_kind(c, h); },
   };
 }
 
-AgentKind ring_kind(int cap = 1024) {
+AgentKind ring_kind(int cap = 1024, milliseconds heartbeat = milliseconds(300)) {
   RingAgentOptions options;
   options.agent.max_requests_in_flight = cap;
   options.agent.rpc_timeout = seconds(30);
-  options.agent.heartbeat = milliseconds(300);
+  options.agent.heartbeat = heartbeat;
   options.init_timeout = seconds(20);
   return AgentKind{
       "ring",
@@ -153,7 +159,7 @@ AgentKind ring_kind(int cap = 1024) {
         return RingAgent::start(store, name, rank, options, handler);
       },
       false,
-      [](int c) { return ring_kind(c); },
+      [](int c, milliseconds h) { return ring_kind(c, h); },
   };
 }
 
@@ -473,7 +479,7 @@ TEST_P(AgentConformance, AServerAtItsCapStopsReadingThatConnection) {
   constexpr int kServerCap = 4;
   ferry::testing::expect_all_succeed(run_workers(GetParam(), 2, [&](int rank) {
     // The caller allows 64 in flight, the server 4.
-    const AgentKind kind = GetParam().with_cap(rank == 1 ? kServerCap : 64);
+    const AgentKind kind = GetParam().with_cap(rank == 1 ? kServerCap : 64, kFloodHeartbeat);
     auto agent = kind.create(file_store(dir.path()), name_of(rank), rank, 2, handler_for(name_of(rank)));
     ASSERT_OK(agent.status());
     std::shared_ptr<Store> store = file_store(dir.path());
@@ -506,7 +512,7 @@ TEST_P(AgentConformance, AServerAtItsCapStopsReadingThatConnection) {
 TEST_P(AgentConformance, TwoWorkersFloodingEachOtherAtTheirCapsBothFinish) {
   ferry::testing::TempDir dir;
   ferry::testing::expect_all_succeed(run_workers(GetParam(), 2, [&](int rank) {
-    const AgentKind kind = GetParam().with_cap(4);
+    const AgentKind kind = GetParam().with_cap(4, kFloodHeartbeat);
     auto agent = kind.create(file_store(dir.path()), name_of(rank), rank, 2, handler_for(name_of(rank)));
     ASSERT_OK(agent.status());
     std::vector<Future<Message>> calls;
@@ -531,7 +537,7 @@ TEST_P(AgentConformance, TwoWorkersFloodingEachOtherAtTheirCapsBothFinish) {
 TEST_P(AgentConformance, AServerThatStoppedReadingIsStillHeardByTheHeartbeat) {
   ferry::testing::TempDir dir;
   ferry::testing::expect_all_succeed(run_workers(GetParam(), 2, [&](int rank) {
-    const AgentKind kind = GetParam().with_cap(rank == 1 ? 2 : 64);  // heartbeat 300 ms
+    const AgentKind kind = GetParam().with_cap(rank == 1 ? 2 : 64, milliseconds(300));
     auto agent = kind.create(file_store(dir.path()), name_of(rank), rank, 2, handler_for(name_of(rank)));
     ASSERT_OK(agent.status());
     if (rank == 0) {
