@@ -80,14 +80,6 @@ inline void ring(Bell* bell, uint32_t slot = kNoSlot) {
   }
 }
 
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
 // The writing side of a ring. Not thread-safe: one writer at a time.
 class Producer {
  public:

@@ -167,6 +167,18 @@ std::vector<AgentKind> kinds() {
   return {tensorpipe_kind("uv"), tensorpipe_kind("shm"), process_group_kind(), inproc_kind(), ring_kind()};
 }
 
+// Waits up to `wait` for each of `calls`: every one must end, and none with an error
+// (an error is an answer; a call lost without one is not). Reports the first three.
+void expect_every_call_ok(std::vector<Future<Message>>& calls, std::chrono::seconds wait) {
+  int failed = 0;
+  for (Future<Message>& f : calls) {
+    (void)f.wait_for(wait);
+    ASSERT_TRUE(f.is_ready()) << "a call never ended";
+    if (!f.status().ok() && ++failed <= 3) ADD_FAILURE() << f.status();
+  }
+  EXPECT_EQ(failed, 0);
+}
+
 // Runs body(rank) as `n` workers of `kind`: processes, or threads for an in-process kind.
 std::vector<ferry::testing::ProcessResult> run_workers(const AgentKind& kind, int n,
                                                        const std::function<void(int rank)>& body,
@@ -452,16 +464,7 @@ TEST_P(AgentConformance, AFloodOfCallsKeepsTheServersMemoryBounded) {
     calls.reserve(kCalls);
     const auto start = std::chrono::steady_clock::now();
     for (int i = 0; i < kCalls; ++i) calls.push_back(agent->send(1, request(payload), seconds(60)));
-    int failed = 0;
-    for (Future<Message>& f : calls) {
-      (void)f.wait_for(seconds(60));
-      ASSERT_TRUE(f.is_ready()) << "a call of the flood never ended";
-      if (!f.status().ok()) {
-        // An error is an answer; a call lost without one is not.
-        if (++failed <= 3) ADD_FAILURE() << f.status();
-      }
-    }
-    EXPECT_EQ(failed, 0);
+    ASSERT_NO_FATAL_FAILURE(expect_every_call_ok(calls, seconds(60)));
     EXPECT_LT(std::chrono::steady_clock::now() - start, seconds(60));
     ASSERT_OK(store->set("flooded", to_bytes("1")));
     EXPECT_OK(agent->join(seconds(60)));
@@ -486,13 +489,7 @@ TEST_P(AgentConformance, AServerAtItsCapStopsReadingThatConnection) {
     if (rank == 0) {
       std::vector<Future<Message>> calls;
       for (int i = 0; i < 200; ++i) calls.push_back((*agent)->send(1, request("sleep:10"), seconds(30)));
-      int failed = 0;
-      for (Future<Message>& f : calls) {
-        (void)f.wait_for(seconds(40));
-        ASSERT_TRUE(f.is_ready()) << "a call never ended";
-        if (!f.status().ok() && ++failed <= 3) ADD_FAILURE() << f.status();
-      }
-      EXPECT_EQ(failed, 0);
+      ASSERT_NO_FATAL_FAILURE(expect_every_call_ok(calls, seconds(40)));
       ASSERT_OK(store->set("flooded", to_bytes("1")));
     } else {
       ASSERT_OK(store->wait({"flooded"}, seconds(60)));
@@ -517,13 +514,7 @@ TEST_P(AgentConformance, TwoWorkersFloodingEachOtherAtTheirCapsBothFinish) {
     ASSERT_OK(agent.status());
     std::vector<Future<Message>> calls;
     for (int i = 0; i < 300; ++i) calls.push_back((*agent)->send(1 - rank, request("sleep:5"), seconds(30)));
-    int failed = 0;
-    for (Future<Message>& f : calls) {
-      (void)f.wait_for(seconds(40));
-      ASSERT_TRUE(f.is_ready()) << "a call never ended";
-      if (!f.status().ok() && ++failed <= 3) ADD_FAILURE() << f.status();
-    }
-    EXPECT_EQ(failed, 0);
+    ASSERT_NO_FATAL_FAILURE(expect_every_call_ok(calls, seconds(40)));
     EXPECT_OK((*agent)->join(seconds(30)));
     EXPECT_GE(counter(**agent, "reads_paused"), 1);
     EXPECT_EQ(counter(**agent, "requests_refused_at_cap"), 0);
