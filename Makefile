@@ -19,6 +19,11 @@ FUZZERS    := store_server payload pg_header devmaps
 JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
 CTEST_ARGS ?=
+# Debug info is line tables only (-g1): enough for sanitizer reports and backtraces, and
+# each build is about a quarter of its size at -g (CI's disk filled with four builds at
+# -g, about 10 GB). Pass CMAKE_ARGS='-DCMAKE_CXX_FLAGS_DEBUG=-g ...' for a debugger session.
+LINE_TABLES := -DCMAKE_C_FLAGS_RELWITHDEBINFO='-O2 -g1 -DNDEBUG' -DCMAKE_CXX_FLAGS_RELWITHDEBINFO='-O2 -g1 -DNDEBUG' \
+  -DCMAKE_C_FLAGS_DEBUG=-g1 -DCMAKE_CXX_FLAGS_DEBUG=-g1
 # CUDA's runtime maps memory where ASan's shadow gap would be.
 SAN_ENV    := ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
@@ -30,7 +35,7 @@ deps:
 	@./scripts/install-deps.sh
 
 $(BUILD)/build.ninja: | deps
-	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_ARGS)
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo $(LINE_TABLES) $(CMAKE_ARGS)
 
 build: deps $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
@@ -50,7 +55,7 @@ test-plain: build
 	ctest --test-dir $(BUILD) -j $(JOBS) --output-on-failure $(CTEST_RETRY) $(CTEST_ARGS)
 
 $(SAN_BUILD)/build.ninja: | deps
-	cmake -S . -B $(SAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DFERRY_SANITIZE=address,undefined \
+	cmake -S . -B $(SAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Debug $(LINE_TABLES) -DFERRY_SANITIZE=address,undefined \
 	  -DFERRY_BUILD_EXAMPLES=OFF -DFERRY_BUILD_BENCH=OFF $(CMAKE_ARGS)
 
 test-san: deps $(SAN_BUILD)/build.ninja
@@ -72,7 +77,7 @@ TSAN_TESTS := tsan_absl_sync_test base_test stats_test call_stats_test metrics_s
 TSAN_ENV := TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/scripts/tsan.supp"
 
 $(TSAN_BUILD)/build.ninja: | deps
-	cmake -S . -B $(TSAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	cmake -S . -B $(TSAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo $(LINE_TABLES) \
 	  -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 -DFERRY_SANITIZE=thread \
 	  -DFERRY_BUILD_EXAMPLES=OFF -DFERRY_BUILD_BENCH=OFF -DFERRY_BUILD_FUZZ=OFF -DFERRY_INSTALL=OFF \
 	  -DFERRY_WITH_CUDA=OFF -DFERRY_WITH_TORCH=OFF $(CMAKE_ARGS)
@@ -83,7 +88,7 @@ test-tsan: deps $(TSAN_BUILD)/build.ninja
 	  -E '_NOT_BUILT|remote_function_compile' $(CTEST_RETRY) $(CTEST_ARGS)
 
 $(FUZZ_BUILD)/build.ninja: | deps
-	cmake -S . -B $(FUZZ_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	cmake -S . -B $(FUZZ_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo $(LINE_TABLES) \
 	  -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 \
 	  -DFERRY_SANITIZE=address,undefined,fuzzer-no-link -DFERRY_BUILD_FUZZ=ON -DFERRY_BUILD_TESTS=OFF \
 	  -DFERRY_BUILD_EXAMPLES=OFF -DFERRY_BUILD_BENCH=OFF -DFERRY_INSTALL=OFF -DFERRY_WITH_CUDA=OFF -DFERRY_WITH_TORCH=OFF $(CMAKE_ARGS)
