@@ -4,7 +4,7 @@
 #   make test   installs dependencies if missing, builds and runs every test, then again
 #               built with AddressSanitizer and UndefinedBehaviorSanitizer, then the
 #               threaded ones under ThreadSanitizer (test-tsan), then runs each fuzz
-#               target for 5 s (fuzz-smoke)
+#               target for 5 s (fuzz-smoke); PRUNE_BUILDS=1 deletes each build after its tests
 #   make test-tsan  ThreadSanitizer (clang, in build-tsan; also checks -Wthread-safety)
 #               over the agent, rpc and multi-process tests (docs/checks.md)
 #   make fuzz   builds the libFuzzer targets (clang, in build-fuzz) and runs each for
@@ -46,6 +46,11 @@ demo: deps $(BUILD)/build.ninja
 
 test: test-plain test-san test-tsan fuzz-smoke
 
+# PRUNE_BUILDS=1 (CI sets it) deletes each build once its tests passed, so that the
+# disk holds one build at a time (the ASan one, the largest, is about 4 GB).
+PRUNE_BUILDS ?=
+prune = $(if $(PRUNE_BUILDS),rm -rf $(1))
+
 # A test that fails is run once more, and passes only if that run does: one known
 # intermittent under heavy host load (AgentAuthTest.SameTokenServesCalls) must not turn
 # CI red, while a real failure still does. The first failure stays in the log.
@@ -53,6 +58,7 @@ CTEST_RETRY ?= --repeat until-pass:2
 
 test-plain: build
 	ctest --test-dir $(BUILD) -j $(JOBS) --output-on-failure $(CTEST_RETRY) $(CTEST_ARGS)
+	$(call prune,$(BUILD))
 
 $(SAN_BUILD)/build.ninja: | deps
 	cmake -S . -B $(SAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Debug $(LINE_TABLES) -DFERRY_SANITIZE=address,undefined \
@@ -61,6 +67,7 @@ $(SAN_BUILD)/build.ninja: | deps
 test-san: deps $(SAN_BUILD)/build.ninja
 	cmake --build $(SAN_BUILD) -j $(JOBS)
 	$(SAN_ENV) ctest --test-dir $(SAN_BUILD) -j $(JOBS) --output-on-failure -LE install $(CTEST_RETRY) $(CTEST_ARGS)
+	$(call prune,$(SAN_BUILD))
 
 # ThreadSanitizer over the tests that run threads against each other: the agents', the
 # RPC layer's and the other multi-process ones, plus the futures, pools and stores they
@@ -86,6 +93,7 @@ test-tsan: deps $(TSAN_BUILD)/build.ninja
 	cmake --build $(TSAN_BUILD) -j $(JOBS) --target $(TSAN_TESTS)
 	$(TSAN_ENV) ctest --test-dir $(TSAN_BUILD) -j $(JOBS) --output-on-failure -LE 'tools|netns|gpu|install' \
 	  -E '_NOT_BUILT|remote_function_compile' $(CTEST_RETRY) $(CTEST_ARGS)
+	$(call prune,$(TSAN_BUILD))
 
 $(FUZZ_BUILD)/build.ninja: | deps
 	cmake -S . -B $(FUZZ_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo $(LINE_TABLES) \
