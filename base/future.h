@@ -194,7 +194,11 @@ bool drive_until(Ready ready, std::chrono::microseconds window = spin_window()) 
     between_polls(++empty_polls);
     if (clock_due(empty_polls) && std::chrono::steady_clock::now() >= until) break;
   }
-  for (const std::shared_ptr<Progress>& p : progress) p->leave();
+  // A pool thread that found a task steps away to run it (an agent thread's wait for
+  // a reply inside a handler also counts: it runs the rest of the handler); a user's
+  // thread that found its reply may do anything next, for as long as it likes.
+  const bool returns = found && on_agent_thread();
+  for (const std::shared_ptr<Progress>& p : progress) returns ? p->step_away() : p->leave();
   set_driving_progress(false);
   if (!found) found = ready();
   note_spin(found);

@@ -31,6 +31,11 @@ class Progress {
   virtual void enter() = 0;
   // The thread stops polling (its wait ended, or its poll window did).
   virtual void leave() = 0;
+  // Like leave(), by a pool thread that found a task and comes back to poll when it
+  // has run it: a transport may then skip arranging for its own thread to be woken by
+  // the next message (a system call in the peer per task), provided that what arrives
+  // meanwhile is still read within a bound, since the task may block.
+  virtual void step_away() { leave(); }
   // Does the work that is ready now; true if there was any. Runs what the transport
   // would run on its own thread (delivering messages, completing futures), under a
   // TransportThreadScope. A call that finds another thread doing the work returns

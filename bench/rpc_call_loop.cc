@@ -148,8 +148,11 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
     if (rank == 0 && std::getenv("LOOP_DEBUG") != nullptr) {
-      // The server's counters (pool wake-ups, ring drives), for a profile's context.
+      // Both workers' counters (pool wake-ups, ring drives), for a profile's context.
       std::fprintf(stderr, "w1: %s\n", ferry::rpc_sync<std::string>("w1", "debug").c_str());
+      std::string own;
+      for (const auto& [k, v] : ferry::current_agent()->debug_info()) own += k + "=" + v + " ";
+      std::fprintf(stderr, "w0: %s\n", own.c_str());
     }
     _exit(ferry::shutdown().ok() ? 0 : 1);
   }

@@ -8,6 +8,7 @@
 // trusted: a head or tail that cannot be right is reported as corrupt, never followed.
 #pragma once
 
+#include <chrono>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -56,8 +57,10 @@ struct Bell {
 };
 static_assert(sizeof(Bell) <= kBellBytes);
 
-// Shared (inter-process) futex wait and wake on `word`.
-void futex_wait(std::atomic<uint32_t>* word, uint32_t expected);
+// Shared (inter-process) futex wait and wake on `word`; a wait with a positive
+// `timeout` returns after at most that long.
+void futex_wait(std::atomic<uint32_t>* word, uint32_t expected,
+                std::chrono::microseconds timeout = std::chrono::microseconds(0));
 void futex_wake(std::atomic<uint32_t>* word);
 
 // Tells the owner of `bell` that connection `slot` (kNoSlot: none) has news, and wakes

@@ -93,8 +93,12 @@ void tsan_acquire([[maybe_unused]] void* token) {
 
 namespace ring {
 
-void futex_wait(std::atomic<uint32_t>* word, uint32_t expected) {
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, nullptr, nullptr, 0);
+void futex_wait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::microseconds timeout) {
+  timespec ts{};
+  ts.tv_sec = static_cast<time_t>(timeout.count() / 1000000);
+  ts.tv_nsec = static_cast<long>(timeout.count() % 1000000) * 1000;
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, timeout.count() > 0 ? &ts : nullptr,
+          nullptr, 0);
 }
 
 void futex_wake(std::atomic<uint32_t>* word) {
@@ -122,6 +126,11 @@ constexpr size_t kMaxPendingHellos = 256;
 // How often, at most, a worker that reads only the rings with news reads them all
 // after waking (see Endpoint::read_all).
 constexpr std::chrono::milliseconds kReadAllEvery{100};
+// How long the data thread sleeps at most while another thread drives the rings: the
+// longest a message waits when that thread stepped away to run a task that blocks.
+// Short enough to be no worse than a scheduler's time slice, long enough that the
+// wake-ups cost little (a driving pool thread keeps the data thread at 2,000 a second).
+constexpr std::chrono::microseconds kBesideDriver{500};
 
 // Socket packets: the hello (with the segment's and the connector's bell's memfds), the
 // reply (with the acceptor's bell), the connector's verdict on reading in place.
@@ -387,10 +396,14 @@ struct RingTransport::Endpoint : std::enable_shared_from_this<Endpoint> {
   uint32_t next_slot = 0;
   std::atomic<int> drivers{0};
   std::atomic<bool> parked{false};  // the data thread sleeps on the bell
+  // The data thread sleeps beside a driver, for at most kBesideDriver: a driver that
+  // steps away to run a task then leaves the bell quiet (peers make no system call)
+  // and the data thread still reads what comes within that bound.
+  std::atomic<bool> parked_briefly{false};
   std::unique_ptr<ProgressRegistration> progress;
 
   std::atomic<uint64_t> opened{0}, accepted{0}, refused{0}, sleeps{0}, in_place_reads{0}, messages_in{0},
-      messages_out{0}, driven{0}, news_steps{0};
+      messages_out{0}, driven{0}, news_steps{0}, stepped_away{0};
   PollWindow window;  // the data thread's polls
 
   void post(Command command) {
@@ -432,7 +445,8 @@ struct RingTransport::Endpoint : std::enable_shared_from_this<Endpoint> {
   bool ready() const;
   bool drive();
   void enter_driver();
-  void leave_driver();
+  // briefly: the driver steps away to run a task it found (Progress::step_away).
+  void leave_driver(bool briefly = false);
   void run_control();
   void on_listener();
   void on_socket(uint64_t id, uint32_t what);
@@ -1117,7 +1131,13 @@ bool Endpoint::park() {
   }
   if (!work && !stopping.load()) {
     sleeps.fetch_add(1, std::memory_order_relaxed);
-    ring::futex_wait(&bell->seq, seq);
+    if (alone) {
+      ring::futex_wait(&bell->seq, seq);
+    } else {
+      parked_briefly.store(true, std::memory_order_seq_cst);
+      ring::futex_wait(&bell->seq, seq, kBesideDriver);
+      parked_briefly.store(false, std::memory_order_seq_cst);
+    }
     timespec ts{};
     clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);  // precise enough for kReadAllEvery
     const int64_t now = static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
@@ -1149,8 +1169,14 @@ void Endpoint::enter_driver() {
   bell->sleeping.store(0, std::memory_order_relaxed);
 }
 
-void Endpoint::leave_driver() {
+void Endpoint::leave_driver(bool briefly) {
   if (drivers.fetch_sub(1, std::memory_order_seq_cst) != 1 || !parked.load(std::memory_order_seq_cst)) return;
+  // The data thread wakes within kBesideDriver whatever comes: nobody need ring it.
+  // (Parked alone, it waits for a ring, and the bell must say so again.)
+  if (briefly && parked_briefly.load(std::memory_order_seq_cst)) {
+    stepped_away.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
   // The last driver, and the data thread sleeps: peers must ring it again, and what
   // came since the last poll must not wait for the next message.
   // The lock held by someone else means another driver, or the data thread awake.
@@ -1181,6 +1207,7 @@ class RingProgress final : public Progress {
   explicit RingProgress(std::shared_ptr<Endpoint> endpoint) : endpoint_(std::move(endpoint)) {}
   void enter() override { endpoint_->enter_driver(); }
   void leave() override { endpoint_->leave_driver(); }
+  void step_away() override { endpoint_->leave_driver(/*briefly=*/true); }
   bool poll() override { return endpoint_->drive(); }
 
  private:
@@ -1559,6 +1586,7 @@ std::map<std::string, std::string> RingTransport::debug_info() const {
           {"ring_in_place_reads", std::to_string(e.in_place_reads.load())},
           {"ring_sleeps", std::to_string(e.sleeps.load())},
           {"ring_driven", std::to_string(e.driven.load())},
+          {"ring_stepped_away", std::to_string(e.stepped_away.load())},
           {"ring_parked", e.parked.load() ? "1" : "0"},
           {"ring_news_steps", std::to_string(e.news_steps.load())},
           {"ring_poll_us", std::to_string(e.window.get().count())}};

@@ -1,6 +1,7 @@
 #include "agents/tensorpipe/transport.h"
 
 #include <atomic>
+#include <deque>
 #include <mutex>
 
 #include <tensorpipe/tensorpipe.h>
@@ -11,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "agents/core/buffer_pool.h"
+#include "agents/core/thread_pool.h"
 #include "agents/tensorpipe/wire.h"
 #include "base/future.h"
 #include "base/logging.h"
@@ -19,6 +21,14 @@ namespace ferry::internal {
 namespace {
 
 namespace tp = ::tensorpipe;
+
+// Where a resumed pipe delivers what it held aside: not inline (the core resumes
+// holding a lock of its own), and not on TensorPipe's loop, which offers no way in.
+// One thread for the process, never destroyed, so that no pipe outlives it.
+ThreadPool& drainer() {
+  static ThreadPool* pool = new ThreadPool(1);
+  return *pool;
+}
 
 }  // namespace
 
@@ -76,8 +86,13 @@ class TensorPipeTransport::State::Pipe final : public Connection, public std::en
     if (pipe_ != nullptr && in_flight_.load(std::memory_order_acquire) == 0) pipe_->close();
   }
 
-  // A paused pipe arms no read: TensorPipe then reads nothing more from the socket,
-  // and the peer's writes wait in its own queue once the socket's buffers are full.
+  // A paused pipe still reads, and holds what comes aside until resumed. It cannot
+  // stop reading: a TensorPipe pipe's writes wait on what its reads take off the
+  // connection (the receiver's replies to descriptors), so a server that armed no
+  // read while at its cap sometimes sent no reply at all, and its callers declared it
+  // lost (AgentConformance.AServerAtItsCapStopsReadingThatConnection/tensorpipe_shm).
+  // What is held is bounded by the caller's own cap when the caller is ferry; the
+  // pipe's other messages, and TensorPipe's own, were read into memory anyway.
   void pause_reads() override {
     std::lock_guard<std::mutex> lock(read_mu_);
     paused_ = true;
@@ -87,24 +102,55 @@ class TensorPipeTransport::State::Pipe final : public Connection, public std::en
     {
       std::lock_guard<std::mutex> lock(read_mu_);
       paused_ = false;
-      if (!parked_) return;
-      parked_ = false;
+      if (held_.empty() || draining_) return;
+      draining_ = true;
     }
-    // readDescriptor defers to TensorPipe's loop: the next message comes there.
-    arm();
+    std::shared_ptr<Pipe> self = shared_from_this();
+    if (!drainer().post([self] { self->drain(); })) self->drain();
   }
 
-  // Arms the next read unless paused (then resume_reads() arms it); on_message per
-  // message, on_closed once when the pipe ends.
-  void read_next() {
+  // Arms the first read; each read arms the next. on_message per message, on_closed
+  // once when the pipe ends.
+  void start_reading() { arm(); }
+
+  // on_message, in order, unless paused (then the message is held).
+  void deliver(Wire wire) {
     {
       std::lock_guard<std::mutex> lock(read_mu_);
-      if (paused_) {
-        parked_ = true;
+      if (paused_ || draining_ || !held_.empty()) {
+        held_.push_back(std::move(wire));
         return;
       }
     }
-    arm();
+    on_message(std::move(wire));
+  }
+
+  // The drainer's thread: what was held, in order, until it is all out or the pipe
+  // pauses again.
+  void drain() {
+    TransportThreadScope transport_thread;
+    AgentThreadScope agent_thread;
+    for (;;) {
+      Wire wire;
+      {
+        std::lock_guard<std::mutex> lock(read_mu_);
+        if (paused_ || held_.empty()) {
+          draining_ = false;
+          return;
+        }
+        wire = std::move(held_.front());
+        held_.pop_front();
+      }
+      on_message(std::move(wire));
+    }
+  }
+
+  void on_message(Wire wire) {
+    std::shared_ptr<State> state = state_.lock();
+    if (!state || state->closing.load()) return;
+    if (std::shared_ptr<TransportEvents> events = state->events.lock()) {
+      events->on_message(shared_from_this(), std::move(wire));
+    }
   }
 
   // on_closed, once; the pipe is forgotten.
@@ -133,16 +179,10 @@ class TensorPipeTransport::State::Pipe final : public Connection, public std::en
         self->report(wire.status());
         return;
       }
-      // A pipe this worker opened carries replies, never paused: its next read is armed
-      // before this one is handled. A pipe a peer opened is armed after, so that a
-      // pause_reads() from on_message holds the very next message back.
-      if (self->outgoing_) self->arm();
-      std::shared_ptr<State> state = self->state_.lock();
-      if (!state || state->closing.load()) return;
-      if (std::shared_ptr<TransportEvents> events = state->events.lock()) {
-        events->on_message(self, *std::move(wire));
-      }
-      if (!self->outgoing_) self->read_next();
+      // The next read is armed before this message is handled (a paused pipe holds
+      // what it reads aside).
+      self->arm();
+      self->deliver(*std::move(wire));
     });
   }
 
@@ -159,8 +199,9 @@ class TensorPipeTransport::State::Pipe final : public Connection, public std::en
   std::atomic<int> in_flight_{0};
   std::atomic<bool> reported_{false};
   std::mutex read_mu_;
-  bool paused_ = false;  // guarded by read_mu_
-  bool parked_ = false;  // guarded by read_mu_: a read is due and waits for resume_reads()
+  bool paused_ = false;    // guarded by read_mu_
+  bool draining_ = false;  // guarded by read_mu_: the drainer delivers held_
+  std::deque<Wire> held_;  // guarded by read_mu_: read while paused, in order
 };
 
 void TensorPipeTransport::State::accept_next() {
@@ -187,7 +228,7 @@ void TensorPipeTransport::State::accept_next() {
       return;
     }
     events->on_accepted(pipe);
-    pipe->read_next();
+    pipe->start_reading();
   });
 }
 
@@ -244,7 +285,7 @@ std::shared_ptr<Connection> TensorPipeTransport::connect(std::shared_ptr<Session
     s.pipes.insert(pipe);
     ++s.pipes_opened;
   }
-  pipe->read_next();
+  pipe->start_reading();
   return pipe;
 }
 

@@ -367,6 +367,40 @@ TEST(RingTransport, AWaitingThreadDeliversWhatArrivesWhileItPolls) {
   EXPECT_NE(b.events->received_[3].thread, me);
 }
 
+// A pool thread that found a task steps away from the rings to run it
+// (Progress::step_away): the bell stays quiet, so the peer's next write makes no
+// system call, yet what comes while the task runs (it may block) is read all the
+// same, by the data thread, whose sleep beside a driver is bounded.
+TEST(RingTransport, WhatComesWhileADriverStepsAwayIsStillRead) {
+  Side a(make_ring_transport("a"));
+  Side b(make_ring_transport("b"));
+  std::shared_ptr<Connection> out = a.transport->connect(nullptr, "b", b.address);
+  out->write(text("first"));
+  ASSERT_TRUE(b.events->wait_for([&] { return b.events->received_.size() == 1; }));
+  const std::vector<std::shared_ptr<internal::Progress>>& progress = internal::registered_progress();
+  ASSERT_EQ(progress.size(), 2u);
+  // A message wakes the data thread, which then sleeps beside this thread driving
+  // (rather than alone, rung by the next message): step away while it does.
+  size_t sent = 1;
+  ASSERT_TRUE(eventually([&] {
+    out->write(text("wake"));
+    ++sent;
+    for (const auto& p : progress) p->enter();
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    for (const auto& p : progress) p->step_away();
+    return info(*b.transport, "ring_stepped_away") != "0";
+  }));
+  const std::thread::id me = std::this_thread::get_id();
+  out->write(text("while away"));
+  ASSERT_TRUE(b.events->wait_for([&] { return b.events->received_.size() == sent + 1; }));
+  EXPECT_EQ(b.events->received_[sent].wire.metadata, "while away");
+  EXPECT_NE(b.events->received_[sent].thread, me);
+  // Back to sleeping alone, the data thread is rung as before.
+  ASSERT_TRUE(eventually([&] { return info(*b.transport, "ring_parked") == "1"; }));
+  out->write(text("later"));
+  ASSERT_TRUE(b.events->wait_for([&] { return b.events->received_.size() == sent + 2; }));
+}
+
 // A closed transport's progress does nothing, from threads that still hold it.
 TEST(RingTransport, ProgressOfAClosedTransportDoesNothing) {
   std::vector<std::shared_ptr<internal::Progress>> held;

@@ -7,6 +7,8 @@
 #include <thread>
 #include <vector>
 
+#include "base/progress.h"
+#include "base/thread_role.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
 
@@ -222,6 +224,37 @@ TEST(Spin, OnACrowdedHostOnlyPollsThatPayOffGoOn) {
   stop.store(true);
   for (std::thread& t : spinners) t.join();
   EXPECT_TRUE(crowded) << "the run queue never showed " << busy << " busy threads";
+}
+
+
+// Counts how a driving thread leaves (base/progress.h).
+class CountingProgress final : public internal::Progress {
+ public:
+  void enter() override { ++entered; }
+  void leave() override { ++left; }
+  void step_away() override { ++stepped_away; }
+  bool poll() override { return false; }
+  std::atomic<int> entered{0}, left{0}, stepped_away{0};
+};
+
+// A pool thread that found its task steps away (it will be back to poll); a user's
+// thread that found its reply, or any thread whose window ran out, leaves.
+TEST(Spin, OnlyAnAgentThreadThatFoundWorkStepsAway) {
+  auto progress = std::make_shared<CountingProgress>();
+  internal::ProgressRegistration registration(progress);
+  const auto window = std::chrono::microseconds(20000);
+  EXPECT_TRUE(internal::drive_until([] { return true; }, window));
+  EXPECT_EQ(progress->stepped_away.load(), 0);
+  EXPECT_EQ(progress->left.load(), 1);
+  {
+    internal::AgentThreadScope agent;
+    EXPECT_TRUE(internal::drive_until([] { return true; }, window));
+    EXPECT_EQ(progress->stepped_away.load(), 1);
+    EXPECT_FALSE(internal::drive_until([] { return false; }, std::chrono::microseconds(100)));
+    EXPECT_EQ(progress->stepped_away.load(), 1);
+    EXPECT_EQ(progress->left.load(), 2);
+  }
+  EXPECT_EQ(progress->entered.load(), 3);
 }
 
 }  // namespace
