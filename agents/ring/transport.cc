@@ -400,6 +400,10 @@ struct RingTransport::Endpoint : std::enable_shared_from_this<Endpoint> {
   // steps away to run a task then leaves the bell quiet (peers make no system call)
   // and the data thread still reads what comes within that bound.
   std::atomic<bool> parked_briefly{false};
+  // Drivers that are ferry's own threads (a pool's): only they step away, so only
+  // beside them does the data thread sleep briefly. Beside a user's waiting thread it
+  // sleeps until rung: waking every kBesideDriver there halved 16 calls in flight.
+  std::atomic<int> agent_drivers{0};
   std::unique_ptr<ProgressRegistration> progress;
 
   std::atomic<uint64_t> opened{0}, accepted{0}, refused{0}, sleeps{0}, in_place_reads{0}, messages_in{0},
@@ -1133,10 +1137,12 @@ bool Endpoint::park() {
     sleeps.fetch_add(1, std::memory_order_relaxed);
     if (alone) {
       ring::futex_wait(&bell->seq, seq);
-    } else {
+    } else if (agent_drivers.load(std::memory_order_seq_cst) > 0) {
       parked_briefly.store(true, std::memory_order_seq_cst);
       ring::futex_wait(&bell->seq, seq, kBesideDriver);
       parked_briefly.store(false, std::memory_order_seq_cst);
+    } else {
+      ring::futex_wait(&bell->seq, seq);
     }
     timespec ts{};
     clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);  // precise enough for kReadAllEvery
@@ -1164,12 +1170,14 @@ bool Endpoint::drive() {
 }
 
 void Endpoint::enter_driver() {
+  if (on_agent_thread()) agent_drivers.fetch_add(1, std::memory_order_seq_cst);
   drivers.fetch_add(1, std::memory_order_seq_cst);
   // This thread reads the rings now: peers need not wake the data thread.
   bell->sleeping.store(0, std::memory_order_relaxed);
 }
 
 void Endpoint::leave_driver(bool briefly) {
+  if (on_agent_thread()) agent_drivers.fetch_sub(1, std::memory_order_seq_cst);
   if (drivers.fetch_sub(1, std::memory_order_seq_cst) != 1 || !parked.load(std::memory_order_seq_cst)) return;
   // The data thread wakes within kBesideDriver whatever comes: nobody need ring it.
   // (Parked alone, it waits for a ring, and the bell must say so again.)

@@ -23,6 +23,7 @@
 #include "agents/ring/ring.h"
 #include "agents/tensorpipe/factory.h"
 #include "base/progress.h"
+#include "base/thread_role.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "store/hash_store.h"
@@ -383,6 +384,7 @@ TEST(RingTransport, WhatComesWhileADriverStepsAwayIsStillRead) {
   // (rather than alone, rung by the next message): step away while it does.
   size_t sent = 1;
   ASSERT_TRUE(eventually([&] {
+    internal::AgentThreadScope pool_thread;  // only ferry's own threads step away
     out->write(text("wake"));
     ++sent;
     for (const auto& p : progress) p->enter();
