@@ -74,8 +74,9 @@ class Connection {
   // held back by the transport (a full socket buffer, a full ring), not in this
   // worker's memory.
   // - pause_reads(): the core calls it only from this connection's on_message, on the
-  //   thread delivering it. No on_header or on_message of this connection follows
-  //   until resume_reads(); what the transport has not read yet stays unread.
+  //   thread delivering it. No on_message of this connection follows until
+  //   resume_reads(); what the transport has not read yet stays unread (a transport
+  //   that must keep reading holds messages aside, and may check their headers).
   // - resume_reads(): any thread, at most once per pause_reads(). Delivery goes on, on
   //   a transport thread, never inline.
   // Neither blocks, writes, or calls back into the core: the core calls them holding a
