@@ -1135,9 +1135,7 @@ bool Endpoint::park() {
   }
   if (!work && !stopping.load()) {
     sleeps.fetch_add(1, std::memory_order_relaxed);
-    if (alone) {
-      ring::futex_wait(&bell->seq, seq);
-    } else if (agent_drivers.load(std::memory_order_seq_cst) > 0) {
+    if (!alone && agent_drivers.load(std::memory_order_seq_cst) > 0) {
       parked_briefly.store(true, std::memory_order_seq_cst);
       ring::futex_wait(&bell->seq, seq, kBesideDriver);
       parked_briefly.store(false, std::memory_order_seq_cst);
