@@ -126,18 +126,28 @@ inline void cpu_relax() {
 #endif
 }
 
-// Whether a wait should read the clock after its `polls`-th empty poll: after every
-// yield, but only every eighth pause (a clock read costs as much as a few pauses, and
-// a poll that reads it sees a reply later).
-inline bool clock_due(int polls) { return polls > kPausingPolls || polls % 8 == 0; }
+// Yields the core, noting whether that gave it to another thread: a yield that comes
+// back after kSharedYield ran someone else meanwhile (alone, a yield takes about
+// 0.2 us). Then the calling thread shares its core with a runnable thread.
+inline constexpr std::chrono::nanoseconds kSharedYield{500};
+void yield_core();
+// Whether the calling thread's last yield_core() ran another thread. Two pollers of one
+// round trip on one core (a 2-core host whose other core is taken) then see nothing
+// while they pause: only a yield lets the other side run. Pausing first made a small
+// call 7-8 us there instead of 2-3 (ferry bench rpc, now and then).
+bool core_shared();
 
-// Between two polls of a wait, the `polls`-th empty one.
-inline void between_polls(int polls) {
-  if (polls <= kPausingPolls) {
+// Between two polls of a wait, the `polls`-th empty one: a pause for the first
+// kPausingPolls, unless the core is shared, else a yield. True when the wait should
+// read the clock now: after every yield, and every eighth pause (a clock read costs
+// as much as a few pauses, and a poll that reads it sees a reply later).
+inline bool between_polls(int polls) {
+  if (polls <= kPausingPolls && !core_shared()) {
     cpu_relax();
-  } else {
-    std::this_thread::yield();
+    return polls % 8 == 0;
   }
+  yield_core();
+  return true;
 }
 
 // Polls `ready` for at most `window`, yielding between polls (`pausing`: pausing
@@ -155,10 +165,9 @@ bool spin_until(Ready ready, std::chrono::microseconds window = spin_window(), b
       return true;
     }
     if (pausing) {
-      between_polls(++polls);
-      if (!clock_due(polls)) continue;
+      if (!between_polls(++polls)) continue;
     } else {
-      std::this_thread::yield();
+      yield_core();
     }
     if (std::chrono::steady_clock::now() >= until) break;
   }
@@ -191,8 +200,7 @@ bool drive_until(Ready ready, std::chrono::microseconds window = spin_window()) 
     // the data thread would (and a clock read per message cost a caller with 256
     // calls in flight a sixth of its time).
     if (moved) continue;
-    between_polls(++empty_polls);
-    if (clock_due(empty_polls) && std::chrono::steady_clock::now() >= until) break;
+    if (between_polls(++empty_polls) && std::chrono::steady_clock::now() >= until) break;
   }
   // A pool thread that found a task steps away to run it (an agent thread's wait for
   // a reply inside a handler also counts: it runs the rest of the handler); a user's

@@ -34,6 +34,7 @@ constexpr int kSpinMissed = 1;
 constexpr int kProbeEvery = 8;
 thread_local int spin_credit = kSpinPaysOff;
 thread_local unsigned unpolled_waits = 0;
+thread_local bool last_yield_shared = false;
 
 
 // How often the run queue length is sampled, at most.
@@ -155,6 +156,14 @@ std::chrono::microseconds spin_window(const PollWindow& learned) {
   if (++unpolled_waits % kProbeEvery == 0) return window;
   return std::chrono::microseconds(0);
 }
+
+void yield_core() {
+  const auto before = std::chrono::steady_clock::now();
+  std::this_thread::yield();
+  last_yield_shared = std::chrono::steady_clock::now() - before > kSharedYield;
+}
+
+bool core_shared() { return last_yield_shared; }
 
 void note_spin(bool found) {
   spin_credit = found ? std::min(spin_credit + kSpinFound, kSpinCreditMax) : std::max(spin_credit - kSpinMissed, 0);

@@ -53,6 +53,9 @@ int main(int argc, char** argv) {
     }
     (void)ferry::register_function("noop", [](int64_t v) { return v; },
                                    inline_serving ? ferry::Serving::kInline : ferry::Serving::kPool);
+    // LOOP_POOLED_FIRST=N: N calls to a pooled no-op before the measured loop, as
+    // `ferry bench rpc` measures its inline figures right after its pooled ones.
+    (void)ferry::register_function("noop_pooled", [](int64_t v) { return v; }, ferry::Serving::kPool);
     (void)ferry::register_function("echo", [](ferry::Tensor t) { return t; },
                                    inline_serving ? ferry::Serving::kInline : ferry::Serving::kPool);
     (void)ferry::register_function("debug", [] {
@@ -136,6 +139,9 @@ int main(int argc, char** argv) {
                   outstanding, calls / s);
       std::fflush(stdout);
     } else if (rank == 0) {
+      if (const char* first = std::getenv("LOOP_POOLED_FIRST")) {
+        for (int i = 0, n = std::atoi(first); i < n; ++i) ferry::rpc_sync<int64_t>("w1", "noop_pooled", int64_t{i});
+      }
       std::vector<double> us;
       for (int i = 0; i < calls + 1000; ++i) {
         auto t0 = std::chrono::steady_clock::now();

@@ -1,5 +1,7 @@
 #include "base/future.h"
 
+#include <sched.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <future>
@@ -255,6 +257,42 @@ TEST(Spin, OnlyAnAgentThreadThatFoundWorkStepsAway) {
     EXPECT_EQ(progress->left.load(), 2);
   }
   EXPECT_EQ(progress->entered.load(), 3);
+}
+
+// Two pollers on one core: a yield that ran the other thread is noted, and the next
+// empty polls yield at once rather than pause (pausing there only delays the thread
+// the poller waits for).
+TEST(Spin, APollerThatSharesItsCoreYieldsAtOnce) {
+  cpu_set_t before;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(before), &before), 0);
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  int cpu = 0;
+  while (!CPU_ISSET(cpu, &before)) ++cpu;
+  CPU_SET(cpu, &one);
+  ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
+  std::atomic<bool> stop{false};
+  std::atomic<bool> started{false};
+  std::thread busy([&] {
+    sched_setaffinity(0, sizeof(one), &one);
+    started = true;
+    while (!stop.load(std::memory_order_relaxed)) {
+    }
+  });
+  while (!started.load()) std::this_thread::yield();
+  // The busy thread is runnable on this core from now on: every yield runs it.
+  bool shared = false;
+  for (int i = 0; i < 100 && !shared; ++i) {
+    internal::yield_core();
+    shared = internal::core_shared();
+  }
+  const bool clock_due = internal::between_polls(1);
+  stop = true;
+  busy.join();
+  ASSERT_EQ(sched_setaffinity(0, sizeof(before), &before), 0);
+  EXPECT_TRUE(shared) << "no yield on a core shared with a busy thread was noted as shared";
+  // The first empty poll yielded: a pause would not ask for the clock.
+  EXPECT_TRUE(clock_due);
 }
 
 }  // namespace

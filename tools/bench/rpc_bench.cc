@@ -43,6 +43,7 @@ constexpr char kServerName[] = "bench1";
 constexpr char kNoop[] = "bench.noop";
 constexpr char kNoopInline[] = "bench.noop_inline";
 constexpr char kEcho[] = "bench.echo";
+constexpr char kDebug[] = "bench.debug";
 
 // The entry of the PROCESS_GROUP backend among the transports.
 constexpr char kProcessGroup[] = "process_group";
@@ -72,10 +73,26 @@ absl::Status from_exception(const char* what) { return absl::InternalError(absl:
 
 // ---- The ferry side, run in the forked processes -------------------------------------
 
+// This worker's counters (ring sleeps and drives, pool wake-ups) on one line.
+std::string debug_line() {
+  std::string line;
+  for (const auto& [k, v] : current_agent()->debug_info()) absl::StrAppend(&line, k, "=", v, " ");
+  return line;
+}
+
+// With FERRY_BENCH_DEBUG set, both workers' counters after `figure`, on stderr: they
+// say why a figure came out as it did (who read the rings, who slept).
+void print_counters(const char* figure) {
+  if (std::getenv("FERRY_BENCH_DEBUG") == nullptr) return;
+  std::fprintf(stderr, "after %s:\n  server: %s\n  client: %s\n", figure,
+               rpc_sync<std::string>(kServerName, kDebug).c_str(), debug_line().c_str());
+}
+
 absl::Status register_bench_functions() {
   FERRY_RETURN_IF_ERROR(register_function(kNoop, [](int64_t x) { return x; }));
   FERRY_RETURN_IF_ERROR(register_function(kNoopInline, [](int64_t x) { return x; }, Serving::kInline));
   FERRY_RETURN_IF_ERROR(register_torch_echo());
+  FERRY_RETURN_IF_ERROR(register_function(kDebug, [] { return debug_line(); }));
   return register_function(kEcho, [](Tensor t) { return t; });
 }
 
@@ -276,6 +293,7 @@ absl::Status ferry_measure(const MeasurePlan& plan, bool cuda, std::chrono::mill
                              return v == i ? absl::OkStatus()
                                            : absl::InternalError(absl::StrCat(fn, " returned a wrong value"));
                            }));
+    print_counters(fn);
   }
 
   std::vector<double> samples;
