@@ -90,11 +90,20 @@ class Producer {
   Producer(RingHeader* header, uint8_t* data, uint64_t capacity)
       : header_(header), data_(data), capacity_(capacity), mask_(capacity - 1) {}
 
-  // Bytes that can be written now; false when the consumer's tail is impossible.
-  bool space(uint64_t& free) {
+  // Bytes that can be written now (`free`), at least `want` of them if the consumer
+  // has freed that much; false when the consumer's tail is impossible. The tail is
+  // read only when the one last read leaves less than `want` free: the consumer
+  // writes that line, and reading it for every message cost a cross-core miss each.
+  // A stale tail only understates the room, since the consumer's tail only grows.
+  bool space(uint64_t& free, uint64_t want = UINT64_MAX) {
+    if (capacity_ - (head_ - tail_seen_) >= want) {
+      free = capacity_ - (head_ - tail_seen_);
+      return true;
+    }
     uint64_t tail = header_->tail.load(std::memory_order_acquire);
     uint64_t used = head_ - tail;
     if (used > capacity_) return false;
+    tail_seen_ = tail;
     free = capacity_ - used;
     return true;
   }
@@ -116,6 +125,7 @@ class Producer {
   uint64_t capacity_ = 0;
   uint64_t mask_ = 0;
   uint64_t head_ = 0;
+  uint64_t tail_seen_ = 0;  // the consumer's tail as last read
 };
 
 // The reading side of a ring. Not thread-safe: one reader.

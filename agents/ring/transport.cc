@@ -580,7 +580,7 @@ class Pipe final : public Connection, public std::enable_shared_from_this<Pipe> 
       }
       std::memcpy(head.data(), &fixed, sizeof(fixed));
       uint64_t free = 0;
-      if (queue_.empty() && tx_.space(free) && total <= free) {
+      if (queue_.empty() && tx_.space(free, total) && total <= free) {
         tx_.put(head.data(), head.size());
         tx_.put(wire.metadata.data(), wire.metadata.size());
         for (size_t i = 0; i < n; ++i) {
@@ -1170,8 +1170,9 @@ bool Endpoint::drive() {
 void Endpoint::enter_driver() {
   if (on_agent_thread()) agent_drivers.fetch_add(1, std::memory_order_seq_cst);
   drivers.fetch_add(1, std::memory_order_seq_cst);
-  // This thread reads the rings now: peers need not wake the data thread.
-  bell->sleeping.store(0, std::memory_order_relaxed);
+  // This thread reads the rings now: peers need not wake the data thread. Stored only
+  // when set: every writer reads this line, and a store would take it from them.
+  if (bell->sleeping.load(std::memory_order_relaxed) != 0) bell->sleeping.store(0, std::memory_order_relaxed);
 }
 
 void Endpoint::leave_driver(bool briefly) {
