@@ -74,6 +74,9 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "w%d: %s\n", rank, started.ToString().c_str());
       _exit(1);
     }
+    if (const char* first = std::getenv("LOOP_POOLED_FIRST"); first != nullptr && rank == 0) {
+      for (int i = 0, n = std::atoi(first); i < n; ++i) ferry::rpc_sync<int64_t>("w1", "noop_pooled", int64_t{i});
+    }
     if (rank == 0 && echo_bytes > 0) {
       absl::StatusOr<ferry::Tensor> t = ferry::Tensor::empty({echo_bytes}, ferry::DType::kUInt8);
       if (!t.ok()) _exit(1);
@@ -125,10 +128,18 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     } else if (rank == 0 && outstanding > 1) {
       std::vector<ferry::Future<int64_t>> ring(static_cast<size_t>(outstanding));
+      const bool timed = std::getenv("LOOP_TIMED") != nullptr;
       auto t0 = std::chrono::steady_clock::now();
       for (int i = 0; i < calls; ++i) {
         ferry::Future<int64_t>& slot = ring[static_cast<size_t>(i % outstanding)];
-        if (slot.valid()) slot.wait();
+        if (slot.valid()) {
+          // LOOP_TIMED: wait as `ferry bench rpc` does, with a time-out.
+          if (timed) {
+            (void)slot.wait_for(std::chrono::seconds(60));
+          } else {
+            slot.wait();
+          }
+        }
         slot = ferry::rpc_async<int64_t>("w1", "noop", int64_t{i});
       }
       for (ferry::Future<int64_t>& f : ring) {
@@ -139,9 +150,6 @@ int main(int argc, char** argv) {
                   outstanding, calls / s);
       std::fflush(stdout);
     } else if (rank == 0) {
-      if (const char* first = std::getenv("LOOP_POOLED_FIRST")) {
-        for (int i = 0, n = std::atoi(first); i < n; ++i) ferry::rpc_sync<int64_t>("w1", "noop_pooled", int64_t{i});
-      }
       std::vector<double> us;
       for (int i = 0; i < calls + 1000; ++i) {
         auto t0 = std::chrono::steady_clock::now();

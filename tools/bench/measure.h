@@ -92,6 +92,13 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ThroughputResult, outstanding, calls, seconds
 // Fills `r`'s median_us and p99_us from per-call latencies (reordered).
 void set_call_latency(ThroughputResult& r, std::vector<double>& samples);
 
+// With calls in flight, one call in kTimeOneCallIn is timed (its issue and its reply
+// read the clock), ferry and raw alike: the clock reads and the samples of every call
+// cost the caller's thread, the bottleneck there, about a fifth of its calls/s (ferry
+// on ring, 16 in flight, on 2 cores), which measured the bench rather than the calls.
+inline constexpr int kTimeOneCallIn = 16;
+inline bool timed_call(int k) { return k % kTimeOneCallIn == 0; }
+
 // A tensor of `bytes` sent and echoed back. Bandwidth counts the payload both ways
 // over the median round trip, as PEERS.md does.
 struct EchoResult {

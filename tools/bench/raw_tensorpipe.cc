@@ -237,8 +237,9 @@ class RawClient {
     Clock::time_point t0 = Clock::now();
     until_ = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(min_seconds));
     read_pipelined();
+    last_ = t0;
     for (int i = 0; i < first; ++i) {
-      issued_at_[static_cast<size_t>(i)] = Clock::now();
+      if (timed_call(i)) issued_at_[static_cast<size_t>(i)] = Clock::now();
       send(0);
     }
     absl::Status s = done_.wait(timeout_ * 4, "raw TensorPipe: the pipelined calls");
@@ -327,12 +328,14 @@ class RawClient {
         done_.set(std::move(s));
         return;
       }
-      Clock::time_point now = Clock::now();
       const size_t window = issued_at_.size();
-      call_us_.push_back(micros_between(issued_at_[static_cast<size_t>(completed_) % window], now));
+      if (timed_call(completed_)) {
+        last_ = Clock::now();
+        call_us_.push_back(micros_between(issued_at_[static_cast<size_t>(completed_) % window], last_));
+      }
       ++completed_;
-      if (issued_ < min_calls_ || now < until_) {
-        issued_at_[static_cast<size_t>(issued_) % window] = Clock::now();
+      if (issued_ < min_calls_ || last_ < until_) {
+        if (timed_call(issued_)) issued_at_[static_cast<size_t>(issued_) % window] = Clock::now();
         ++issued_;
         read_pipelined();
         send(0);
@@ -363,6 +366,7 @@ class RawClient {
   int completed_ = 0;
   int min_calls_ = 0;
   Clock::time_point until_;
+  Clock::time_point last_;  // the clock as last read by pipelined()
   std::vector<Clock::time_point> issued_at_;
   std::vector<double> call_us_;
 };

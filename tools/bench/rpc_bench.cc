@@ -255,7 +255,7 @@ absl::Status ferry_chained(int count, int keep, std::vector<double>& samples, st
 // one in its slot.
 absl::StatusOr<ThroughputResult> ferry_pipelined(const char* fn, int outstanding, int min_calls, double min_seconds,
                                                  std::chrono::milliseconds timeout) {
-  // Call k lives in slot k % window until it completes.
+  // Call k lives in slot k % window until it completes; timed_call(k) are timed.
   const int window = std::max(1, std::min(outstanding, min_calls));
   std::vector<Future<int64_t>> ring(static_cast<size_t>(window));
   std::vector<Clock::time_point> issued_at(static_cast<size_t>(window));
@@ -263,19 +263,22 @@ absl::StatusOr<ThroughputResult> ferry_pipelined(const char* fn, int outstanding
   Clock::time_point t0 = Clock::now();
   Clock::time_point until =
       t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(min_seconds));
+  Clock::time_point last = t0;  // the clock as last read
   int issued = 0;
   for (; issued < window; ++issued) {
-    issued_at[static_cast<size_t>(issued)] = Clock::now();
+    if (timed_call(issued)) issued_at[static_cast<size_t>(issued)] = Clock::now();
     ring[static_cast<size_t>(issued)] = rpc_async<int64_t>(kServerName, fn, int64_t{issued});
   }
   int done = 0;
   for (; done < issued; ++done) {
     size_t slot = static_cast<size_t>(done % window);
     FERRY_RETURN_IF_ERROR(ring[slot].wait_for(timeout));
-    Clock::time_point now = Clock::now();
-    call_us.push_back(micros_between(issued_at[slot], now));
-    if (issued < min_calls || now < until) {
-      issued_at[slot] = Clock::now();
+    if (timed_call(done)) {
+      last = Clock::now();
+      call_us.push_back(micros_between(issued_at[slot], last));
+    }
+    if (issued < min_calls || last < until) {
+      if (timed_call(issued)) issued_at[slot] = Clock::now();
       ring[slot] = rpc_async<int64_t>(kServerName, fn, int64_t{issued});
       ++issued;
     }
@@ -314,6 +317,7 @@ absl::Status ferry_measure(const MeasurePlan& plan, bool cuda, std::chrono::mill
       FERRY_ASSIGN_OR_RETURN(ThroughputResult r,
                              ferry_pipelined(fn, n, total, plan.throughput_min_seconds, timeout));
       results->push_back(r);
+      print_counters(absl::StrCat(fn, ", ", n, " outstanding").c_str());
     }
   }
 
