@@ -333,6 +333,66 @@ TEST(RingTransport, AWorkerWithManyConnectionsReadsOnlyThoseWithNews) {
   ASSERT_TRUE(hub.events->wait_for([&] { return hub.events->received_.size() == kSpokes * (kMessages + 1); }));
 }
 
+// Every peer maps a worker's bell and can write it: one that keeps clearing the
+// sleeping flag and the news (broken or hostile) delays the other peers' messages,
+// but only until the worker's data thread wakes by itself (kReadAllEvery) and reads
+// every ring; without that, none of them would ever arrive.
+TEST(RingTransport, APeerThatKeepsClearingTheBellDelaysOthersOnlyBriefly) {
+  Side hub(make_ring_transport("hub", RingOptions{.ring_bytes = 4096, .news_from = 2}));
+  constexpr size_t kRing = 4096;
+  int segment_fd = memfd_of(internal::ring::kHeaderBytes + 2 * kRing, true);
+  int own_bell_fd = memfd_of(internal::ring::kBellBytes, true);
+  int fd = connect_raw(socket_name(hub.address));
+  ASSERT_GE(fd, 0);
+  Hello hello;
+  hello.pid = static_cast<uint32_t>(getpid());
+  hello.ring_bytes = kRing;
+  send_with_fds(fd, &hello, sizeof(hello), {segment_fd, own_bell_fd});
+  // The hub's reply carries its bell.
+  Hello reply;
+  iovec iov{&reply, sizeof(reply)};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  ASSERT_EQ(recvmsg(fd, &msg, MSG_CMSG_CLOEXEC), static_cast<ssize_t>(sizeof(reply)));
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  ASSERT_NE(c, nullptr);
+  int hub_bell_fd = -1;
+  std::memcpy(&hub_bell_fd, CMSG_DATA(c), sizeof(int));
+  void* mapped = mmap(nullptr, internal::ring::kBellBytes, PROT_READ | PROT_WRITE, MAP_SHARED, hub_bell_fd, 0);
+  ASSERT_NE(mapped, MAP_FAILED);
+  auto* bell = static_cast<internal::ring::Bell*>(mapped);
+  std::atomic<bool> stop{false};
+  std::thread clearer([&] {
+    while (!stop.load(std::memory_order_relaxed)) {
+      bell->sleeping.store(0);
+      for (std::atomic<uint64_t>& word : bell->news) word.store(0);
+      std::this_thread::yield();
+    }
+  });
+  // An honest peer (the hub now reads news: two connections) writes in turns with
+  // pauses, so that the hub sleeps in between; the clearer unsets what would wake it.
+  Side spoke(make_ring_transport("spoke"));
+  std::shared_ptr<Connection> out = spoke.transport->connect(nullptr, "hub", hub.address);
+  constexpr int kMessages = 20;
+  for (int m = 0; m < kMessages; ++m) {
+    out->write(text(absl::StrCat("m", m)));
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  const bool all = hub.events->wait_for([&] { return hub.events->received_.size() == kMessages; });
+  stop = true;
+  clearer.join();
+  EXPECT_TRUE(all) << hub.events->messages() << " of " << kMessages << " messages arrived";
+  munmap(mapped, internal::ring::kBellBytes);
+  close(hub_bell_fd);
+  close(fd);
+  close(segment_fd);
+  close(own_bell_fd);
+}
+
 // A thread that polls while it waits (base/progress.h: a caller for its reply) takes
 // what arrives meanwhile off the ring itself, while the data thread sleeps. When the
 // last such thread stops, what came just before is not left waiting for the next
