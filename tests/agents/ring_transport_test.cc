@@ -98,6 +98,18 @@ int memfd_of(size_t bytes, bool sealed) {
   return fd;
 }
 
+// Connects to the worker at `address` as a raw peer and says a valid hello with
+// `segment_fd` and `bell_fd`; the socket, or -1.
+int say_hello(const std::string& address, int segment_fd, int bell_fd, uint64_t ring_bytes) {
+  int fd = connect_raw(socket_name(address));
+  if (fd < 0) return fd;
+  Hello hello;
+  hello.pid = static_cast<uint32_t>(getpid());
+  hello.ring_bytes = ring_bytes;
+  send_with_fds(fd, &hello, sizeof(hello), {segment_fd, bell_fd});
+  return fd;
+}
+
 std::string info(const Transport& t, const std::string& key) { return t.debug_info().at(key); }
 
 // Every hello that breaks the protocol is refused with its socket closed, and the
@@ -188,12 +200,8 @@ TEST(RingTransport, AHostileRingIsClosedSayingWhy) {
     void* segment = mmap(nullptr, segment_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, segment_fd, 0);
     ASSERT_NE(segment, MAP_FAILED);
     auto* header = new (segment) internal::ring::SegmentHeader();
-    int fd = connect_raw(socket_name(victim.address));
+    int fd = say_hello(victim.address, segment_fd, bell_fd, kRing);
     ASSERT_GE(fd, 0);
-    Hello hello;
-    hello.pid = static_cast<uint32_t>(getpid());
-    hello.ring_bytes = kRing;
-    send_with_fds(fd, &hello, sizeof(hello), {segment_fd, bell_fd});
     ASSERT_TRUE(victim.events->wait_for([&] { return !victim.events->accepted_.empty(); }));
     uint8_t* forward = static_cast<uint8_t*>(segment) + internal::ring::kHeaderBytes;
     if (c.corrupt_head) {
@@ -342,12 +350,8 @@ TEST(RingTransport, APeerThatKeepsClearingTheBellDelaysOthersOnlyBriefly) {
   constexpr size_t kRing = 4096;
   int segment_fd = memfd_of(internal::ring::kHeaderBytes + 2 * kRing, true);
   int own_bell_fd = memfd_of(internal::ring::kBellBytes, true);
-  int fd = connect_raw(socket_name(hub.address));
+  int fd = say_hello(hub.address, segment_fd, own_bell_fd, kRing);
   ASSERT_GE(fd, 0);
-  Hello hello;
-  hello.pid = static_cast<uint32_t>(getpid());
-  hello.ring_bytes = kRing;
-  send_with_fds(fd, &hello, sizeof(hello), {segment_fd, own_bell_fd});
   // The hub's reply carries its bell.
   Hello reply;
   iovec iov{&reply, sizeof(reply)};
