@@ -11,6 +11,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "agents/core/held_reads.h"
 #include "base/future.h"
 #include "base/logging.h"
 
@@ -126,17 +127,11 @@ class Link final : public Connection, public std::enable_shared_from_this<Link> 
   // order, undelivered, and hands it over on its home thread once resumed. What waits
   // is bounded by the writer's own cap (the writer is this process).
   void pause_reads() override {
-    std::lock_guard<std::mutex> lock(park_mu_);
-    paused_ = !ignores_pauses_;
+    if (!ignores_pauses_) parked_.pause();
   }
 
   void resume_reads() override {
-    {
-      std::lock_guard<std::mutex> lock(park_mu_);
-      paused_ = false;
-      if (parked_.empty() || draining_) return;
-      draining_ = true;
-    }
+    if (!parked_.resume()) return;
     std::shared_ptr<Endpoint> home = home_.lock();
     if (home) home->post([self = shared_from_this()] { self->drain(); });
   }
@@ -145,14 +140,7 @@ class Link final : public Connection, public std::enable_shared_from_this<Link> 
 
   // Home thread: a message from the other side, delivered unless paused.
   void receive(Wire wire) {
-    {
-      std::lock_guard<std::mutex> lock(park_mu_);
-      if (paused_ || !parked_.empty()) {
-        parked_.push_back(std::move(wire));
-        return;
-      }
-    }
-    deliver(std::move(wire));
+    if (!parked_.hold(wire)) deliver(std::move(wire));
   }
 
   bool closed() const { return closed_.load(std::memory_order_acquire); }
@@ -160,19 +148,7 @@ class Link final : public Connection, public std::enable_shared_from_this<Link> 
  private:
   // Home thread: what was kept aside, until it runs out or the link pauses again.
   void drain() {
-    for (;;) {
-      Wire next;
-      {
-        std::lock_guard<std::mutex> lock(park_mu_);
-        if (paused_ || parked_.empty()) {
-          draining_ = false;
-          return;
-        }
-        next = std::move(parked_.front());
-        parked_.pop_front();
-      }
-      deliver(std::move(next));
-    }
+    parked_.drain([this](Wire wire) { deliver(std::move(wire)); });
   }
 
   // Home thread: the core admits the sizes, then the bytes are copied as a network
@@ -218,10 +194,7 @@ class Link final : public Connection, public std::enable_shared_from_this<Link> 
   std::weak_ptr<Link> other_;
   std::atomic<bool> closed_{false};
   bool ignores_pauses_ = false;  // set before the link is shared
-  std::mutex park_mu_;
-  bool paused_ = false;        // guarded by park_mu_
-  bool draining_ = false;      // guarded by park_mu_: a drain() is posted
-  std::deque<Wire> parked_;    // guarded by park_mu_
+  internal::HeldReads parked_;  // what arrives while paused, drained on the home thread
 };
 
 }  // namespace

@@ -1,7 +1,6 @@
 #include "agents/tensorpipe/transport.h"
 
 #include <atomic>
-#include <deque>
 #include <mutex>
 
 #include <tensorpipe/tensorpipe.h>
@@ -12,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "agents/core/buffer_pool.h"
+#include "agents/core/held_reads.h"
 #include "agents/core/thread_pool.h"
 #include "agents/tensorpipe/wire.h"
 #include "base/future.h"
@@ -93,18 +93,10 @@ class TensorPipeTransport::State::Pipe final : public Connection, public std::en
   // lost (AgentConformance.AServerAtItsCapStopsReadingThatConnection/tensorpipe_shm).
   // What is held is bounded by the caller's own cap when the caller is ferry; the
   // pipe's other messages, and TensorPipe's own, were read into memory anyway.
-  void pause_reads() override {
-    std::lock_guard<std::mutex> lock(read_mu_);
-    paused_ = true;
-  }
+  void pause_reads() override { held_.pause(); }
 
   void resume_reads() override {
-    {
-      std::lock_guard<std::mutex> lock(read_mu_);
-      paused_ = false;
-      if (held_.empty() || draining_) return;
-      draining_ = true;
-    }
+    if (!held_.resume()) return;
     std::shared_ptr<Pipe> self = shared_from_this();
     if (!drainer().post([self] { self->drain(); })) self->drain();
   }
@@ -115,14 +107,7 @@ class TensorPipeTransport::State::Pipe final : public Connection, public std::en
 
   // on_message, in order, unless paused (then the message is held).
   void deliver(Wire wire) {
-    {
-      std::lock_guard<std::mutex> lock(read_mu_);
-      if (paused_ || draining_ || !held_.empty()) {
-        held_.push_back(std::move(wire));
-        return;
-      }
-    }
-    on_message(std::move(wire));
+    if (!held_.hold(wire)) on_message(std::move(wire));
   }
 
   // The drainer's thread: what was held, in order, until it is all out or the pipe
@@ -130,19 +115,7 @@ class TensorPipeTransport::State::Pipe final : public Connection, public std::en
   void drain() {
     TransportThreadScope transport_thread;
     AgentThreadScope agent_thread;
-    for (;;) {
-      Wire wire;
-      {
-        std::lock_guard<std::mutex> lock(read_mu_);
-        if (paused_ || held_.empty()) {
-          draining_ = false;
-          return;
-        }
-        wire = std::move(held_.front());
-        held_.pop_front();
-      }
-      on_message(std::move(wire));
-    }
+    held_.drain([this](Wire wire) { on_message(std::move(wire)); });
   }
 
   void on_message(Wire wire) {
@@ -198,10 +171,7 @@ class TensorPipeTransport::State::Pipe final : public Connection, public std::en
   std::atomic<bool> close_when_written_{false};
   std::atomic<int> in_flight_{0};
   std::atomic<bool> reported_{false};
-  std::mutex read_mu_;
-  bool paused_ = false;    // guarded by read_mu_
-  bool draining_ = false;  // guarded by read_mu_: the drainer delivers held_
-  std::deque<Wire> held_;  // guarded by read_mu_: read while paused, in order
+  HeldReads held_;  // what is read while paused; the drainer delivers it
 };
 
 void TensorPipeTransport::State::accept_next() {
