@@ -96,8 +96,8 @@ class Producer {
   // writes that line, and reading it for every message cost a cross-core miss each.
   // A stale tail only understates the room, since the consumer's tail only grows.
   bool space(uint64_t& free, uint64_t want = UINT64_MAX) {
-    if (capacity_ - (head_ - tail_seen_) >= want) {
-      free = capacity_ - (head_ - tail_seen_);
+    if (const uint64_t room = capacity_ - (head_ - tail_seen_); room >= want) {
+      free = room;
       return true;
     }
     uint64_t tail = header_->tail.load(std::memory_order_acquire);

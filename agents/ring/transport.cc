@@ -1151,18 +1151,18 @@ bool Endpoint::park() {
   }
   if (!work && !stopping.load()) {
     sleeps.fetch_add(1, std::memory_order_relaxed);
+    const std::chrono::microseconds every = read_all_every();
     if (!alone && agent_drivers.load(std::memory_order_seq_cst) > 0) {
       parked_briefly.store(true, std::memory_order_seq_cst);
       ring::futex_wait(&bell->seq, seq, kBesideDriver);
       parked_briefly.store(false, std::memory_order_seq_cst);
     } else {
-      ring::futex_wait(&bell->seq, seq, read_all_every());
+      ring::futex_wait(&bell->seq, seq, every);
     }
     timespec ts{};
     clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);  // precise enough for kReadAllEvery
     const int64_t now = static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
-    const int64_t every = std::chrono::nanoseconds(read_all_every()).count();
-    if (now - read_all_at_ns >= every) {
+    if (now - read_all_at_ns >= std::chrono::nanoseconds(every).count()) {
       read_all_at_ns = now;
       read_all.store(true, std::memory_order_relaxed);
     }
