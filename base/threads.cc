@@ -18,6 +18,7 @@
 #include "base/future.h"
 #include "base/host_load.h"
 #include "base/logging.h"
+#include "base/thread_name.h"
 
 namespace ferry::internal {
 namespace {
@@ -195,6 +196,7 @@ class Reaper {
     }
     std::thread([this, work = std::move(work)] {
       on_reaper_thread = true;
+      name_this_thread("ferry-reaper");
       run_callback_guarded(work);
       absl::MutexLock lock(&mu_);  // the Reaper is never destroyed, so this outlives exit
       --running_;

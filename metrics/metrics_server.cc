@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "base/logging.h"
 #include "base/status.h"
+#include "base/thread_name.h"
 
 namespace ferry {
 
@@ -108,7 +109,10 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::start(Options opti
   if (pipe2(server->wake_, O_CLOEXEC | O_NONBLOCK) != 0) {
     return absl::InternalError(absl::StrCat("metrics server: pipe: ", errno_text()));
   }
-  server->thread_ = std::thread([s = server.get()] { s->run(); });
+  server->thread_ = std::thread([s = server.get()] {
+    internal::name_this_thread("ferry-metrics");
+    s->run();
+  });
   return server;
 }
 

@@ -21,6 +21,7 @@
 #include "base/logging.h"
 #include "base/net.h"
 #include "base/status.h"
+#include "base/thread_name.h"
 #include "store/internal/store_util.h"
 #include "store/internal/tcp_protocol.h"
 #include "store/internal/tcp_store_core.h"
@@ -220,7 +221,10 @@ absl::Status TCPStoreServer::Impl::start() {
   uv_tcp_getsockname(&listener_, reinterpret_cast<sockaddr*>(&addr), &len);
   port_ = ntohs(addr.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port
                                            : reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
-  thread_ = std::thread([this] { uv_run(&loop_, UV_RUN_DEFAULT); });
+  thread_ = std::thread([this] {
+    internal::name_this_thread("ferry-store");
+    uv_run(&loop_, UV_RUN_DEFAULT);
+  });
   FERRY_LOG(INFO) << "store server: listening on " << sockaddr_to_string(reinterpret_cast<sockaddr*>(&addr));
   char bound_host[NI_MAXHOST] = "";
   ::getnameinfo(reinterpret_cast<sockaddr*>(&addr), len, bound_host, sizeof(bound_host), nullptr, 0, NI_NUMERICHOST);

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/env.h"
 #include "base/logging.h"
+#include "base/thread_name.h"
 #include "nlohmann/json.hpp"
 
 namespace ferry {
@@ -49,7 +50,10 @@ class Registry {
         FERRY_LOG(WARNING) << "FERRY_TRACE: SIGUSR2 already has a handler; traces are written at shutdown only";
       }
       owner_ = getpid();
-      thread_ = std::thread([this] { run(); });
+      thread_ = std::thread([this] {
+        internal::name_this_thread("ferry-trace");
+        run();
+      });
     }
   }
   void remove(TraceRecorder* r) {

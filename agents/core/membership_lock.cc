@@ -10,6 +10,7 @@
 #include "base/auth.h"
 #include "base/logging.h"
 #include "base/status.h"
+#include "base/thread_name.h"
 
 namespace ferry::internal {
 
@@ -152,7 +153,10 @@ absl::StatusOr<std::unique_ptr<MembershipLock>> MembershipLock::acquire(std::sha
     state->value = mine;
     state->renewed = Clock::now();
   }
-  state->renewer = std::thread([s = state.get()] { s->run_renewer(); });
+  state->renewer = std::thread([s = state.get()] {
+    name_this_thread("ferry-lease");
+    s->run_renewer();
+  });
   return std::unique_ptr<MembershipLock>(new MembershipLock(std::move(state)));
 }
 

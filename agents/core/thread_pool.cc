@@ -6,16 +6,13 @@
 #include "base/future.h"
 #include "base/host_load.h"
 #include "base/logging.h"
+#include "base/thread_name.h"
 
 namespace ferry::internal {
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// After the last task that waited behind busy threads, the watcher keeps looking this
-// long before it sleeps for good: a steady stream of calls then never pays for waking it.
-constexpr std::chrono::milliseconds kKeepWatching{20};
 
 }  // namespace
 
@@ -95,7 +92,7 @@ void ThreadPool::State::watch(std::unique_lock<std::mutex>& lock) {
       wake_sleepers(tasks.size() - 1);
       return;
     }
-    watch_timed = !tasks.empty() || Clock::now() - last_deferred < kKeepWatching;
+    watch_timed = !tasks.empty() || keeps_watching(Clock::now() - last_deferred, host_crowded());
     if (watch_timed) {
       watch_cv.wait_for(lock, kWatchTick);
     } else {
@@ -180,7 +177,10 @@ ThreadPool::ThreadPool(int threads, std::shared_ptr<Activity> activity, std::fun
   threads_.reserve(static_cast<size_t>(size_));
   std::lock_guard<std::mutex> lock(state_->mu);
   for (int i = 0; i < size_; ++i) {
-    threads_.emplace_back([state = state_] { state->run(); });
+    threads_.emplace_back([state = state_] {
+      name_this_thread("ferry-pool");
+      state->run();
+    });
     state_->ids.push_back(threads_.back().get_id());
   }
 }

@@ -51,6 +51,17 @@ class ThreadPool final : public Executor {
   }
   // How often the watcher looks while tasks wait behind busy threads.
   static constexpr std::chrono::microseconds kWatchTick{500};
+  // After the last task that waited behind busy threads, the watcher keeps looking this
+  // long before it sleeps until posted to: a steady stream of calls then never pays
+  // for waking it.
+  static constexpr std::chrono::milliseconds kKeepWatching{20};
+  // Whether the watcher, with no task queued, keeps looking `since_deferred` after the
+  // last deferred task. Not on a crowded host (host_crowded(), base/future.h): there
+  // each look is a context switch that takes a core from a thread with work (256
+  // workers on 2 cores making all-to-all calls switched 40% less without them).
+  static bool keeps_watching(std::chrono::steady_clock::duration since_deferred, bool crowded) {
+    return !crowded && since_deferred < kKeepWatching;
+  }
 
   // An idle thread polls for new work for internal::spin_window() (base/future.h),
   // yielding between polls, before it sleeps (one thread at a time): waking a

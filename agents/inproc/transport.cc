@@ -14,6 +14,7 @@
 #include "agents/core/held_reads.h"
 #include "base/future.h"
 #include "base/logging.h"
+#include "base/thread_name.h"
 
 namespace ferry::internal {
 namespace {
@@ -210,7 +211,10 @@ InprocTransport::~InprocTransport() { close(); }
 
 absl::StatusOr<std::string> InprocTransport::listen(std::weak_ptr<TransportEvents> events) {
   endpoint_->events = std::move(events);
-  endpoint_->thread = std::thread([endpoint = endpoint_] { endpoint->run(); });
+  endpoint_->thread = std::thread([endpoint = endpoint_] {
+    name_this_thread("ferry-inproc");
+    endpoint->run();
+  });
   std::lock_guard<std::mutex> lock(registry_mu());
   registry()[endpoint_->address] = endpoint_;
   return endpoint_->address;

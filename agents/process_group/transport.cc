@@ -18,6 +18,7 @@
 #include "base/future.h"
 #include "base/logging.h"
 #include "base/status.h"
+#include "base/thread_name.h"
 #include "serialization/archive.h"
 
 namespace ferry::internal {
@@ -548,10 +549,19 @@ absl::StatusOr<std::string> ProcessGroupTransport::listen(std::weak_ptr<Transpor
     if (r == s.rank) continue;
     // One sender per rank: frames to a rank must arrive in the order written (the
     // core's hello comes first), and Gloo keeps the order of one sender's messages.
-    s.senders.emplace_back([state = state_, r] { state->send_loop(r); });
-    s.receivers.emplace_back([state = state_, r] { state->receive_loop(r); });
+    s.senders.emplace_back([state = state_, r] {
+      name_this_thread("ferry-pg-send");
+      state->send_loop(r);
+    });
+    s.receivers.emplace_back([state = state_, r] {
+      name_this_thread("ferry-pg-recv");
+      state->receive_loop(r);
+    });
   }
-  s.resumer = std::thread([state = state_] { state->resume_loop(); });
+  s.resumer = std::thread([state = state_] {
+    name_this_thread("ferry-pg-resume");
+    state->resume_loop();
+  });
   return process_group_address(s.rank);
 }
 

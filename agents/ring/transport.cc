@@ -38,6 +38,7 @@
 #include "base/future.h"
 #include "base/logging.h"
 #include "base/progress.h"
+#include "base/thread_name.h"
 #include "base/thread_role.h"
 
 #if defined(__has_feature)
@@ -1463,8 +1464,14 @@ absl::StatusOr<std::string> RingTransport::listen(std::weak_ptr<TransportEvents>
   ev.data.u64 = 1;
   epoll_ctl(e.epoll_fd, EPOLL_CTL_ADD, e.stop_fd, &ev);
   e.address = absl::StrCat("ring ring://", host_scope(), "/", e.socket_name, "\n");
-  e.data_thread = std::thread([endpoint = endpoint_] { endpoint->run_data(); });
-  e.control_thread = std::thread([endpoint = endpoint_] { endpoint->run_control(); });
+  e.data_thread = std::thread([endpoint = endpoint_] {
+    name_this_thread("ferry-ring-data");
+    endpoint->run_data();
+  });
+  e.control_thread = std::thread([endpoint = endpoint_] {
+    name_this_thread("ferry-ring-ctl");
+    endpoint->run_control();
+  });
   e.progress = std::make_unique<ProgressRegistration>(std::make_shared<RingProgress>(endpoint_));
   return e.address;
 }

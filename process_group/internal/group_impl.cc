@@ -3,6 +3,7 @@
 #include "process_group/internal/group_impl.h"
 
 #include "absl/strings/str_cat.h"
+#include "base/thread_name.h"
 #include "gloo/rendezvous/context.h"
 #include "process_group/internal/gloo_store.h"
 #include "serialization/archive.h"
@@ -51,7 +52,10 @@ absl::Status ProcessGroup::Impl::connect(const std::shared_ptr<Store>& store) {
     // No other thread exists yet.
     FERRY_RETURN_IF_ERROR(catch_gloo(kExchangeName, description_, [&] { return make_header_slots(); }));
   }
-  worker_ = std::thread([this] { worker_loop(); });
+  worker_ = std::thread([this] {
+    internal::name_this_thread("ferry-pg-work");
+    worker_loop();
+  });
   return absl::OkStatus();
 }
 
@@ -60,7 +64,10 @@ bool ProcessGroup::Impl::spawn(std::function<void()> fn) {
   if (closed_) return false;
   p2p_queue_.push_back(std::move(fn));
   if (p2p_queue_.size() > p2p_idle_ && p2p_threads_.size() < kMaxP2PWaiters) {
-    p2p_threads_.emplace_back([this] { p2p_loop(); });
+    p2p_threads_.emplace_back([this] {
+      internal::name_this_thread("ferry-pg-p2p");
+      p2p_loop();
+    });
   }
   return true;
 }

@@ -1,5 +1,6 @@
 // The ring transport's own behaviour, beyond the conformance suites: hostile hellos on
 // its socket, where it reaches, in-place reads, and how TensorPipeAgent chooses it.
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -11,7 +12,9 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <set>
 #include <cstdlib>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -479,6 +482,36 @@ TEST(RingTransport, ProgressOfAClosedTransportDoesNothing) {
   held[0]->enter();
   EXPECT_FALSE(held[0]->poll());
   held[0]->leave();
+}
+
+// The names the kernel shows for this process's threads.
+std::multiset<std::string> thread_names() {
+  std::multiset<std::string> names;
+  DIR* dir = opendir("/proc/self/task");
+  while (dirent* e = dir != nullptr ? readdir(dir) : nullptr) {
+    if (e->d_name[0] == '.') continue;
+    std::ifstream in(absl::StrCat("/proc/self/task/", e->d_name, "/comm"));
+    std::string name;
+    if (std::getline(in, name)) names.insert(name);
+  }
+  if (dir != nullptr) closedir(dir);
+  return names;
+}
+
+// A profile of a worker (perf's comm column, top -H) tells the ring's threads apart.
+TEST(RingTransport, ItsThreadsAreNamed) {
+  const size_t data_before = thread_names().count("ferry-ring-data");
+  const size_t control_before = thread_names().count("ferry-ring-ctl");
+  Side a(make_ring_transport("a"));
+  // Each thread names itself when it starts.
+  std::multiset<std::string> names = thread_names();
+  for (int i = 0; i < 500 && (names.count("ferry-ring-data") == data_before ||
+                              names.count("ferry-ring-ctl") == control_before); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    names = thread_names();
+  }
+  EXPECT_EQ(names.count("ferry-ring-data"), data_before + 1);
+  EXPECT_EQ(names.count("ferry-ring-ctl"), control_before + 1);
 }
 
 TEST(RingTransport, OptionsAreChecked) {

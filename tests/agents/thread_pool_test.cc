@@ -1,11 +1,14 @@
 #include "agents/core/thread_pool.h"
 
+#include <dirent.h>
 #include <sys/resource.h>
 
 #include <atomic>
+#include <fstream>
 #include <mutex>
 #include <set>
 #include <stdexcept>
+#include <string>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -47,6 +50,30 @@ TEST(ThreadPool, ATaskWaitingForTheNextOneDoesNotStallIt) {
     while (!first_done.load() && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
     ASSERT_TRUE(second_ran.load()) << "round " << round << ": the second task waited for the first";
   }
+}
+
+// How many of this process's threads the kernel shows as `name`.
+int threads_named(const std::string& name) {
+  int n = 0;
+  DIR* dir = opendir("/proc/self/task");
+  while (dirent* e = dir != nullptr ? readdir(dir) : nullptr) {
+    if (e->d_name[0] == '.') continue;
+    std::ifstream in(std::string("/proc/self/task/") + e->d_name + "/comm");
+    std::string comm;
+    if (std::getline(in, comm) && comm == name) ++n;
+  }
+  if (dir != nullptr) closedir(dir);
+  return n;
+}
+
+TEST(ThreadPool, ItsThreadsAreNamed) {
+  const int before = threads_named("ferry-pool");
+  ThreadPool pool(3);
+  // A thread names itself when it starts: wait for all three.
+  for (int i = 0; i < 500 && threads_named("ferry-pool") < before + 3; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(threads_named("ferry-pool"), before + 3);
 }
 
 TEST(ThreadPool, AThrowingTaskDoesNotKillItsThread) {
@@ -175,6 +202,18 @@ TEST(ThreadPoolHandOff, AnotherThreadOnlyWhenTheBusyOnesStallOrACoreIsFree) {
   EXPECT_TRUE(ThreadPool::another_thread_helps(10 * stall, stall, /*spare_core=*/false));
   // The oldest task has not waited kStall yet: a busy thread comes back for it.
   EXPECT_FALSE(ThreadPool::another_thread_helps(stall / 2, 10 * stall, /*spare_core=*/true));
+}
+
+// The watcher keeps looking for a while after tasks last waited behind busy threads,
+// so that a steady stream of them never pays for waking it; but not on a crowded host,
+// where each look is a context switch that takes a core from a thread with work.
+TEST(ThreadPoolHandOff, TheWatcherKeepsLookingOnlyOnAHostThatIsNotCrowded) {
+  using std::chrono::milliseconds;
+  const auto keep = ThreadPool::kKeepWatching;
+  EXPECT_TRUE(ThreadPool::keeps_watching(milliseconds(0), /*crowded=*/false));
+  EXPECT_TRUE(ThreadPool::keeps_watching(keep / 2, /*crowded=*/false));
+  EXPECT_FALSE(ThreadPool::keeps_watching(keep, /*crowded=*/false));
+  EXPECT_FALSE(ThreadPool::keeps_watching(milliseconds(0), /*crowded=*/true));
 }
 
 // Posts a task that waits (up to 5 s) for a second one, then the second `head_start`
