@@ -2,6 +2,7 @@
 // processes on this host (see init_bench.h).
 #include "tools/bench/init_bench.h"
 
+#include <dirent.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -25,6 +26,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -128,18 +130,23 @@ int count_threads() {
 
 // Open descriptors and, of those, sockets (the iterator's own descriptor excluded).
 std::pair<int, int> count_fds() {
-  std::error_code ec;
+  // One readlinkat per descriptor: with 500 descriptors in each of 256 workers, the
+  // stat and readlink calls of std::filesystem cost 3% of the whole job's CPU.
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return {0, 0};
+  const int own = dirfd(dir);
   int fds = 0;
   int sockets = 0;
-  for (auto it = std::filesystem::directory_iterator("/proc/self/fd", ec);
-       !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
-    std::error_code link_ec;
-    std::filesystem::path target = std::filesystem::read_symlink(it->path(), link_ec);
-    if (link_ec) continue;  // the iterator's own descriptor, closed under us
+  char target[64];
+  while (dirent* e = readdir(dir)) {
+    if (e->d_name[0] == '.' || std::atoi(e->d_name) == own) continue;
+    ssize_t n = readlinkat(own, e->d_name, target, sizeof(target) - 1);
+    if (n < 0) continue;
     ++fds;
-    if (target.string().rfind("socket:", 0) == 0) ++sockets;
+    if (absl::StartsWith(absl::string_view(target, static_cast<size_t>(n)), "socket:")) ++sockets;
   }
-  return {std::max(0, fds - 1), sockets};
+  closedir(dir);
+  return {fds, sockets};
 }
 
 // Sleeps `ms` and returns the CPU this process used meanwhile, in % of one core.
