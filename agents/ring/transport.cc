@@ -415,6 +415,12 @@ struct RingTransport::Endpoint : std::enable_shared_from_this<Endpoint> {
   // sleeps until rung: waking every kBesideDriver there halved 16 calls in flight.
   std::atomic<int> agent_drivers{0};
   std::unique_ptr<ProgressRegistration> progress;
+  // Peers' bells, each mapped once however many connections its worker has with this
+  // one, by the memfd's device and inode (control thread). A mapping per connection
+  // was one more mmap and munmap per connection on each side.
+  std::mutex bells_mu;
+  absl::flat_hash_map<std::pair<uint64_t, uint64_t>, std::weak_ptr<const Mapping>> peer_bells;  // guarded by bells_mu
+  size_t bells_after_sweep = 0;  // guarded by bells_mu
 
   std::atomic<uint64_t> opened{0}, accepted{0}, refused{0}, sleeps{0}, in_place_reads{0}, messages_in{0},
       messages_out{0}, driven{0}, news_steps{0}, stepped_away{0};
@@ -476,6 +482,8 @@ struct RingTransport::Endpoint : std::enable_shared_from_this<Endpoint> {
   void accept_hello(uint64_t id, int fd);
   void watch(uint64_t id, int fd, std::weak_ptr<Pipe> pipe, bool awaiting_hello = false);
   void report(const std::shared_ptr<Pipe>& pipe, absl::Status why);
+  // The mapping of the bell memfd `fd` a peer sent (checked as map_peer_memfd does).
+  absl::StatusOr<std::shared_ptr<const Mapping>> map_peer_bell(int fd);
 };
 
 namespace {
@@ -546,11 +554,11 @@ class Pipe final : public Connection, public std::enable_shared_from_this<Pipe> 
 
   // Control thread: the peer's bell is mapped; from now on writes wake it and set
   // `peer_slot` in its news (what was written before is announced here).
-  void meet(Mapping bell, pid_t pid, uint32_t peer_slot) {
+  void meet(std::shared_ptr<const Mapping> bell, pid_t pid, uint32_t peer_slot) {
     peer_pid_.store(pid, std::memory_order_relaxed);
     peer_slot_.store(peer_slot, std::memory_order_relaxed);
     peer_bell_map_ = std::move(bell);
-    peer_bell_.store(static_cast<ring::Bell*>(peer_bell_map_.ptr), std::memory_order_release);
+    peer_bell_.store(static_cast<ring::Bell*>(peer_bell_map_->ptr), std::memory_order_release);
     ring::ring(peer_bell_.load(), peer_slot);
   }
   bool met() const { return peer_bell_.load(std::memory_order_acquire) != nullptr; }
@@ -760,7 +768,7 @@ class Pipe final : public Connection, public std::enable_shared_from_this<Pipe> 
   int fd_ = -1;
   Mapping segment_;
   ring::SegmentHeader* shared_ = nullptr;
-  Mapping peer_bell_map_;
+  std::shared_ptr<const Mapping> peer_bell_map_;  // shared with the peer's other pipes
   std::atomic<ring::Bell*> peer_bell_{nullptr};
   std::atomic<pid_t> peer_pid_{0};  // set before peer_bell_
   std::atomic<uint32_t> peer_slot_{ring::kNoSlot};  // set before peer_bell_
@@ -1256,6 +1264,27 @@ void Endpoint::watch(uint64_t id, int fd, std::weak_ptr<Pipe> pipe, bool awaitin
   epoll_ctl(epoll_fd, EPOLL_CTL_ADD, fd, &ev);
 }
 
+absl::StatusOr<std::shared_ptr<const Mapping>> Endpoint::map_peer_bell(int fd) {
+  struct stat st {};
+  if (fstat(fd, &st) != 0) return absl::InternalError(absl::StrCat("fstat: ", errno_text(errno)));
+  const std::pair<uint64_t, uint64_t> key{st.st_dev, st.st_ino};
+  std::lock_guard<std::mutex> lock(bells_mu);
+  auto it = peer_bells.find(key);
+  if (it != peer_bells.end()) {
+    if (std::shared_ptr<const Mapping> known = it->second.lock()) return known;
+  }
+  FERRY_ASSIGN_OR_RETURN(Mapping mapped, map_peer_memfd(fd, ring::kBellBytes, /*exact=*/false));
+  auto bell = std::make_shared<const Mapping>(std::move(mapped));
+  peer_bells[key] = bell;
+  // Bells of peers gone are forgotten now and then: the table stays within twice the
+  // peers there are (and 64).
+  if (peer_bells.size() >= 2 * bells_after_sweep + 64) {
+    absl::erase_if(peer_bells, [](const auto& entry) { return entry.second.expired(); });
+    bells_after_sweep = peer_bells.size();
+  }
+  return bell;
+}
+
 void Endpoint::on_listener() {
   for (;;) {
     int fd = accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -1321,7 +1350,7 @@ void Endpoint::accept_hello(uint64_t id, int fd) {
   absl::StatusOr<Mapping> segment = map_peer_memfd(fds[0], ring::kHeaderBytes + 2 * rb, /*exact=*/true);
   if (!segment.ok()) return refuse(std::string(segment.status().message()));
   void* token = sync_token(fds[0]);
-  absl::StatusOr<Mapping> peer_bell = map_peer_memfd(fds[1], ring::kBellBytes, /*exact=*/false);
+  absl::StatusOr<std::shared_ptr<const Mapping>> peer_bell = map_peer_bell(fds[1]);
   if (!peer_bell.ok()) return refuse(std::string(peer_bell.status().message()));
   close_all(fds);
   auto pipe = std::make_shared<Pipe>(nullptr, weak_from_this(), /*side=*/1);
@@ -1373,7 +1402,7 @@ void Endpoint::on_socket(uint64_t id, uint32_t what) {
     }
     if (n > 0 && n == sizeof(Packet) && p.magic == kMagic && p.kind == kReply && fds.size() == 1 &&
         !pipe->accepted() && !pipe->met() && (p.slot < ring::kSlots || p.slot == ring::kNoSlot)) {
-      absl::StatusOr<Mapping> bell_map = map_peer_memfd(fds[0], ring::kBellBytes, /*exact=*/false);
+      absl::StatusOr<std::shared_ptr<const Mapping>> bell_map = map_peer_bell(fds[0]);
       close_all(fds);
       if (bell_map.ok()) {
         const pid_t pid = static_cast<pid_t>(p.pid);
@@ -1608,11 +1637,17 @@ std::map<std::string, std::string> RingTransport::debug_info() const {
     std::lock_guard<std::mutex> lock(endpoint_->mu);
     sockets = e.sockets.size();
   }
+  size_t bells = 0;
+  {
+    std::lock_guard<std::mutex> lock(endpoint_->bells_mu);
+    for (const auto& [key, bell] : e.peer_bells) bells += bell.expired() ? 0 : 1;
+  }
   return {{"transports", "ring"},
           {"ring_address", e.address.empty() ? "" : e.address.substr(0, e.address.size() - 1)},
           {"ring_bytes", std::to_string(e.ring_bytes)},
           {"ring_in_place_bytes", std::to_string(e.in_place_bytes)},
           {"ring_sockets", std::to_string(sockets)},
+          {"ring_peer_bells", std::to_string(bells)},
           {"ring_opened", std::to_string(e.opened.load())},
           {"ring_accepted", std::to_string(e.accepted.load())},
           {"ring_refused", std::to_string(e.refused.load())},

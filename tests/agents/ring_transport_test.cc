@@ -344,6 +344,49 @@ TEST(RingTransport, AWorkerWithManyConnectionsReadsOnlyThoseWithNews) {
   ASSERT_TRUE(hub.events->wait_for([&] { return hub.events->received_.size() == kSpokes * (kMessages + 1); }));
 }
 
+// A worker maps each peer's bell once, however many connections there are between
+// them either way, and lets it go with the last of them.
+// How many mappings of ring bells this process has (/proc/self/maps).
+int bell_mappings() {
+  std::ifstream maps("/proc/self/maps");
+  int n = 0;
+  for (std::string line; std::getline(maps, line);) n += line.find("memfd:ferry-ring-bell") != std::string::npos;
+  return n;
+}
+
+TEST(RingTransport, APeersBellIsMappedOnceForAllItsConnections) {
+  const int before = bell_mappings();
+  Side a(make_ring_transport("a"));
+  Side b(make_ring_transport("b"));
+  std::vector<std::shared_ptr<Connection>> a_to_b = {a.transport->connect(nullptr, "b", b.address),
+                                                     a.transport->connect(nullptr, "b", b.address)};
+  std::shared_ptr<Connection> b_to_a = b.transport->connect(nullptr, "a", a.address);
+  for (const auto& c : a_to_b) c->write(text("from a"));
+  b_to_a->write(text("from b"));
+  ASSERT_TRUE(b.events->wait_for([&] { return b.events->received_.size() == 2; }));
+  ASSERT_TRUE(a.events->wait_for([&] { return a.events->received_.size() == 1; }));
+  EXPECT_EQ(info(*a.transport, "ring_peer_bells"), "1");
+  EXPECT_EQ(info(*b.transport, "ring_peer_bells"), "1");
+  // Each bell by its own worker, and once by the other.
+  EXPECT_EQ(bell_mappings() - before, 4);
+  for (const auto& c : a_to_b) c->close();
+  b_to_a->close();
+  ASSERT_TRUE(b.events->wait_for([&] { return b.events->closed_.size() == 3; }));
+  ASSERT_TRUE(a.events->wait_for([&] { return a.events->closed_.size() == 3; }));
+  a_to_b.clear();
+  b_to_a.reset();
+  for (Side* side : {&a, &b}) {  // what the recorders hold of the connections
+    std::lock_guard<std::mutex> lock(side->events->mu_);
+    side->events->accepted_.clear();
+    side->events->received_.clear();
+    side->events->closed_.clear();
+  }
+  EXPECT_TRUE(eventually([&] {
+    return info(*a.transport, "ring_peer_bells") == "0" && info(*b.transport, "ring_peer_bells") == "0";
+  }));
+  EXPECT_EQ(bell_mappings() - before, 2);
+}
+
 // Every peer maps a worker's bell and can write it: one that keeps clearing the
 // sleeping flag and the news (broken or hostile) delays the other peers' messages,
 // but only until the worker's data thread wakes by itself (kReadAllEvery) and reads
