@@ -5,10 +5,12 @@
 // place and read out of it, with no allocation per message on either side. Tensors of
 // at least RingOptions::in_place_bytes are not copied through the ring: the receiver
 // reads them straight out of the sender's memory (process_vm_readv) when the kernel
-// lets it, which each pair of workers checks once when it connects.
+// lets it, which each side checks when a connection opens: the connector by reading the
+// probe the acceptor's record names, the acceptor by reading the one its hello names.
 //
-// A worker's record is "ring ring://<boot id>/<network namespace>/<socket>": a peer
-// reaches it only from the same boot of the same host and the same network namespace.
+// A worker's record is "ring ring://<boot id>/<network namespace>/<socket>?probe=<pid>.
+// <address>.<value>" (hex): a peer reaches it only from the same boot of the same host
+// and the same network namespace.
 // TensorPipeAgent uses it for such peers when "ring" is among its transports
 // (agents/tensorpipe/factory.h); RingAgent makes an agent over the ring alone.
 //

@@ -113,7 +113,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr uint32_t kMagic = 0x676e6972;  // "ring"
-constexpr uint32_t kVersion = 2;  // 2: the bell's news
+constexpr uint32_t kVersion = 3;  // 2: the bell's news; 3: the probe in the address, no verdict
 constexpr size_t kMinRing = 4096;
 constexpr size_t kMaxRing = size_t{1} << 30;
 // A message announcing more tensors, or a longer target, is refused before anything is
@@ -141,9 +141,12 @@ constexpr size_t kReadAllRings = 64;
 // wake-ups cost little (a driving pool thread keeps the data thread at 2,000 a second).
 constexpr std::chrono::microseconds kBesideDriver{500};
 
-// Socket packets: the hello (with the segment's and the connector's bell's memfds), the
-// reply (with the acceptor's bell), the connector's verdict on reading in place.
-enum PacketKind : uint32_t { kHello = 1, kReply = 2, kVerdict = 3 };
+// Socket packets: the hello (with the segment's and the connector's bell's memfds) and
+// the reply (with the acceptor's bell). Each says whether its sender can read the other
+// in place: the connector probes the acceptor before it connects, with the probe its
+// address carries, so no third packet (and no third wake-up of the acceptor's control
+// thread) is needed for that.
+enum PacketKind : uint32_t { kHello = 1, kReply = 2 };
 struct Packet {
   uint32_t magic = kMagic;
   uint32_t version = kVersion;
@@ -318,15 +321,40 @@ const std::string& host_scope() {
   return scope;
 }
 
-// "ring ring://<scope>/<socket>" -> the socket name, if the record has a ring line.
-bool socket_of(const std::string& record, std::string& scope, std::string& socket) {
-  for (absl::string_view line : absl::StrSplit(record, '\n', absl::SkipEmpty())) {
+// What a worker's ring record says: "ring ring://<scope>/<socket>?probe=<pid>.<addr>.<value>"
+// (hex), where the probe is a value at an address in its memory that a peer reads to
+// learn whether it can read that worker's tensors in place.
+struct RingRecord {
+  std::string scope;
+  std::string socket;
+  pid_t pid = 0;
+  uint64_t probe_addr = 0;
+  uint64_t probe_value = 0;
+};
+
+std::string record_line(const std::string& socket, pid_t pid, const uint64_t* probe) {
+  return absl::StrCat("ring ring://", host_scope(), "/", socket, "?probe=", absl::Hex(pid), ".",
+                      absl::Hex(reinterpret_cast<uint64_t>(probe)), ".", absl::Hex(*probe), "\n");
+}
+
+// The ring line of `address`, if it has a well-formed one.
+bool parse_record(const std::string& address, RingRecord& r) {
+  for (absl::string_view line : absl::StrSplit(address, '\n', absl::SkipEmpty())) {
     if (!absl::ConsumePrefix(&line, "ring ring://")) continue;
+    size_t query = line.find("?probe=");
+    if (query == absl::string_view::npos) return false;
+    std::vector<absl::string_view> probe = absl::StrSplit(line.substr(query + 7), '.');
+    line = line.substr(0, query);
     size_t last = line.rfind('/');
-    if (last == absl::string_view::npos) return false;
-    scope = std::string(line.substr(0, last));
-    socket = std::string(line.substr(last + 1));
-    return !socket.empty();
+    uint64_t pid = 0;
+    if (last == absl::string_view::npos || probe.size() != 3 || !absl::SimpleHexAtoi(probe[0], &pid) ||
+        !absl::SimpleHexAtoi(probe[1], &r.probe_addr) || !absl::SimpleHexAtoi(probe[2], &r.probe_value)) {
+      return false;
+    }
+    r.pid = static_cast<pid_t>(pid);
+    r.scope = std::string(line.substr(0, last));
+    r.socket = std::string(line.substr(last + 1));
+    return !r.socket.empty();
   }
   return false;
 }
@@ -563,6 +591,9 @@ class Pipe final : public Connection, public std::enable_shared_from_this<Pipe> 
   }
   bool met() const { return peer_bell_.load(std::memory_order_acquire) != nullptr; }
   bool accepted() const { return side_ == 1; }
+  // Connector: the pid the peer's address named (set before the pipe is shared); its
+  // reply must come from it.
+  pid_t named_pid = 0;
   void set_peer_reads_me(bool yes) { peer_reads_me_.store(yes, std::memory_order_release); }
   bool peer_reads_me() const { return peer_reads_me_.load(std::memory_order_acquire); }
 
@@ -1362,9 +1393,8 @@ void Endpoint::accept_hello(uint64_t id, int fd) {
   reply.kind = kReply;
   reply.pid = static_cast<uint32_t>(getpid());
   reply.reads_you = reads ? 1 : 0;
-  reply.probe_addr = reinterpret_cast<uint64_t>(&probe);
-  reply.probe_value = probe;
   reply.slot = pipe->own_slot;
+  pipe->set_peer_reads_me(hello.reads_you != 0);
   if (!send_packet(fd, reply, {bell_fd})) {
     refused.fetch_add(1);
     give_slot(pipe->own_slot);
@@ -1400,24 +1430,18 @@ void Endpoint::on_socket(uint64_t id, uint32_t what) {
       if ((what & (EPOLLHUP | EPOLLERR)) == 0) return;
       n = 0;
     }
+    // The reply must come from the process the address named: the hello said whether
+    // this worker can read that one in place.
     if (n > 0 && n == sizeof(Packet) && p.magic == kMagic && p.kind == kReply && fds.size() == 1 &&
-        !pipe->accepted() && !pipe->met() && (p.slot < ring::kSlots || p.slot == ring::kNoSlot)) {
+        !pipe->accepted() && !pipe->met() && (p.slot < ring::kSlots || p.slot == ring::kNoSlot) &&
+        static_cast<pid_t>(p.pid) == pipe->named_pid) {
       absl::StatusOr<std::shared_ptr<const Mapping>> bell_map = map_peer_bell(fds[0]);
       close_all(fds);
       if (bell_map.ok()) {
-        const pid_t pid = static_cast<pid_t>(p.pid);
         pipe->set_peer_reads_me(p.reads_you != 0);
-        pipe->meet(*std::move(bell_map), pid, p.slot);
-        Packet verdict;
-        verdict.kind = kVerdict;
-        verdict.reads_you = can_read_in_place(pid, p.probe_addr, p.probe_value) ? 1 : 0;
-        send_packet(s.fd, verdict, {});
+        pipe->meet(*std::move(bell_map), static_cast<pid_t>(p.pid), p.slot);
         continue;
       }
-    } else if (n > 0 && n == sizeof(Packet) && p.magic == kMagic && p.kind == kVerdict && fds.empty() &&
-               pipe->accepted()) {
-      pipe->set_peer_reads_me(p.reads_you != 0);
-      continue;
     }
     close_all(fds);
     // The end of the socket (or a packet that has no place here): the connection is over.
@@ -1496,7 +1520,7 @@ absl::StatusOr<std::string> RingTransport::listen(std::weak_ptr<TransportEvents>
   epoll_ctl(e.epoll_fd, EPOLL_CTL_ADD, e.listen_fd, &ev);
   ev.data.u64 = 1;
   epoll_ctl(e.epoll_fd, EPOLL_CTL_ADD, e.stop_fd, &ev);
-  e.address = absl::StrCat("ring ring://", host_scope(), "/", e.socket_name, "\n");
+  e.address = record_line(e.socket_name, getpid(), &e.probe);
   e.data_thread = std::thread([endpoint = endpoint_] {
     name_this_thread("ferry-ring-data");
     endpoint->run_data();
@@ -1510,8 +1534,8 @@ absl::StatusOr<std::string> RingTransport::listen(std::weak_ptr<TransportEvents>
 }
 
 bool RingTransport::reaches(const std::string& address) const {
-  std::string scope, socket;
-  return socket_of(address, scope, socket) && scope == host_scope();
+  RingRecord r;
+  return parse_record(address, r) && r.scope == host_scope();
 }
 
 std::shared_ptr<Connection> RingTransport::connect(std::shared_ptr<Session> session, const std::string& peer_name,
@@ -1524,23 +1548,32 @@ std::shared_ptr<Connection> RingTransport::connect(std::shared_ptr<Session> sess
     e.post({Endpoint::Command::kGone, pipe, std::move(why)});
     return pipe;
   };
-  std::string scope, socket_name;
-  if (!socket_of(address, scope, socket_name) || scope != host_scope()) {
+  RingRecord record;
+  if (!parse_record(address, record) || record.scope != host_scope()) {
     return fail(absl::FailedPreconditionError(absl::StrCat("worker \"", peer_name,
                                                            "\" has no ring endpoint on this host (its address: ",
                                                            address, ")")));
   }
   if (!e.listening.load() || e.stopping.load()) return fail(absl::CancelledError("the transport is closing"));
-  int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  if (fd < 0) return fail(absl::UnavailableError(absl::StrCat("ring socket: ", errno_text(errno))));
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
-  if (socket_name.size() + 1 >= sizeof(addr.sun_path)) {
-    ::close(fd);
-    return fail(absl::InvalidArgumentError(absl::StrCat("ring socket name too long: ", socket_name)));
+  if (record.socket.size() + 1 >= sizeof(addr.sun_path)) {
+    return fail(absl::InvalidArgumentError(absl::StrCat("ring socket name too long: ", record.socket)));
   }
-  std::memcpy(addr.sun_path + 1, socket_name.data(), socket_name.size());
-  socklen_t len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + socket_name.size());
+  // The segment is made before the socket connects, so that the hello follows the
+  // connect at once: the acceptor, woken by the connect, then finds it there rather
+  // than sleeping again until it comes.
+  absl::StatusOr<std::pair<int, Mapping>> segment =
+      make_memfd("ferry-ring", ring::kHeaderBytes + 2 * e.ring_bytes);
+  if (!segment.ok()) return fail(segment.status());
+  new (segment->second.ptr) ring::SegmentHeader();
+  int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    ::close(segment->first);
+    return fail(absl::UnavailableError(absl::StrCat("ring socket: ", errno_text(errno))));
+  }
+  std::memcpy(addr.sun_path + 1, record.socket.data(), record.socket.size());
+  socklen_t len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + record.socket.size());
   int rc;
   do {
     rc = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), len);
@@ -1548,22 +1581,18 @@ std::shared_ptr<Connection> RingTransport::connect(std::shared_ptr<Session> sess
   if (rc != 0) {
     int err = errno;
     ::close(fd);
+    ::close(segment->first);
     return fail(absl::UnavailableError(absl::StrCat("cannot reach worker \"", peer_name, "\" at ring @",
-                                                    socket_name, ": ", errno_text(err))));
+                                                    record.socket, ": ", errno_text(err))));
   }
-  absl::StatusOr<std::pair<int, Mapping>> segment =
-      make_memfd("ferry-ring", ring::kHeaderBytes + 2 * e.ring_bytes);
-  if (!segment.ok()) {
-    ::close(fd);
-    return fail(segment.status());
-  }
-  new (segment->second.ptr) ring::SegmentHeader();
   Packet hello;
   hello.kind = kHello;
   hello.pid = static_cast<uint32_t>(getpid());
   hello.ring_bytes = e.ring_bytes;
+  hello.reads_you = can_read_in_place(record.pid, record.probe_addr, record.probe_value) ? 1 : 0;
   hello.probe_addr = reinterpret_cast<uint64_t>(&e.probe);
   hello.probe_value = e.probe;
+  pipe->named_pid = record.pid;
   pipe->own_slot = e.take_slot();  // given back at kAdd if the pipe never comes up
   hello.slot = pipe->own_slot;
   void* token = sync_token(segment->first);

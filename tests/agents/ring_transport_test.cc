@@ -42,9 +42,10 @@ using ::ferry::testing::StatusIs;
 using ::ferry::testing::text;
 using ::testing::HasSubstr;
 
-// The abstract socket name in a ring record ("ring ring://<scope>/<name>").
+// The abstract socket name in a ring record ("ring ring://<scope>/<name>?probe=...").
 std::string socket_name(const std::string& record) {
   std::string line = std::vector<std::string>(absl::StrSplit(record, '\n'))[0];
+  line = line.substr(0, line.find('?'));
   return line.substr(line.rfind('/') + 1);
 }
 
@@ -64,7 +65,7 @@ int connect_raw(const std::string& name) {
 // The hello's layout as the transport reads it (agents/ring/transport.cc).
 struct Hello {
   uint32_t magic = 0x676e6972;
-  uint32_t version = 2;
+  uint32_t version = 3;
   uint32_t kind = 1;
   uint32_t pid = 0;
   uint32_t reads_you = 0;
@@ -242,8 +243,12 @@ TEST(RingTransport, ReachesOnlyItsOwnHostAndNetworkNamespace) {
   EXPECT_TRUE(a.transport->reaches(a.address));
   std::string scope = a.address.substr(std::string("ring ring://").size());
   scope = scope.substr(0, scope.rfind('/'));
-  EXPECT_FALSE(a.transport->reaches("ring ring://another-boot/4026531992/x\n"));
-  EXPECT_FALSE(a.transport->reaches(absl::StrCat("ring ring://", scope, "1/x\n")));  // another namespace
+  EXPECT_FALSE(a.transport->reaches("ring ring://another-boot/4026531992/x?probe=1.1.1\n"));
+  EXPECT_FALSE(a.transport->reaches(absl::StrCat("ring ring://", scope, "1/x?probe=1.1.1\n")));  // another namespace
+  EXPECT_TRUE(a.transport->reaches(absl::StrCat("ring ring://", scope, "/x?probe=1.1.1\n")));
+  // A ring line without the probe it must carry, or with a malformed one.
+  EXPECT_FALSE(a.transport->reaches(absl::StrCat("ring ring://", scope, "/x\n")));
+  EXPECT_FALSE(a.transport->reaches(absl::StrCat("ring ring://", scope, "/x?probe=1.zz.1\n")));
   EXPECT_FALSE(a.transport->reaches("uv uv://127.0.0.1:1234\n"));
   // A record of several transports: the ring line is found among them.
   EXPECT_TRUE(a.transport->reaches(absl::StrCat("uv uv://127.0.0.1:1234\n", a.address)));
@@ -254,13 +259,14 @@ TEST(RingTransport, ReachesOnlyItsOwnHostAndNetworkNamespace) {
   EXPECT_THAT(std::string(a.events->closed_[0].second.message()), HasSubstr("no ring endpoint on this host"));
 }
 
-// Large tensors are read straight out of the sender, small ones cross the ring, and
-// both arrive intact, through messages much larger than the ring.
+// Large tensors are read straight out of the sender, either way, small ones cross the
+// ring, and both arrive intact, through messages much larger than the ring.
 TEST(RingTransport, LargeTensorsAreReadInPlaceAndSmallOnesCrossTheRing) {
   Side a(make_ring_transport("a", RingOptions{.ring_bytes = 8192, .in_place_bytes = 65536}));
   Side b(make_ring_transport("b", RingOptions{.ring_bytes = 8192, .in_place_bytes = 65536}));
   std::shared_ptr<Connection> out = a.transport->connect(nullptr, "b", b.address);
-  // The verdict on reading in place travels with the handshake: wait for a first message.
+  // Whether the acceptor reads the connector in place comes with the acceptor's reply to
+  // the hello: wait for a first message.
   out->write(text("first"));
   ASSERT_TRUE(b.events->wait_for([&] { return b.events->received_.size() == 1; }));
   std::vector<float> big(1 << 20), small(1000);
@@ -276,6 +282,17 @@ TEST(RingTransport, LargeTensorsAreReadInPlaceAndSmallOnesCrossTheRing) {
   ASSERT_EQ(got.tensors[1].nbytes(), small.size() * sizeof(float));
   EXPECT_EQ(std::memcmp(got.tensors[1].data(), small.data(), got.tensors[1].nbytes()), 0);
   EXPECT_EQ(info(*b.transport, "ring_in_place_reads"), "1");
+
+  // The acceptor's way: the connector said in its hello that it reads the acceptor in
+  // place (it read the probe in the acceptor's record).
+  std::shared_ptr<Connection> back = b.events->received_[0].connection;
+  back->write(Wire{"back", {Tensor::from_vector(big)}, {""}});
+  ASSERT_TRUE(a.events->wait_for([&] { return a.events->received_.size() == 1; }));
+  const Wire& returned = a.events->received_[0].wire;
+  ASSERT_EQ(returned.tensors.size(), 1u);
+  ASSERT_EQ(returned.tensors[0].nbytes(), big.size() * sizeof(float));
+  EXPECT_EQ(std::memcmp(returned.tensors[0].data(), big.data(), returned.tensors[0].nbytes()), 0);
+  EXPECT_EQ(info(*a.transport, "ring_in_place_reads"), "1");
 }
 
 // Polls `done` for up to 20 s.
