@@ -591,8 +591,13 @@ class Pipe final : public Connection, public std::enable_shared_from_this<Pipe> 
   }
   bool met() const { return peer_bell_.load(std::memory_order_acquire) != nullptr; }
   bool accepted() const { return side_ == 1; }
-  // Connector: the pid the peer's address named (set before the pipe is shared); its
-  // reply must come from it.
+  // Connector, before the pipe is shared: the pid the peer's address named. Its reply
+  // must come from it, and what it writes in place is read from it, even before the
+  // reply is here: the hello told it whether this worker can.
+  void name_peer(pid_t pid) {
+    named_pid = pid;
+    peer_pid_.store(pid, std::memory_order_relaxed);
+  }
   pid_t named_pid = 0;
   void set_peer_reads_me(bool yes) { peer_reads_me_.store(yes, std::memory_order_release); }
   bool peer_reads_me() const { return peer_reads_me_.load(std::memory_order_acquire); }
@@ -1592,7 +1597,7 @@ std::shared_ptr<Connection> RingTransport::connect(std::shared_ptr<Session> sess
   hello.reads_you = can_read_in_place(record.pid, record.probe_addr, record.probe_value) ? 1 : 0;
   hello.probe_addr = reinterpret_cast<uint64_t>(&e.probe);
   hello.probe_value = e.probe;
-  pipe->named_pid = record.pid;
+  pipe->name_peer(record.pid);
   pipe->own_slot = e.take_slot();  // given back at kAdd if the pipe never comes up
   hello.slot = pipe->own_slot;
   void* token = sync_token(segment->first);

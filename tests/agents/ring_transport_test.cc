@@ -295,6 +295,100 @@ TEST(RingTransport, LargeTensorsAreReadInPlaceAndSmallOnesCrossTheRing) {
   EXPECT_EQ(info(*a.transport, "ring_in_place_reads"), "1");
 }
 
+// Reads one packet from `fd`, with the descriptors it carries.
+ssize_t receive_with_fds(int fd, void* data, size_t size, std::vector<int>& fds) {
+  iovec iov{data, size};
+  alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < count; ++i) {
+      int got = -1;
+      std::memcpy(&got, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      fds.push_back(got);
+    }
+  }
+  return n;
+}
+
+// The connector's hello says whether it reads the acceptor in place (it read the probe
+// the acceptor's record names), so the acceptor may write a tensor by address at once,
+// before its reply has reached the connector: the connector reads it from the process
+// the record named. Here the acceptor is raw, and writes before it replies at all.
+TEST(RingTransport, AConnectorReadsInPlaceBeforeTheAcceptorReplies) {
+  namespace ring = internal::ring;
+  Side a(make_ring_transport("a"));
+  static uint64_t probe = 0x5eed5eed12345678;
+  const std::string name = absl::StrCat("ferry-test-raw-acceptor.", getpid());
+  int listener = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path + 1, name.data(), name.size());
+  socklen_t len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), len), 0);
+  ASSERT_EQ(listen(listener, 4), 0);
+  std::string scope = a.address.substr(std::string("ring ring://").size());
+  scope = scope.substr(0, scope.rfind('/'));
+  const std::string record =
+      absl::StrCat("ring ring://", scope, "/", name, "?probe=", absl::Hex(getpid()), ".",
+                   absl::Hex(reinterpret_cast<uint64_t>(&probe)), ".", absl::Hex(probe), "\n");
+  std::shared_ptr<Connection> out = a.transport->connect(nullptr, "raw", record);
+  int fd = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  Hello hello;
+  std::vector<int> fds;
+  ASSERT_EQ(receive_with_fds(fd, &hello, sizeof(hello), fds), static_cast<ssize_t>(sizeof(hello)));
+  ASSERT_EQ(fds.size(), 2u);
+  EXPECT_EQ(hello.reads_you, 1u) << "the connector could not read the probe its peer's record names";
+  const size_t rb = hello.ring_bytes;
+  void* segment = mmap(nullptr, ring::kHeaderBytes + 2 * rb, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
+  void* bell = mmap(nullptr, ring::kBellBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fds[1], 0);
+  ASSERT_NE(segment, MAP_FAILED);
+  ASSERT_NE(bell, MAP_FAILED);
+  auto* header = static_cast<ring::SegmentHeader*>(segment);
+  ring::Producer tx(&header->backward, static_cast<uint8_t*>(segment) + ring::kHeaderBytes + rb, rb);
+  // One message, as the transport frames it: a 1 MiB tensor by address, then metadata.
+  std::vector<float> big(1 << 18);
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(i) * 0.5f;
+  struct {
+    uint32_t kind = 1;  // a message
+    uint32_t tensors = 1;
+    uint64_t metadata_bytes = 5;
+    uint64_t seq = 1;
+  } fixed;
+  struct {
+    uint64_t length;
+    uint64_t address;
+    uint32_t target_bytes = 0;
+    uint32_t pad = 0;
+  } entry{big.size() * sizeof(float), reinterpret_cast<uint64_t>(big.data())};
+  static_assert(sizeof(fixed) == 24 && sizeof(entry) == 24);
+  tx.put(&fixed, sizeof(fixed));
+  tx.put(&entry, sizeof(entry));
+  tx.put("early", 5);
+  tx.publish();
+  ring::ring(static_cast<ring::Bell*>(bell), hello.slot);
+  ASSERT_TRUE(a.events->wait_for([&] { return a.events->received_.size() == 1 || !a.events->closed_.empty(); }));
+  ASSERT_TRUE(a.events->closed_.empty()) << a.events->closed_[0].second;
+  const Wire& got = a.events->received_[0].wire;
+  EXPECT_EQ(got.metadata, "early");
+  ASSERT_EQ(got.tensors.size(), 1u);
+  ASSERT_EQ(got.tensors[0].nbytes(), big.size() * sizeof(float));
+  EXPECT_EQ(std::memcmp(got.tensors[0].data(), big.data(), got.tensors[0].nbytes()), 0);
+  EXPECT_EQ(info(*a.transport, "ring_in_place_reads"), "1");
+  out->close();
+  munmap(segment, ring::kHeaderBytes + 2 * rb);
+  munmap(bell, ring::kBellBytes);
+  for (int f : fds) close(f);
+  close(fd);
+  close(listener);
+}
+
 // Polls `done` for up to 20 s.
 bool eventually(const std::function<bool()>& done) {
   auto until = std::chrono::steady_clock::now() + seconds(20);
