@@ -381,6 +381,17 @@ TEST(RingTransport, AConnectorReadsInPlaceBeforeTheAcceptorReplies) {
   ASSERT_EQ(got.tensors[0].nbytes(), big.size() * sizeof(float));
   EXPECT_EQ(std::memcmp(got.tensors[0].data(), big.data(), got.tensors[0].nbytes()), 0);
   EXPECT_EQ(info(*a.transport, "ring_in_place_reads"), "1");
+  // A reply from a process other than the one the record named ends the connection:
+  // the connector would read in place from a process it never probed.
+  Hello reply;
+  reply.kind = 2;
+  reply.pid = static_cast<uint32_t>(getpid() + 1);
+  reply.slot = UINT32_MAX;
+  int reply_bell = memfd_of(ring::kBellBytes, true);
+  send_with_fds(fd, &reply, sizeof(reply), {reply_bell});
+  ASSERT_TRUE(a.events->wait_for([&] { return !a.events->closed_.empty(); }));
+  EXPECT_THAT(std::string(a.events->closed_[0].second.message()), HasSubstr("unexpected packet"));
+  close(reply_bell);
   out->close();
   munmap(segment, ring::kHeaderBytes + 2 * rb);
   munmap(bell, ring::kBellBytes);
