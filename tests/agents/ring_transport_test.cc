@@ -1,6 +1,5 @@
 // The ring transport's own behaviour, beyond the conformance suites: hostile hellos on
 // its socket, where it reaches, in-place reads, and how TensorPipeAgent chooses it.
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -12,7 +11,6 @@
 #include <memory>
 #include <mutex>
 #include <new>
-#include <set>
 #include <cstdlib>
 #include <fstream>
 #include <string>
@@ -32,6 +30,7 @@
 #include "store/hash_store.h"
 #include "tests/agents/transport_events.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/threads.h"
 
 namespace ferry {
 namespace {
@@ -649,34 +648,16 @@ TEST(RingTransport, ProgressOfAClosedTransportDoesNothing) {
   held[0]->leave();
 }
 
-// The names the kernel shows for this process's threads.
-std::multiset<std::string> thread_names() {
-  std::multiset<std::string> names;
-  DIR* dir = opendir("/proc/self/task");
-  while (dirent* e = dir != nullptr ? readdir(dir) : nullptr) {
-    if (e->d_name[0] == '.') continue;
-    std::ifstream in(absl::StrCat("/proc/self/task/", e->d_name, "/comm"));
-    std::string name;
-    if (std::getline(in, name)) names.insert(name);
-  }
-  if (dir != nullptr) closedir(dir);
-  return names;
-}
-
 // A profile of a worker (perf's comm column, top -H) tells the ring's threads apart.
 TEST(RingTransport, ItsThreadsAreNamed) {
-  const size_t data_before = thread_names().count("ferry-ring-data");
-  const size_t control_before = thread_names().count("ferry-ring-ctl");
+  using ::ferry::testing::threads_named;
+  const int data_before = threads_named("ferry-ring-data");
+  const int control_before = threads_named("ferry-ring-ctl");
   Side a(make_ring_transport("a"));
   // Each thread names itself when it starts.
-  std::multiset<std::string> names = thread_names();
-  for (int i = 0; i < 500 && (names.count("ferry-ring-data") == data_before ||
-                              names.count("ferry-ring-ctl") == control_before); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    names = thread_names();
-  }
-  EXPECT_EQ(names.count("ferry-ring-data"), data_before + 1);
-  EXPECT_EQ(names.count("ferry-ring-ctl"), control_before + 1);
+  EXPECT_TRUE(eventually([&] {
+    return threads_named("ferry-ring-data") == data_before + 1 && threads_named("ferry-ring-ctl") == control_before + 1;
+  }));
 }
 
 TEST(RingTransport, OptionsAreChecked) {

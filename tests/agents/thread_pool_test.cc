@@ -1,10 +1,8 @@
 #include "agents/core/thread_pool.h"
 
-#include <dirent.h>
 #include <sys/resource.h>
 
 #include <atomic>
-#include <fstream>
 #include <mutex>
 #include <set>
 #include <stdexcept>
@@ -12,6 +10,7 @@
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "tests/testing/threads.h"
 
 namespace ferry::internal {
 namespace {
@@ -52,21 +51,8 @@ TEST(ThreadPool, ATaskWaitingForTheNextOneDoesNotStallIt) {
   }
 }
 
-// How many of this process's threads the kernel shows as `name`.
-int threads_named(const std::string& name) {
-  int n = 0;
-  DIR* dir = opendir("/proc/self/task");
-  while (dirent* e = dir != nullptr ? readdir(dir) : nullptr) {
-    if (e->d_name[0] == '.') continue;
-    std::ifstream in(std::string("/proc/self/task/") + e->d_name + "/comm");
-    std::string comm;
-    if (std::getline(in, comm) && comm == name) ++n;
-  }
-  if (dir != nullptr) closedir(dir);
-  return n;
-}
-
 TEST(ThreadPool, ItsThreadsAreNamed) {
+  using ::ferry::testing::threads_named;
   const int before = threads_named("ferry-pool");
   ThreadPool pool(3);
   // A thread names itself when it starts: wait for all three.

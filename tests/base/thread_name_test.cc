@@ -5,6 +5,7 @@
 
 #include <fstream>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -20,22 +21,20 @@ std::string own_comm() {
   return comm;
 }
 
-TEST(ThreadName, TheKernelShowsTheName) {
+// The name the kernel shows for a thread that named itself `name`.
+std::string seen_after_naming(std::string_view name) {
   std::string seen;
   std::thread([&] {
-    name_this_thread("ferry-test");
+    name_this_thread(name);
     seen = own_comm();
   }).join();
-  EXPECT_EQ(seen, "ferry-test");
+  return seen;
 }
 
+TEST(ThreadName, TheKernelShowsTheName) { EXPECT_EQ(seen_after_naming("ferry-test"), "ferry-test"); }
+
 TEST(ThreadName, ALongNameIsCutAtTheKernelsFifteenBytes) {
-  std::string seen;
-  std::thread([&] {
-    name_this_thread("ferry-a-name-longer-than-fifteen");
-    seen = own_comm();
-  }).join();
-  EXPECT_EQ(seen, "ferry-a-name-lo");
+  EXPECT_EQ(seen_after_naming("ferry-a-name-longer-than-fifteen"), "ferry-a-name-lo");
 }
 
 }  // namespace
