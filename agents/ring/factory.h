@@ -5,8 +5,9 @@
 // place and read out of it, with no allocation per message on either side. Tensors of
 // at least RingOptions::in_place_bytes are not copied through the ring: the receiver
 // reads them straight out of the sender's memory (process_vm_readv) when the kernel
-// lets it, which each side checks when a connection opens: the connector by reading the
-// probe the acceptor's record names, the acceptor by reading the one its hello names.
+// lets it, which each side checks once per peer process: the connector by reading the
+// probe the acceptor's record names, the acceptor the one the hello names, each in the
+// process the kernel says is at the other end of the socket.
 //
 // A worker's record is "ring ring://<boot id>/<network namespace>/<socket>?probe=<pid>.
 // <address>.<value>" (hex): a peer reaches it only from the same boot of the same host

@@ -26,6 +26,7 @@
 #include <new>
 #include <random>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -296,6 +297,16 @@ bool can_read_in_place(pid_t pid, uint64_t address, uint64_t value) {
   return process_vm_readv(pid, &local, 1, &remote, 1, 0) == static_cast<ssize_t>(sizeof(got)) && got == value;
 }
 
+// The pid of the process at the other end of the Unix socket `fd`, as the kernel saw it
+// connect or listen (SO_PEERCRED), in this process's pid namespace; 0 when it has none
+// here. What a peer says its pid is only names the process it wants read.
+pid_t socket_peer_pid(int fd) {
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || len != sizeof(cred)) return 0;
+  return cred.pid;
+}
+
 std::string read_line(const char* path) {
   std::ifstream in(path);
   std::string line;
@@ -449,6 +460,24 @@ struct RingTransport::Endpoint : std::enable_shared_from_this<Endpoint> {
   std::mutex bells_mu;
   absl::flat_hash_map<std::pair<uint64_t, uint64_t>, std::weak_ptr<const Mapping>> peer_bells;  // guarded by bells_mu
   size_t bells_after_sweep = 0;  // guarded by bells_mu
+  // What reading a peer process's probe in place found, by (pid, address, value): the
+  // same for every connection with that process, so probed once, not twice per
+  // connection. A new process behind a reused pid has another probe value.
+  std::mutex probes_mu;
+  absl::flat_hash_map<std::tuple<pid_t, uint64_t, uint64_t>, bool> probes;  // guarded by probes_mu
+  bool reads_in_place(pid_t pid, uint64_t address, uint64_t value) {
+    if (pid <= 0) return false;
+    const std::tuple<pid_t, uint64_t, uint64_t> key{pid, address, value};
+    {
+      std::lock_guard<std::mutex> lock(probes_mu);
+      if (auto it = probes.find(key); it != probes.end()) return it->second;
+    }
+    const bool can = can_read_in_place(pid, address, value);
+    std::lock_guard<std::mutex> lock(probes_mu);
+    if (probes.size() >= 4096) probes.clear();  // peers come and go: keep it bounded
+    probes.emplace(key, can);
+    return can;
+  }
 
   std::atomic<uint64_t> opened{0}, accepted{0}, refused{0}, sleeps{0}, in_place_reads{0}, messages_in{0},
       messages_out{0}, driven{0}, news_steps{0}, stepped_away{0};
@@ -591,14 +620,16 @@ class Pipe final : public Connection, public std::enable_shared_from_this<Pipe> 
   }
   bool met() const { return peer_bell_.load(std::memory_order_acquire) != nullptr; }
   bool accepted() const { return side_ == 1; }
-  // Connector, before the pipe is shared: the pid the peer's address named. Its reply
-  // must come from it, and what it writes in place is read from it, even before the
-  // reply is here: the hello told it whether this worker can.
-  void name_peer(pid_t pid) {
-    named_pid = pid;
-    peer_pid_.store(pid, std::memory_order_relaxed);
+  // Connector, before the pipe is shared: the pid the peer's record names (its reply
+  // must say the same), and the listener's pid as the kernel sees it, which what the
+  // peer writes in place is read from, even before its reply is here: the hello told
+  // it whether this worker can.
+  void name_peer(pid_t named, pid_t seen) {
+    named_pid = named;
+    peer_pid_.store(seen, std::memory_order_relaxed);
   }
   pid_t named_pid = 0;
+  pid_t peer_pid() const { return peer_pid_.load(std::memory_order_relaxed); }
   void set_peer_reads_me(bool yes) { peer_reads_me_.store(yes, std::memory_order_release); }
   bool peer_reads_me() const { return peer_reads_me_.load(std::memory_order_acquire); }
 
@@ -1392,8 +1423,10 @@ void Endpoint::accept_hello(uint64_t id, int fd) {
   auto pipe = std::make_shared<Pipe>(nullptr, weak_from_this(), /*side=*/1);
   pipe->attach(fd, *std::move(segment), rb, token);
   pipe->own_slot = take_slot();
-  const pid_t pid = static_cast<pid_t>(hello.pid);
-  const bool reads = can_read_in_place(pid, hello.probe_addr, hello.probe_value);
+  // Read in place from the process the kernel says connected, whatever pid the hello
+  // claims: a peer must not make this worker read another process's memory for it.
+  const pid_t pid = socket_peer_pid(fd);
+  const bool reads = reads_in_place(pid, hello.probe_addr, hello.probe_value);
   Packet reply;
   reply.kind = kReply;
   reply.pid = static_cast<uint32_t>(getpid());
@@ -1444,7 +1477,7 @@ void Endpoint::on_socket(uint64_t id, uint32_t what) {
       close_all(fds);
       if (bell_map.ok()) {
         pipe->set_peer_reads_me(p.reads_you != 0);
-        pipe->meet(*std::move(bell_map), static_cast<pid_t>(p.pid), p.slot);
+        pipe->meet(*std::move(bell_map), pipe->peer_pid(), p.slot);
         continue;
       }
     }
@@ -1594,10 +1627,13 @@ std::shared_ptr<Connection> RingTransport::connect(std::shared_ptr<Session> sess
   hello.kind = kHello;
   hello.pid = static_cast<uint32_t>(getpid());
   hello.ring_bytes = e.ring_bytes;
-  hello.reads_you = can_read_in_place(record.pid, record.probe_addr, record.probe_value) ? 1 : 0;
+  // The listener the kernel connected us to is the process read in place (the record
+  // only says where its probe is).
+  const pid_t listener = socket_peer_pid(fd);
+  hello.reads_you = e.reads_in_place(listener, record.probe_addr, record.probe_value) ? 1 : 0;
   hello.probe_addr = reinterpret_cast<uint64_t>(&e.probe);
   hello.probe_value = e.probe;
-  pipe->name_peer(record.pid);
+  pipe->name_peer(record.pid, listener);
   pipe->own_slot = e.take_slot();  // given back at kAdd if the pipe never comes up
   hello.slot = pipe->own_slot;
   void* token = sync_token(segment->first);

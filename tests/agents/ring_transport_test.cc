@@ -4,9 +4,11 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -397,6 +399,46 @@ TEST(RingTransport, AConnectorReadsInPlaceBeforeTheAcceptorReplies) {
   for (int f : fds) close(f);
   close(fd);
   close(listener);
+}
+
+// An acceptor reads in place from the process the kernel says connected (SO_PEERCRED),
+// not from the one a hello names: a peer cannot make a worker read a third process's
+// memory for it. Here the hello names a child that holds the probe it names; the
+// connecting process (this one) does not, so the acceptor must say it cannot read.
+TEST(RingTransport, AHelloCannotNameAnotherProcessToBeRead) {
+  Side a(make_ring_transport("a"));
+  static volatile uint64_t marker = 1;
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    marker = 2;
+    (void)!write(ready[1], "x", 1);
+    pause();
+    _exit(0);
+  }
+  char c = 0;
+  ASSERT_EQ(read(ready[0], &c, 1), 1);
+  constexpr size_t kRing = 4096;
+  int segment_fd = memfd_of(internal::ring::kHeaderBytes + 2 * kRing, true);
+  int bell_fd = memfd_of(internal::ring::kBellBytes, true);
+  int fd = connect_raw(socket_name(a.address));
+  ASSERT_GE(fd, 0);
+  Hello hello;
+  hello.pid = static_cast<uint32_t>(child);
+  hello.ring_bytes = kRing;
+  hello.probe_addr = reinterpret_cast<uint64_t>(&marker);
+  hello.probe_value = 2;  // true in the child only
+  send_with_fds(fd, &hello, sizeof(hello), {segment_fd, bell_fd});
+  Hello reply;
+  std::vector<int> fds;
+  ASSERT_EQ(receive_with_fds(fd, &reply, sizeof(reply), fds), static_cast<ssize_t>(sizeof(reply)));
+  EXPECT_EQ(reply.reads_you, 0u) << "the acceptor read the probe in the process the hello named";
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  for (int f : fds) close(f);
+  for (int f : {fd, segment_fd, bell_fd, ready[0], ready[1]}) close(f);
 }
 
 // Polls `done` for up to 20 s.
