@@ -45,6 +45,11 @@ int main(int argc, char** argv) {
       children.push_back(pid);
       continue;
     }
+    // LOOP_SPIN_US_0 / LOOP_SPIN_US_1: FERRY_SPIN_US for the caller (rank 0) or the
+    // server (rank 1) alone, to see whose polling a figure depends on.
+    if (const char* spin = std::getenv(rank == 0 ? "LOOP_SPIN_US_0" : "LOOP_SPIN_US_1"); spin != nullptr) {
+      setenv("FERRY_SPIN_US", spin, 1);
+    }
     if (std::getenv("LOOP_PIN") != nullptr) {
       cpu_set_t set;
       CPU_ZERO(&set);

@@ -42,6 +42,7 @@ struct ThreadPool::State {
   Clock::time_point last_deferred;  // guarded by mu: when a task last queued behind busy threads
   Clock::time_point last_taken;     // guarded by mu: when a thread last took a task
   int running = 0;                  // guarded by mu: threads not yet exited
+  bool flowing = false;             // guarded by mu: the last poll found a task
   std::vector<std::thread::id> ids;  // guarded by mu
   std::shared_ptr<Activity> activity;
   std::function<bool()> spare_core;
@@ -144,10 +145,12 @@ void ThreadPool::State::run() {
     if (spinning.load(std::memory_order_acquire) == 0) {
       polled_since = Clock::now();
       spinning.fetch_add(1, std::memory_order_acq_rel);
+      const std::chrono::microseconds window = poll_for(spin_window(poll_window), flowing);
       lock.unlock();
-      bool found = drive_until([this] { return queued.load(std::memory_order_acquire) > 0; }, spin_window(poll_window));
+      bool found = drive_until([this] { return queued.load(std::memory_order_acquire) > 0; }, window);
       lock.lock();
       spinning.fetch_sub(1, std::memory_order_acq_rel);
+      flowing = found;
       if (found || !tasks.empty() || stopping) continue;
     }
     if (!watching) {

@@ -202,6 +202,16 @@ TEST(ThreadPoolHandOff, TheWatcherKeepsLookingOnlyOnAHostThatIsNotCrowded) {
   EXPECT_FALSE(ThreadPool::keeps_watching(milliseconds(0), /*crowded=*/true));
 }
 
+// An idle thread polls longer while work is flowing (its last poll found a task), and
+// never on a crowded host, where the adaptive window is 0.
+TEST(ThreadPoolHandOff, AnIdleThreadPollsLongerWhileWorkIsFlowing) {
+  using std::chrono::microseconds;
+  EXPECT_EQ(ThreadPool::poll_for(microseconds(50), /*flowing=*/false), microseconds(50));
+  EXPECT_EQ(ThreadPool::poll_for(microseconds(50), /*flowing=*/true), ThreadPool::kFlowingPoll);
+  EXPECT_EQ(ThreadPool::poll_for(microseconds(0), /*flowing=*/true), microseconds(0));
+  EXPECT_EQ(ThreadPool::poll_for(2 * ThreadPool::kFlowingPoll, /*flowing=*/true), 2 * ThreadPool::kFlowingPoll);
+}
+
 // Posts a task that waits (up to 5 s) for a second one, then the second `head_start`
 // later, so that it finds a busy thread; the second must run while the first waits.
 void expect_a_task_behind_a_blocked_one_runs(ThreadPool& pool, std::chrono::microseconds head_start) {
