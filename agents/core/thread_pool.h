@@ -59,7 +59,7 @@ class ThreadPool final : public Executor {
   // calls in flight on 2 cores that turned into a slow mode of its own (rpc_call_loop
   // ring 300000 256 16 pooled: medians 545k calls/s, against 842k polling 300 us and
   // 900k polling 1 ms). Polls yield between tries, so a runnable thread gets the core.
-  static constexpr std::chrono::microseconds kFlowingPoll{1000};
+  static constexpr std::chrono::microseconds kFlowingPoll = kMaxSpinWindow;  // base/future.h
   // The poll window for an idle thread: `adaptive` (spin_window(), 0 on a crowded
   // host: no polling at all), or kFlowingPoll while work is flowing.
   static std::chrono::microseconds poll_for(std::chrono::microseconds adaptive, bool flowing) {

@@ -343,8 +343,10 @@ struct RingRecord {
   uint64_t probe_value = 0;
 };
 
+constexpr absl::string_view kProbeQuery = "?probe=";
+
 std::string record_line(const std::string& socket, pid_t pid, const uint64_t* probe) {
-  return absl::StrCat("ring ring://", host_scope(), "/", socket, "?probe=", absl::Hex(pid), ".",
+  return absl::StrCat("ring ring://", host_scope(), "/", socket, kProbeQuery, absl::Hex(pid), ".",
                       absl::Hex(reinterpret_cast<uint64_t>(probe)), ".", absl::Hex(*probe), "\n");
 }
 
@@ -352,9 +354,9 @@ std::string record_line(const std::string& socket, pid_t pid, const uint64_t* pr
 bool parse_record(const std::string& address, RingRecord& r) {
   for (absl::string_view line : absl::StrSplit(address, '\n', absl::SkipEmpty())) {
     if (!absl::ConsumePrefix(&line, "ring ring://")) continue;
-    size_t query = line.find("?probe=");
+    size_t query = line.find(kProbeQuery);
     if (query == absl::string_view::npos) return false;
-    std::vector<absl::string_view> probe = absl::StrSplit(line.substr(query + 7), '.');
+    std::vector<absl::string_view> probe = absl::StrSplit(line.substr(query + kProbeQuery.size()), '.');
     line = line.substr(0, query);
     size_t last = line.rfind('/');
     uint64_t pid = 0;
@@ -483,11 +485,12 @@ struct RingTransport::Endpoint : std::enable_shared_from_this<Endpoint> {
       messages_out{0}, driven{0}, news_steps{0}, stepped_away{0};
   PollWindow window;  // the data thread's polls
 
-  // `wake`: ring the data thread now. A new pipe is added without it: its first message
-  // rings (a peer that writes rings the bell), and every step takes the commands first.
-  // A sleeping data thread woken only to add the pipe, once per side of every new
-  // connection, was a third of its wake-ups in all-to-all calls among 256 workers.
-  void post(Command command, bool wake = true) {
+  // Rings the data thread, except for a new pipe (kAdd): its first message rings (a peer
+  // that writes rings the bell), and every step takes the commands first. A sleeping
+  // data thread woken only to add the pipe, once per side of every new connection, was
+  // a third of its wake-ups in all-to-all calls among 256 workers.
+  void post(Command command) {
+    const bool wake = command.kind != Command::kAdd;
     {
       std::lock_guard<std::mutex> lock(mu);
       if (stopping.load()) return;
@@ -625,10 +628,10 @@ class Pipe final : public Connection, public std::enable_shared_from_this<Pipe> 
   // peer writes in place is read from, even before its reply is here: the hello told
   // it whether this worker can.
   void name_peer(pid_t named, pid_t seen) {
-    named_pid = named;
+    named_pid_ = named;
     peer_pid_.store(seen, std::memory_order_relaxed);
   }
-  pid_t named_pid = 0;
+  pid_t named_pid() const { return named_pid_; }
   pid_t peer_pid() const { return peer_pid_.load(std::memory_order_relaxed); }
   void set_peer_reads_me(bool yes) { peer_reads_me_.store(yes, std::memory_order_release); }
   bool peer_reads_me() const { return peer_reads_me_.load(std::memory_order_acquire); }
@@ -838,6 +841,7 @@ class Pipe final : public Connection, public std::enable_shared_from_this<Pipe> 
   std::shared_ptr<const Mapping> peer_bell_map_;  // shared with the peer's other pipes
   std::atomic<ring::Bell*> peer_bell_{nullptr};
   std::atomic<pid_t> peer_pid_{0};  // set before peer_bell_
+  pid_t named_pid_ = 0;             // connector: set before the pipe is shared
   std::atomic<uint32_t> peer_slot_{ring::kNoSlot};  // set before peer_bell_
   void* tsan_token_ = nullptr;  // set before the pipe is shared
   std::atomic<bool> peer_reads_me_{false};
@@ -1440,7 +1444,7 @@ void Endpoint::accept_hello(uint64_t id, int fd) {
   }
   pipe->meet(*std::move(peer_bell), pid, hello.slot);
   accepted.fetch_add(1);
-  post({Command::kAdd, pipe, absl::OkStatus()}, /*wake=*/false);
+  post({Command::kAdd, pipe, absl::OkStatus()});
   std::lock_guard<std::mutex> lock(mu);  // already in the epoll set, under this id
   sockets[id] = Socket{fd, pipe, false};
 }
@@ -1468,11 +1472,11 @@ void Endpoint::on_socket(uint64_t id, uint32_t what) {
       if ((what & (EPOLLHUP | EPOLLERR)) == 0) return;
       n = 0;
     }
-    // The reply must come from the process the address named: the hello said whether
-    // this worker can read that one in place.
+    // The reply must name the pid the record named (what is read in place is read from
+    // the process the kernel connected us to, whatever either says).
     if (n > 0 && n == sizeof(Packet) && p.magic == kMagic && p.kind == kReply && fds.size() == 1 &&
         !pipe->accepted() && !pipe->met() && (p.slot < ring::kSlots || p.slot == ring::kNoSlot) &&
-        static_cast<pid_t>(p.pid) == pipe->named_pid) {
+        static_cast<pid_t>(p.pid) == pipe->named_pid()) {
       absl::StatusOr<std::shared_ptr<const Mapping>> bell_map = map_peer_bell(fds[0]);
       close_all(fds);
       if (bell_map.ok()) {
@@ -1648,7 +1652,7 @@ std::shared_ptr<Connection> RingTransport::connect(std::shared_ptr<Session> sess
   fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
   pipe->attach(fd, std::move(segment->second), e.ring_bytes, token);
   e.opened.fetch_add(1);
-  e.post({Endpoint::Command::kAdd, pipe, absl::OkStatus()}, /*wake=*/false);
+  e.post({Endpoint::Command::kAdd, pipe, absl::OkStatus()});
   e.watch(e.next_id.fetch_add(1), fd, pipe);
   return pipe;
 }
