@@ -48,6 +48,10 @@ struct RingOptions {
   // announced something new (a bit in this worker's bell) instead of checking every
   // ring: 256 workers on one host each have 510. Unset (0): 16. 1: always.
   size_t news_from = 0;
+  // A tensor read in place of at least this many bytes is read by two threads at once,
+  // each copying half, while the host is not crowded: one thread's copy is bound by the
+  // core, not the memory. Unset (0): FERRY_RING_SPLIT_KB, else 8 MiB. SIZE_MAX: never.
+  size_t split_bytes = 0;
 };
 
 // Checks `options` as given (before defaults): kInvalidArgument saying what was wrong.

@@ -35,6 +35,7 @@
 #include "absl/strings/str_split.h"
 #include "agents/core/buffer_pool.h"
 #include "agents/ring/ring.h"
+#include "agents/ring/split_read.h"
 #include "base/env.h"
 #include "base/future.h"
 #include "base/logging.h"
@@ -391,6 +392,7 @@ struct RingTransport::Endpoint : std::enable_shared_from_this<Endpoint> {
   std::weak_ptr<TransportEvents> events;
   std::shared_ptr<BufferPool> buffers = BufferPool::create(max_cached_receive_bytes());
   uint64_t probe = 0;  // a value peers read in place to learn whether they can
+  std::unique_ptr<ring::SplitReader> reader;  // the data thread's reads of large tensors in place
 
   int listen_fd = -1;
   int epoll_fd = -1;
@@ -906,19 +908,8 @@ absl::Status Pipe::admit(Endpoint& home, TransportEvents& events) {
 }
 
 absl::Status Pipe::read_in_place(Endpoint& home, Tensor& tensor, uint64_t address) {
-  uint8_t* dst = static_cast<uint8_t*>(tensor.data());
-  uint64_t done = 0;
-  const uint64_t total = tensor.nbytes();
-  while (done < total) {
-    iovec local{dst + done, total - done};
-    iovec remote{reinterpret_cast<void*>(address + done), total - done};
-    ssize_t n = process_vm_readv(peer_pid_.load(std::memory_order_relaxed), &local, 1, &remote, 1, 0);
-    if (n <= 0) {
-      return absl::UnavailableError(absl::StrCat("cannot read a ", total, "-byte tensor in place from process ",
-                                                 peer_pid_.load(), ": ", n < 0 ? errno_text(errno) : "no bytes"));
-    }
-    done += static_cast<uint64_t>(n);
-  }
+  FERRY_RETURN_IF_ERROR(home.reader->read(peer_pid_.load(std::memory_order_relaxed),
+                                         static_cast<uint8_t*>(tensor.data()), address, tensor.nbytes()));
   home.in_place_reads.fetch_add(1, std::memory_order_relaxed);
   return absl::OkStatus();
 }
@@ -1525,6 +1516,7 @@ RingTransport::RingTransport(std::string name, RingOptions options) : endpoint_(
   e.name = std::move(name);
   e.ring_bytes = pick(options.ring_bytes, "FERRY_RING_KB", 256);
   e.in_place_bytes = pick(options.in_place_bytes, "FERRY_RING_IN_PLACE_KB", 64);
+  e.reader = std::make_unique<ring::SplitReader>(pick(options.split_bytes, "FERRY_RING_SPLIT_KB", 8192));
   if (options.news_from != 0) e.news_from = options.news_from;
   std::random_device rd;
   e.probe = (uint64_t{rd()} << 32) | rd() | 1;
@@ -1728,6 +1720,7 @@ std::map<std::string, std::string> RingTransport::debug_info() const {
           {"ring_messages_in", std::to_string(e.messages_in.load())},
           {"ring_messages_out", std::to_string(e.messages_out.load())},
           {"ring_in_place_reads", std::to_string(e.in_place_reads.load())},
+          {"ring_split_reads", std::to_string(e.reader->split_reads())},
           {"ring_sleeps", std::to_string(e.sleeps.load())},
           {"ring_driven", std::to_string(e.driven.load())},
           {"ring_stepped_away", std::to_string(e.stepped_away.load())},

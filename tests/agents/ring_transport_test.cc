@@ -24,7 +24,9 @@
 #include "agents/core/transport_set.h"
 #include "agents/ring/factory.h"
 #include "agents/ring/ring.h"
+#include "agents/ring/split_read.h"
 #include "agents/tensorpipe/factory.h"
+#include "base/future.h"
 #include "base/progress.h"
 #include "base/thread_role.h"
 #include "gmock/gmock.h"
@@ -294,6 +296,78 @@ TEST(RingTransport, LargeTensorsAreReadInPlaceAndSmallOnesCrossTheRing) {
   ASSERT_EQ(returned.tensors[0].nbytes(), big.size() * sizeof(float));
   EXPECT_EQ(std::memcmp(returned.tensors[0].data(), big.data(), returned.tensors[0].nbytes()), 0);
   EXPECT_EQ(info(*a.transport, "ring_in_place_reads"), "1");
+}
+
+// A tensor at least RingOptions::split_bytes large is read by two threads at once, and
+// arrives whole, byte for byte, in both directions.
+TEST(RingTransport, ALargeTensorIsReadByTwoThreadsAtOnce) {
+  RingOptions options{.ring_bytes = 8192, .in_place_bytes = 65536, .split_bytes = 1 << 20};
+  Side a(make_ring_transport("a", options));
+  Side b(make_ring_transport("b", options));
+  std::shared_ptr<Connection> out = a.transport->connect(nullptr, "b", b.address);
+  out->write(text("first"));
+  ASSERT_TRUE(b.events->wait_for([&] { return b.events->received_.size() == 1; }));
+  // An odd length: the halves meet on a page boundary, not in the middle.
+  std::vector<uint8_t> big((3 << 20) + 12345);
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<uint8_t>(i * 131 + (i >> 12));
+  const bool crowded = internal::host_crowded();
+  out->write(Wire{"big", {Tensor::from_vector(big)}, {""}});
+  ASSERT_TRUE(b.events->wait_for([&] { return b.events->received_.size() == 2; }));
+  const Wire& got = b.events->received_[1].wire;
+  ASSERT_EQ(got.tensors.size(), 1u);
+  ASSERT_EQ(got.tensors[0].nbytes(), big.size());
+  EXPECT_EQ(std::memcmp(got.tensors[0].data(), big.data(), big.size()), 0);
+  EXPECT_EQ(info(*b.transport, "ring_in_place_reads"), "1");
+  // A crowded host (ctest -j on two cores) reads it with one thread.
+  if (!crowded && !internal::host_crowded()) {
+    EXPECT_EQ(info(*b.transport, "ring_split_reads"), "1");
+    EXPECT_GE(::ferry::testing::threads_named("ferry-ring-copy"), 1);
+  }
+
+  std::shared_ptr<Connection> back = b.events->received_[0].connection;
+  back->write(Wire{"back", {got.tensors[0]}, {""}});
+  ASSERT_TRUE(a.events->wait_for([&] { return a.events->received_.size() == 1; }));
+  const Wire& returned = a.events->received_[0].wire;
+  ASSERT_EQ(returned.tensors.size(), 1u);
+  ASSERT_EQ(returned.tensors[0].nbytes(), big.size());
+  EXPECT_EQ(std::memcmp(returned.tensors[0].data(), big.data(), big.size()), 0);
+}
+
+// Either half failing fails the whole read, saying which process and how many bytes;
+// the reader goes on serving reads after it.
+TEST(RingSplitReader, AHalfThatCannotBeReadFailsTheRead) {
+  constexpr size_t kMiB = 1 << 20;
+  internal::ring::SplitReader reader(kMiB);
+  void* region = mmap(nullptr, 4 * kMiB, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(region, MAP_FAILED);
+  auto* bytes = static_cast<uint8_t*>(region);
+  for (size_t i = 0; i < 4 * kMiB; ++i) bytes[i] = static_cast<uint8_t>(i * 7);
+  std::vector<uint8_t> dst(4 * kMiB);
+  const auto address = reinterpret_cast<uint64_t>(bytes);
+  ASSERT_OK(reader.read(getpid(), dst.data(), address, 4 * kMiB));
+  EXPECT_EQ(std::memcmp(dst.data(), bytes, 4 * kMiB), 0);
+
+  // The last MiB (the helper's half) and then the first MiB (the caller's) unmapped.
+  ASSERT_EQ(munmap(bytes + 3 * kMiB, kMiB), 0);
+  EXPECT_THAT(reader.read(getpid(), dst.data(), address, 4 * kMiB),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       HasSubstr(absl::StrCat("cannot read a ", 4 * kMiB, "-byte tensor in place from process ",
+                                              getpid()))));
+  ASSERT_EQ(munmap(bytes, kMiB), 0);
+  EXPECT_THAT(reader.read(getpid(), dst.data(), address, 3 * kMiB),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("cannot read")));
+  // What is still mapped reads as before.
+  ASSERT_OK(reader.read(getpid(), dst.data(), address + kMiB, 2 * kMiB));
+  EXPECT_EQ(std::memcmp(dst.data(), bytes + kMiB, 2 * kMiB), 0);
+  ASSERT_EQ(munmap(bytes + kMiB, 2 * kMiB), 0);
+
+  // A process that is gone.
+  pid_t child = fork();
+  if (child == 0) _exit(0);
+  ASSERT_GT(child, 0);
+  ASSERT_EQ(waitpid(child, nullptr, 0), child);
+  EXPECT_THAT(reader.read(child, dst.data(), address, 4 * kMiB),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr(absl::StrCat("process ", child))));
 }
 
 // Reads one packet from `fd`, with the descriptors it carries.
