@@ -487,7 +487,11 @@ absl::StatusOr<SideResult> run_phase(const Phase& phase, const std::string& dir,
         running[rank] = false;
       }
     }
-    if (running[0] || running[1]) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    std::vector<pid_t> waiting;
+    for (int rank : {0, 1}) {
+      if (running[rank]) waiting.push_back(pids[rank]);
+    }
+    if (!waiting.empty()) wait_for_any_exit(waiting, deadline);
   }
   if (!failure.empty()) return absl::InternalError(failure);
   try {
