@@ -1,5 +1,6 @@
 #include "agents/core/call_table.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -24,19 +25,30 @@ CallTable::Started CallTable::start(int peer, std::string_view peer_name, std::c
     std::lock_guard<std::mutex> lock(mu_);
     id = next_id_++;
     if (pending.deadline != Clock::time_point::max()) {
-      auto it = deadlines_.emplace(pending.deadline, id).first;
-      earliest = it == deadlines_.begin();
+      trim_lane();
+      if (lane_.empty()) lane_timeout_ = timeout;
+      if (timeout == lane_timeout_) {
+        // Two callers may read the clock in one order and get here in the other: the
+        // later one's deadline moves the few nanoseconds that keep the lane in order.
+        if (!lane_.empty()) pending.deadline = std::max(pending.deadline, lane_.back().first);
+        lane_.emplace_back(pending.deadline, id);
+        pending.in_lane = true;
+      } else {
+        deadlines_.emplace(pending.deadline, id);
+      }
+      earliest = pending.deadline < timer_until_;
     }
     if (heartbeat_.count() > 0 && !checks_.contains(peer)) {
       // Silence is measured from now, or from the last reply if that is later.
       auto heard = heard_.find(peer);
       Clock::time_point since = heard == heard_.end() ? Clock::now() : std::max(heard->second, Clock::now());
-      schedule_check(peer, since + heartbeat_);
-      earliest = earliest || deadlines_.begin()->second == (kHeartbeatBit | static_cast<uint64_t>(peer));
+      const Clock::time_point at = since + heartbeat_;
+      schedule_check(peer, at);
+      earliest = earliest || at < timer_until_;
     }
     calls_.emplace(id, std::move(pending));
   }
-  // Only a new earliest deadline changes when the timer must wake.
+  // Only a deadline before the timer's wake-up changes when it must wake.
   if (earliest) timer_cv_.notify_one();
   return Started{id, std::move(future)};
 }
@@ -75,6 +87,23 @@ void CallTable::set_heartbeat(std::chrono::milliseconds interval, std::function<
   suspect_ = std::move(suspect);
 }
 
+void CallTable::trim_lane() {
+  while (!lane_.empty() && !calls_.contains(lane_.front().second)) lane_.pop_front();
+  // A call pending far longer than those after it holds the front: compact instead.
+  if (lane_.size() > 2 * calls_.size() + 64) {
+    std::erase_if(lane_, [this](const std::pair<Clock::time_point, uint64_t>& e) { return !calls_.contains(e.second); });
+  }
+}
+
+CallTable::Clock::time_point CallTable::next_due() {
+  while (!lane_.empty() && !calls_.contains(lane_.front().second)) lane_.pop_front();
+  Clock::time_point next = Clock::time_point::max();
+  if (!deadlines_.empty()) next = deadlines_.begin()->first;
+  if (!lane_.empty()) next = std::min(next, lane_.front().first);
+  if (!tasks_.empty()) next = std::min(next, tasks_.begin()->first);
+  return next;
+}
+
 void CallTable::schedule_check(int peer, Clock::time_point at) {
   checks_[peer] = at;
   deadlines_.emplace(at, kHeartbeatBit | static_cast<uint64_t>(peer));
@@ -95,7 +124,7 @@ bool CallTable::settle(uint64_t id, std::optional<int> from, absl::StatusOr<Mess
     if (heartbeat_.count() > 0) heard_[it->second.peer] = Clock::now();
     pending = std::move(it->second);
     calls_.erase(it);
-    if (pending.deadline != Clock::time_point::max()) deadlines_.erase({pending.deadline, id});
+    if (pending.deadline != Clock::time_point::max() && !pending.in_lane) deadlines_.erase({pending.deadline, id});
   }
   finish(pending, std::move(result));
   return true;
@@ -111,7 +140,9 @@ size_t CallTable::fail_peer(int peer, const absl::Status& status) {
         ++it;
         continue;
       }
-      if (it->second.deadline != Clock::time_point::max()) deadlines_.erase({it->second.deadline, it->first});
+      if (it->second.deadline != Clock::time_point::max() && !it->second.in_lane) {
+        deadlines_.erase({it->second.deadline, it->first});
+      }
       failed.push_back(std::move(it->second));
       calls_.erase(it++);
     }
@@ -126,6 +157,7 @@ size_t CallTable::fail_all(const absl::Status& status) {
     std::lock_guard<std::mutex> lock(mu_);
     failed.swap(calls_);
     deadlines_.clear();
+    lane_.clear();
     checks_.clear();
   }
   for (auto& [id, p] : failed) finish(p, status);
@@ -150,6 +182,11 @@ std::optional<CallTable::Clock::time_point> CallTable::deadline_of(uint64_t id) 
   return it->second.deadline;
 }
 
+size_t CallTable::queued_deadlines() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return deadlines_.size() + lane_.size();
+}
+
 size_t CallTable::pending() const {
   std::lock_guard<std::mutex> lock(mu_);
   return calls_.size();
@@ -160,8 +197,8 @@ void CallTable::run_at(Clock::time_point when, std::function<void()> task) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return;
-    auto it = tasks_.emplace(when, std::move(task));
-    earliest = it == tasks_.begin() && (deadlines_.empty() || when < deadlines_.begin()->first);
+    tasks_.emplace(when, std::move(task));
+    earliest = when < timer_until_;
   }
   if (earliest) timer_cv_.notify_one();
 }
@@ -182,15 +219,15 @@ void CallTable::run_timer() {
   set_on_transport_thread(true);
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
-    if (deadlines_.empty() && tasks_.empty()) {
-      timer_cv_.wait(lock);
-      continue;
-    }
-    Clock::time_point next = Clock::time_point::max();
-    if (!deadlines_.empty()) next = deadlines_.begin()->first;
-    if (!tasks_.empty()) next = std::min(next, tasks_.begin()->first);
+    Clock::time_point next = next_due();
     if (Clock::now() < next) {
-      timer_cv_.wait_until(lock, next);
+      timer_until_ = next;
+      if (next == Clock::time_point::max()) {
+        timer_cv_.wait(lock);
+      } else {
+        timer_cv_.wait_until(lock, next);
+      }
+      timer_until_ = Clock::time_point::min();  // awake: it looks again before it sleeps
       continue;
     }
     std::vector<std::pair<uint64_t, Pending>> expired;
@@ -233,6 +270,13 @@ void CallTable::run_timer() {
       auto it = calls_.find(id);
       if (it == calls_.end()) continue;
       expired.emplace_back(id, std::move(it->second));
+      calls_.erase(it);
+    }
+    while (!lane_.empty() && lane_.front().first <= now) {
+      auto it = calls_.find(lane_.front().second);
+      lane_.pop_front();
+      if (it == calls_.end()) continue;  // ended before its deadline
+      expired.emplace_back(it->first, std::move(it->second));
       calls_.erase(it);
     }
     lock.unlock();

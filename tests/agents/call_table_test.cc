@@ -53,6 +53,53 @@ TEST(CallTable, DeadlinesFireInOrderAndCompletedCallsLeaveTheQueue) {
   calls.fail_all(absl::CancelledError("done"));
 }
 
+// Calls made with one timeout share a FIFO lane whose ended entries are dropped
+// lazily; calls with other timeouts, made before or after, still fire in deadline order.
+TEST(CallTable, CallsWithTheUsualTimeoutFireInOrderBesideOthers) {
+  auto activity = std::make_shared<Activity>();
+  CallTable calls({}, activity);
+  std::vector<CallTable::Started> usual;
+  for (int i = 0; i < 10; ++i) usual.push_back(calls.start(1, "w1", milliseconds(300)));
+  CallTable::Started shorter = calls.start(1, "w1", milliseconds(30));
+  CallTable::Started longer = calls.start(1, "w1", milliseconds(2000));
+  for (int i = 0; i < 10; i += 2) EXPECT_TRUE(calls.complete(usual[i].id, reply(usual[i].id)));
+  EXPECT_THAT(shorter.future.result(), StatusIs(absl::StatusCode::kDeadlineExceeded));
+  for (int i = 1; i < 10; i += 2) EXPECT_FALSE(usual[i].future.is_ready());
+  EXPECT_FALSE(longer.future.is_ready());
+  // The odd ones time out; the even ones' entries, ended long before, change nothing.
+  for (int i = 1; i < 10; i += 2) {
+    EXPECT_THAT(usual[i].future.result(), StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("worker \"w1\"")));
+  }
+  for (int i = 0; i < 10; i += 2) EXPECT_OK(usual[i].future.status());
+  EXPECT_FALSE(longer.future.is_ready());
+  EXPECT_EQ(calls.pending(), 1u);
+  // With the lane empty, the next call's timeout takes it over; the old one is queued
+  // aside and both still fire, the earlier first.
+  CallTable::Started now_usual = calls.start(2, "w2", milliseconds(100));
+  CallTable::Started aside = calls.start(2, "w2", milliseconds(50));
+  EXPECT_THAT(aside.future.result(), StatusIs(absl::StatusCode::kDeadlineExceeded));
+  EXPECT_THAT(now_usual.future.result(), StatusIs(absl::StatusCode::kDeadlineExceeded));
+  EXPECT_FALSE(longer.future.is_ready());
+  calls.fail_all(absl::CancelledError("done"));
+  EXPECT_EQ(calls.queued_deadlines(), 0u);
+}
+
+// One call that stays pending while many after it end does not make the queue grow
+// with every call made meanwhile.
+TEST(CallTable, ALongPendingCallDoesNotHoldEndedCallsDeadlines) {
+  auto activity = std::make_shared<Activity>();
+  CallTable calls({}, activity);
+  CallTable::Started held = calls.start(1, "w1", milliseconds(60000));
+  for (int i = 0; i < 20000; ++i) {
+    CallTable::Started c = calls.start(1, "w1", milliseconds(60000));
+    ASSERT_TRUE(calls.complete(c.id, reply(c.id)));
+  }
+  EXPECT_EQ(calls.pending(), 1u);
+  EXPECT_LE(calls.queued_deadlines(), 2u * calls.pending() + 64 + 1);
+  EXPECT_FALSE(held.future.is_ready());
+  EXPECT_TRUE(calls.complete(held.id, reply(held.id)));
+}
+
 TEST(CallTable, FailPeerFailsOnlyThatPeersCalls) {
   auto activity = std::make_shared<Activity>();
   CallTable calls({}, activity);
