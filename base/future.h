@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -233,7 +234,7 @@ class FutureState : public std::enable_shared_from_this<FutureState<T>> {
 
   // Returns false when already complete (the second completion is dropped).
   bool complete(absl::StatusOr<T> result) {
-    std::vector<Entry> callbacks;
+    Entries callbacks;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (result_.has_value()) return false;
@@ -314,7 +315,10 @@ class FutureState : public std::enable_shared_from_this<FutureState<T>> {
   // Set once, under mu_ and before ready_; read without the lock once ready() (it never
   // changes again), so it carries no ABSL_GUARDED_BY.
   std::optional<absl::StatusOr<T>> result_;
-  std::vector<Entry> callbacks_;
+  // Nearly every future has one callback at most (a call's decoding step): kept in
+  // place, it costs no allocation per call.
+  using Entries = absl::InlinedVector<Entry, 1>;
+  Entries callbacks_;
 };
 
 }  // namespace internal

@@ -116,17 +116,18 @@ bool CallTable::complete_from(int peer, uint64_t id, absl::StatusOr<Message> res
 }
 
 bool CallTable::settle(uint64_t id, std::optional<int> from, absl::StatusOr<Message> result) {
-  Pending pending;
+  // Not a default-made Pending: its promise would allocate a state only to drop it.
+  std::optional<Pending> pending;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = calls_.find(id);
     if (it == calls_.end() || (from && it->second.peer != *from)) return false;
     if (heartbeat_.count() > 0) heard_[it->second.peer] = Clock::now();
-    pending = std::move(it->second);
+    pending.emplace(std::move(it->second));
     calls_.erase(it);
-    if (pending.deadline != Clock::time_point::max() && !pending.in_lane) deadlines_.erase({pending.deadline, id});
+    if (pending->deadline != Clock::time_point::max() && !pending->in_lane) deadlines_.erase({pending->deadline, id});
   }
-  finish(pending, std::move(result));
+  finish(*pending, std::move(result));
   return true;
 }
 
