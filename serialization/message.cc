@@ -19,6 +19,7 @@ const char* message_type_name(MessageType type) {
 }
 
 std::string Message::seal() {
+  if (buffer_.size() < kHeaderSize) buffer_.assign(kHeaderSize, '\0');  // sealed before
   char* h = buffer_.data();
   std::memcpy(h, &kMagic, 2);
   h[2] = static_cast<char>(kVersion);
@@ -26,7 +27,9 @@ std::string Message::seal() {
   std::memcpy(h + 4, &timeout_ms_, 4);
   std::memcpy(h + 8, &id_, 8);
   std::string out = std::move(buffer_);
-  buffer_.assign(kHeaderSize, '\0');
+  // Left empty: a fresh header would be a 16-byte allocation (past the short-string
+  // buffer) per message, for a message nearly always dropped next.
+  buffer_.clear();
   return out;
 }
 
@@ -56,9 +59,10 @@ absl::StatusOr<Message> Message::parse(std::string wire, std::vector<Tensor> ten
   if (type < 1 || type > 6) return absl::DataLossError(absl::StrCat("message has unknown type ", type));
   uint64_t id = 0;
   std::memcpy(&id, wire.data() + 8, 8);
-  Message m(static_cast<MessageType>(type), id);
-  std::memcpy(&m.timeout_ms_, wire.data() + 4, 4);
-  m.buffer_ = std::move(wire);
+  uint32_t timeout_ms = 0;
+  std::memcpy(&timeout_ms, wire.data() + 4, 4);
+  Message m(Received{}, static_cast<MessageType>(type), id, std::move(wire));
+  m.timeout_ms_ = timeout_ms;
   m.tensors_ = std::move(tensors);
   return m;
 }

@@ -68,17 +68,22 @@ class Message {
   void set_timeout(std::chrono::milliseconds timeout) { timeout_ms_ = timeout_field(timeout); }
 
   // The header space followed by the payload; writers append to it.
-  std::string& buffer() { return buffer_; }
+  std::string& buffer() {
+    if (buffer_.empty()) buffer_.assign(kHeaderSize, '\0');  // sealed: room for a header again
+    return buffer_;
+  }
   const std::string& buffer() const { return buffer_; }
-  // The payload without the header.
+  // The payload without the header (empty once sealed).
   std::string_view payload() const {
+    if (buffer_.size() < kHeaderSize) return {};
     return std::string_view(buffer_).substr(kHeaderSize);
   }
   std::vector<Tensor>& tensors() { return tensors_; }
   const std::vector<Tensor>& tensors() const { return tensors_; }
 
   // Writes the header into the buffer and hands the buffer out (the message keeps
-  // only its tensors). No copy is made.
+  // only its tensors, and an empty buffer: writing to buffer() again starts a new
+  // payload). No copy is made.
   std::string seal();
   // Rebuilds a message from a sealed buffer and the received tensors. Errors: a
   // buffer shorter than the header, a wrong magic or version, an unknown type.
@@ -87,6 +92,11 @@ class Message {
   static void reseal_timeout(std::string& wire, std::chrono::milliseconds timeout);
 
  private:
+  // A message about to take a received buffer: nothing reserved.
+  struct Received {};
+  Message(Received, MessageType type, uint64_t id, std::string wire)
+      : type_(type), id_(id), buffer_(std::move(wire)) {}
+
   MessageType type_;
   uint64_t id_;
   uint32_t timeout_ms_ = 0;

@@ -106,6 +106,22 @@ TEST(Message, ARequestNamesWhatItCallsAndAnythingElseIsUnnamed) {
   EXPECT_EQ(request_name(long_name), "?");
 }
 
+// Sealing hands the buffer out whole; the message can be written and sealed again.
+TEST(Message, ASealedMessageCanBeWrittenAgain) {
+  Message m(MessageType::kRequest, 3);
+  m.buffer() += "first";
+  std::string wire = m.seal();
+  EXPECT_EQ(wire.size(), Message::kHeaderSize + 5);
+  EXPECT_TRUE(m.payload().empty());
+  EXPECT_EQ(Message::parse(m.seal(), {}).value().payload(), "");
+  m.buffer() += "second";
+  absl::StatusOr<Message> back = Message::parse(m.seal(), {});
+  ASSERT_OK(back.status());
+  EXPECT_EQ(back->payload(), "second");
+  EXPECT_EQ(back->id(), 3u);
+  EXPECT_EQ(Message::parse(std::move(wire), {}).value().payload(), "first");
+}
+
 TEST(Message, RejectsBadHeaders) {
   EXPECT_THAT(Message::parse("short", {}), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("shorter than its 16-byte header")));
   std::string garbage(32, 'x');
