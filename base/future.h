@@ -35,6 +35,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/inlined_vector.h"
+#include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -225,7 +226,9 @@ struct IsStatusOr<absl::StatusOr<T>> : std::true_type {
 template <typename T>
 class FutureState : public std::enable_shared_from_this<FutureState<T>> {
  public:
-  using Callback = std::function<void(const absl::StatusOr<T>&)>;
+  // Move-only, and kept in place up to two pointers: a call's decoding step (a promise
+  // and an empty lambda) costs no allocation, where std::function allocated one.
+  using Callback = absl::AnyInvocable<void(const absl::StatusOr<T>&)>;
 
   FutureState() = default;
   explicit FutureState(std::weak_ptr<Executor> executor) : executor_(std::move(executor)) {}
@@ -254,8 +257,10 @@ class FutureState : public std::enable_shared_from_this<FutureState<T>> {
       }
     }
     if (!deferred.empty()) {
-      auto run = [self = this->shared_from_this(), deferred = std::move(deferred)]() mutable {
-        for (Callback& cb : deferred) run_callback_guarded([&] { cb(*self->result_); });
+      // Shared: Executor::post takes a std::function, which must be copyable.
+      auto run = [self = this->shared_from_this(),
+                  deferred = std::make_shared<std::vector<Callback>>(std::move(deferred))] {
+        for (Callback& cb : *deferred) run_callback_guarded([&] { cb(*self->result_); });
       };
       std::shared_ptr<Executor> executor = executor_.lock();
       if (executor == nullptr || !executor->post(run)) run();
@@ -451,19 +456,24 @@ auto Future<T>::chain(F&& fn, bool inline_ok) const {
   using U = std::conditional_t<internal::IsStatusOr<Raw>::value, typename internal::IsStatusOr<Raw>::value_type,
                                Raw>;
   static_assert(!std::is_void_v<U>, "then(): the continuation must return a value or a StatusOr");
+  // A struct rather than a lambda: an empty fn then takes no room, and the whole fits
+  // the callback's in-place storage.
+  struct Continuation {
+    Promise<U> promise;
+    [[no_unique_address]] std::decay_t<F> fn;
+    void operator()(const absl::StatusOr<T>& r) {
+      try {
+        promise.set_result(absl::StatusOr<U>(fn(r)));
+      } catch (const std::exception& e) {
+        promise.set_error(absl::UnknownError(absl::StrCat("then() continuation threw: ", e.what())));
+      } catch (...) {
+        promise.set_error(absl::UnknownError("then() continuation threw a non-standard exception"));
+      }
+    }
+  };
   Promise<U> promise(state_->executor());
   Future<U> out = promise.get_future();
-  state_->add_callback(
-      [promise, fn = std::forward<F>(fn)](const absl::StatusOr<T>& r) mutable {
-        try {
-          promise.set_result(absl::StatusOr<U>(fn(r)));
-        } catch (const std::exception& e) {
-          promise.set_error(absl::UnknownError(absl::StrCat("then() continuation threw: ", e.what())));
-        } catch (...) {
-          promise.set_error(absl::UnknownError("then() continuation threw a non-standard exception"));
-        }
-      },
-      inline_ok);
+  state_->add_callback(Continuation{std::move(promise), std::forward<F>(fn)}, inline_ok);
   return out;
 }
 
