@@ -91,7 +91,8 @@ void CallTable::trim_lane() {
   while (!lane_.empty() && !calls_.contains(lane_.front().second)) lane_.pop_front();
   // A call pending far longer than those after it holds the front: compact instead.
   if (lane_.size() > 2 * calls_.size() + 64) {
-    std::erase_if(lane_, [this](const std::pair<Clock::time_point, uint64_t>& e) { return !calls_.contains(e.second); });
+    std::erase_if(lane_,
+                  [this](const std::pair<Clock::time_point, uint64_t>& e) { return !calls_.contains(e.second); });
   }
 }
 

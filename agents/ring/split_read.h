@@ -4,8 +4,8 @@
 // halves at once, one on the calling thread and one on a helper thread. A single
 // thread's copy is bound by how many cache-line fills one core keeps in flight, not by
 // the memory: on the 2-core development machine one thread reads 4.6 GB/s from another
-// process and two threads 9.6 GB/s (64 MiB). On a crowded host (host_crowded(), base/future.h)
-// the caller reads it all: the helper would only wait for a core.
+// process and two threads 9.6 GB/s (64 MiB). On a crowded host (host_crowded(),
+// base/future.h) the caller reads it all: the helper would only wait for a core.
 //
 //   SplitReader reader(8 << 20);
 //   absl::Status read = reader.read(pid, dst, address, bytes);

@@ -392,7 +392,8 @@ struct RingTransport::Endpoint : std::enable_shared_from_this<Endpoint> {
   std::weak_ptr<TransportEvents> events;
   std::shared_ptr<BufferPool> buffers = BufferPool::create(max_cached_receive_bytes());
   uint64_t probe = 0;  // a value peers read in place to learn whether they can
-  std::unique_ptr<ring::SplitReader> reader;  // the data thread's reads of large tensors in place
+  // Large tensors read in place, by whichever thread steps the rings (one at a time).
+  std::unique_ptr<ring::SplitReader> reader;
 
   int listen_fd = -1;
   int epoll_fd = -1;
