@@ -97,7 +97,7 @@ void CallTable::trim_lane() {
 }
 
 CallTable::Clock::time_point CallTable::next_due() {
-  while (!lane_.empty() && !calls_.contains(lane_.front().second)) lane_.pop_front();
+  trim_lane();  // the front is then a pending call's deadline
   Clock::time_point next = Clock::time_point::max();
   if (!deadlines_.empty()) next = deadlines_.begin()->first;
   if (!lane_.empty()) next = std::min(next, lane_.front().first);

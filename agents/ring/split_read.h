@@ -50,7 +50,7 @@ class SplitReader {
   std::condition_variable wake_;  // the helper waits for a job or the end
   std::condition_variable done_;  // the caller waits for the helper's half
   std::thread helper_;            // started by the first split read
-  bool stopping_ = false;
+  bool stopping_ = false;         // guarded by mu_
   bool has_job_ = false;          // guarded by mu_
   pid_t pid_ = 0;                 // the job, guarded by mu_
   uint8_t* dst_ = nullptr;
