@@ -74,6 +74,15 @@ std::string describe(const Session& s) {
   return s.peer_name.empty() ? std::string("an unnamed peer") : absl::StrCat("\"", s.peer_name, "\"");
 }
 
+// Whether a sealed message on a connection that carries calls both ways is a request
+// (served here) rather than a reply (to a call of ours), read from its header's type
+// byte without parsing it. One too short to tell is a request: on_request refuses it.
+bool is_request(const std::string& metadata) {
+  if (metadata.size() < Message::kHeaderSize) return true;
+  const auto type = static_cast<MessageType>(metadata[3]);
+  return type != MessageType::kResponse && type != MessageType::kError && type != MessageType::kBusy;
+}
+
 }  // namespace
 
 Agent::Agent(WorkerInfo self, std::shared_ptr<Store> store, AgentOptions options, RequestHandler handler,
@@ -332,13 +341,19 @@ void Agent::write_request(const PeerAddress& peer, Wire wire, std::optional<uint
     std::lock_guard<std::mutex> lock(links_mu_);
     auto [it, inserted] = links_.try_emplace(peer.info.id);
     if (inserted) {
-      // Every connection opens with a hello saying who we are; with a token it starts
-      // the challenge-response, without one requests follow it at once.
-      const bool token = !options_.auth_token.empty();
-      it->second.session =
-          std::make_shared<Session>(true, peer.info.id, peer.info.name, token ? Stage::kHello : Stage::kOpen);
-      if (token) it->second.session->nonce_c = internal::auth::nonce();
-      opens = true;
+      if (std::shared_ptr<Connection> theirs = share_incoming(peer.info)) {
+        // The peer's connection to us carries our calls to it too: no second one.
+        it->second.session = std::shared_ptr<Session>(theirs, theirs->session());
+        it->second.connection = std::move(theirs);
+      } else {
+        // Every connection opens with a hello saying who we are; with a token it starts
+        // the challenge-response, without one requests follow it at once.
+        const bool token = !options_.auth_token.empty();
+        it->second.session =
+            std::make_shared<Session>(true, peer.info.id, peer.info.name, token ? Stage::kHello : Stage::kOpen);
+        if (token) it->second.session->nonce_c = internal::auth::nonce();
+        opens = true;
+      }
     }
     link = it->second;
   }
@@ -366,6 +381,44 @@ void Agent::write_request(const PeerAddress& peer, Wire wire, std::optional<uint
   } else {
     link.connection->write(std::move(wire));
   }
+}
+
+std::shared_ptr<Connection> Agent::share_incoming(const WorkerInfo& peer) {
+  std::shared_ptr<Connection> connection;
+  {
+    std::lock_guard<std::mutex> lock(accepted_mu_);
+    auto it = authenticated_.find(peer.id);
+    if (it == authenticated_.end()) return nullptr;
+    connection = it->second.lock();
+  }
+  if (connection == nullptr || !connection->carries_both_ways()) return nullptr;
+  Session& s = *connection->session();
+  // The name too: an id the membership now gives another worker (a dynamic group)
+  // must not get calls meant for this one.
+  if (s.peer_name != peer.name) return nullptr;
+  std::lock_guard<std::mutex> lock(s.flow_mu);
+  // A paused connection would hold our replies back behind the peer's requests.
+  if (!s.shareable || s.reads_paused.load(std::memory_order_seq_cst) || s.closed.load(std::memory_order_acquire)) {
+    return nullptr;
+  }
+  s.shared.store(true, std::memory_order_release);
+  links_shared_.fetch_add(1, std::memory_order_relaxed);
+  return connection;
+}
+
+void Agent::allow_sharing(Connection& connection) {
+  if (!connection.carries_both_ways()) return;
+  Session& s = *connection.session();
+  std::lock_guard<std::mutex> lock(s.flow_mu);
+  s.shareable = true;
+}
+
+bool Agent::forget_link(int peer, const Connection* connection) {
+  std::lock_guard<std::mutex> lock(links_mu_);
+  auto it = links_.find(peer);
+  if (it == links_.end() || it->second.connection.get() != connection) return false;
+  links_.erase(it);
+  return true;
 }
 
 void Agent::write_counted(const std::shared_ptr<Connection>& connection, Wire wire, uint64_t id) {
@@ -580,6 +633,11 @@ void Agent::on_message(const std::shared_ptr<Connection>& connection, Wire wire)
           on_verdict(connection, wire);
           return;
         }
+        if (is_request(wire.metadata)) {
+          // The acceptor's own calls, on the connection we opened (carries_both_ways).
+          on_request(connection, std::move(wire));
+          return;
+        }
         if (wire.metadata.size() >= Message::kHeaderSize) {
           uint64_t id;
           std::memcpy(&id, wire.metadata.data() + 8, sizeof(id));
@@ -599,6 +657,14 @@ void Agent::on_message(const std::shared_ptr<Connection>& connection, Wire wire)
       on_proof(connection, wire);
       return;
     case Stage::kOpen:
+      if (s.shared.load(std::memory_order_acquire) && !is_request(wire.metadata)) {
+        // A reply to one of our calls on the peer's connection (share_incoming).
+        uint64_t id;
+        std::memcpy(&id, wire.metadata.data() + 8, sizeof(id));
+        answered(connection, id);
+        on_reply(s.peer, std::move(wire));
+        return;
+      }
       on_request(connection, std::move(wire));
       return;
     default:
@@ -609,24 +675,25 @@ void Agent::on_message(const std::shared_ptr<Connection>& connection, Wire wire)
 void Agent::on_closed(const std::shared_ptr<Connection>& connection, absl::Status why) {
   Session* s = connection->session();
   if (s == nullptr) return;
+  {
+    std::lock_guard<std::mutex> lock(s->mu);
+    s->closed_why = why;
+  }
+  s->closed.store(true, std::memory_order_release);
   if (s->outgoing) {
+    // A connection already replaced or dropped reports nothing.
+    if (!forget_link(s->peer, connection.get())) return;
+    link_lost(*s, std::move(why));
+    return;
+  }
+  // A peer's connection that carried our calls too (share_incoming).
+  if (s->shared.load(std::memory_order_acquire) && forget_link(s->peer, connection.get())) {
     {
-      std::lock_guard<std::mutex> lock(s->mu);
-      s->closed_why = why;
+      std::lock_guard<std::mutex> lock(accepted_mu_);
+      auto it = authenticated_.find(s->peer);
+      if (it != authenticated_.end() && it->second.lock() == connection) authenticated_.erase(it);
     }
-    s->closed.store(true, std::memory_order_release);
-    {
-      std::lock_guard<std::mutex> lock(links_mu_);
-      auto it = links_.find(s->peer);
-      // A connection already replaced or dropped reports nothing.
-      if (it == links_.end() || it->second.connection != connection) return;
-      links_.erase(it);
-    }
-    if (why.code() == absl::StatusCode::kUnavailable || why.code() == absl::StatusCode::kCancelled) {
-      why = absl::UnavailableError(
-          absl::StrCat("worker \"", s->peer_name, "\" (id ", s->peer, ") is unreachable: ", why.message()));
-    }
-    on_peer_lost(s->peer, std::move(why));
+    link_lost(*s, std::move(why));
     return;
   }
   bool current = false;  // the peer's one authenticated connection here
@@ -660,6 +727,22 @@ void Agent::on_closed(const std::shared_ptr<Connection>& connection, absl::Statu
       why.code() != absl::StatusCode::kCancelled && s->stage != Stage::kRefused) {
     FERRY_LOG(WARNING) << self_.name << ": dropping connection from " << describe(*s) << ": " << why;
   }
+}
+
+void Agent::link_lost(const Session& s, absl::Status why) {
+  if (leaving_.load() != 0) {
+    // Leaving: the members close what they had with this worker as they retire it; no
+    // loss, but nothing pending on that connection will be answered.
+    calls_->fail_peer(s.peer, absl::UnavailableError(absl::StrCat("worker \"", s.peer_name, "\" (id ", s.peer,
+                                                                  ") closed its connection as this worker left: ",
+                                                                  why.message())));
+    return;
+  }
+  if (why.code() == absl::StatusCode::kUnavailable || why.code() == absl::StatusCode::kCancelled) {
+    why = absl::UnavailableError(
+        absl::StrCat("worker \"", s.peer_name, "\" (id ", s.peer, ") is unreachable: ", why.message()));
+  }
+  on_peer_lost(s.peer, std::move(why));
 }
 
 // ---- The handshake (agents/core/handshake.h).
@@ -730,6 +813,7 @@ void Agent::on_hello(const std::shared_ptr<Connection>& connection, const Wire& 
       authenticated_[id] = connection;
     }
     authenticated(*connection);
+    allow_sharing(*connection);
     return;
   }
   if (nonce_c.empty()) {
@@ -780,11 +864,19 @@ void Agent::on_proof(const std::shared_ptr<Connection>& connection, const Wire& 
     FERRY_LOG(WARNING) << self_.name << ": a new pipe from worker \"" << s.peer_name << "\" (id " << s.peer
                        << ") replaces its older one, which is closed (a restarted worker, or one whose old pipe "
                           "went stale)";
-    // Out of the table already: its close reports no loss.
+    // Out of the table already: its close reports no loss. Our calls that it carried
+    // will not be answered by whoever now holds that id.
+    if (forget_link(s.peer, replaced.get())) {
+      calls_->fail_peer(s.peer, absl::UnavailableError(absl::StrCat(
+                                    "worker \"", s.peer_name, "\" (id ", s.peer,
+                                    ") replaced the connection this call went on (a restarted worker?)")));
+    }
     replaced->close();
   }
   authenticated(*connection);
   connection->write(internal::auth_message(AuthKind::kAccepted, {}));
+  // Only behind the verdict may our own calls follow on it.
+  allow_sharing(*connection);
 }
 
 void Agent::authenticated(Connection& connection) {
@@ -1008,6 +1100,9 @@ void Agent::pause_reads(const std::shared_ptr<Connection>& connection) {
   bool keepalive = false;
   {
     std::lock_guard<std::mutex> lock(s.flow_mu);
+    // A connection carrying calls both ways is never paused: the replies to this
+    // worker's own calls would wait behind it. Requests past the cap are refused.
+    if (s.outgoing || s.shared.load(std::memory_order_acquire)) return;
     // The flag goes up before the count is read again, and a reply lowers the count
     // before it reads the flag: one of the two sees the other, so a reply that came
     // meanwhile never leaves the connection paused with room under the cap.
@@ -1240,8 +1335,12 @@ void Agent::close_incoming(int peer) {
     connection = it->second.lock();
     authenticated_.erase(it);
   }
-  // Out of the table first: its close reports no second loss.
-  if (connection != nullptr) connection->close();
+  // Out of the table first (and out of the links, if our calls rode on it): its close
+  // reports no second loss.
+  if (connection != nullptr) {
+    forget_link(peer, connection.get());
+    connection->close();
+  }
 }
 
 void Agent::on_peer_lost(int peer, absl::Status why) {
@@ -1596,7 +1695,12 @@ std::map<std::string, std::string> Agent::debug_info() const {
   info["requests_in_flight_peak"] = std::to_string(serving_peak_.load());
   {
     std::lock_guard<std::mutex> lock(links_mu_);
-    info["connections_out"] = std::to_string(links_.size());
+    size_t on_theirs = 0;
+    for (const auto& [id, link] : links_) on_theirs += link.session->outgoing ? 0 : 1;
+    info["connections_out"] = std::to_string(links_.size() - on_theirs);
+    // Links riding a connection the peer opened (Connection::carries_both_ways).
+    info["connections_shared"] = std::to_string(on_theirs);
+    info["connections_shared_total"] = std::to_string(links_shared_.load(std::memory_order_relaxed));
   }
   {
     std::lock_guard<std::mutex> lock(accepted_mu_);

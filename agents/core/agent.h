@@ -247,6 +247,17 @@ class Agent final : public RpcAgent, public TransportEvents, public std::enable_
   // `counted`: the call id of a kRequest, which waits for room under
   // max_requests_in_flight.
   void write_request(const PeerAddress& peer, Wire wire, std::optional<uint64_t> counted);
+  // A connection `peer` opened to us that may carry our calls to it too
+  // (Connection::carries_both_ways), marked shared; null when there is none to share.
+  // Called under links_mu_.
+  std::shared_ptr<Connection> share_incoming(const WorkerInfo& peer);
+  // An accepted connection may be shared from now on (its opener knows it is accepted).
+  void allow_sharing(Connection& connection);
+  // Takes `peer`'s link out of the table if it rides `connection`; whether it did.
+  bool forget_link(int peer, const Connection* connection);
+  // A connection carrying our calls to its peer ended: the peer is lost (or, while this
+  // worker leaves, only the calls on it fail).
+  void link_lost(const internal::Session& s, absl::Status why);
   // Writes `wire` on an open link unless max_requests_in_flight are out; then it is held.
   void write_counted(const std::shared_ptr<Connection>& connection, Wire wire, uint64_t id);
   // A reply to request `id` came on `connection`'s link: its room goes to the next held.
@@ -341,9 +352,12 @@ class Agent final : public RpcAgent, public TransportEvents, public std::enable_
   std::mutex pinging_mu_;
   absl::flat_hash_set<int> pinging_;  // guarded by pinging_mu_: peers with a heartbeat ping out
 
-  // Connections this worker opened, by peer id. A link's session exists from the first
-  // send on; its connection is null while connect() runs (outside the lock), and the
-  // sends meanwhile wait in the session, so one peer never gets two connections.
+  // The connections this worker's calls go on, by peer id: one it opened, or one the
+  // peer opened that carries calls both ways (share_incoming). A link's session exists
+  // from the first send on; its connection is null while connect() runs (outside the
+  // lock), and the sends meanwhile wait in the session, so one peer never gets two
+  // connections from us. Lock order: links_mu_, then accepted_mu_, then a session's
+  // flow_mu.
   struct Link {
     std::shared_ptr<internal::Session> session;
     std::shared_ptr<Connection> connection;
@@ -356,6 +370,7 @@ class Agent final : public RpcAgent, public TransportEvents, public std::enable_
   absl::flat_hash_set<Connection*> unauthenticated_;                 // guarded by accepted_mu_
   absl::flat_hash_map<int, std::weak_ptr<Connection>> authenticated_;  // guarded by accepted_mu_
   std::atomic<uint64_t> handshakes_refused_{0};
+  std::atomic<uint64_t> links_shared_{0};  // links made on a peer's connection, ever
 
   std::mutex hooks_mu_;
   std::shared_ptr<const RequestHandler> control_handler_;                               // guarded by hooks_mu_

@@ -77,7 +77,14 @@ struct Session {
   std::mutex flow_mu;
   std::atomic<bool> reads_paused{false};
   bool keepalive_armed = false;  // guarded by flow_mu: a kBusy timer is set
-  // Outgoing: set when the transport reported its end, even before the core had it in
+  // Incoming, on a transport whose connections carry calls both ways
+  // (Connection::carries_both_ways): `shareable` once the peer was told it is accepted
+  // (nothing of ours may reach it before that verdict), `shared` once this worker's own
+  // calls to the peer go on it too. A shared connection's reads are never paused: the
+  // replies to our calls come on it. Both set under flow_mu.
+  bool shareable = false;
+  std::atomic<bool> shared{false};  // read without flow_mu
+  // Set when the transport reported its end; outgoing, even before the core had it in
   // its table (a connect that failed at once).
   std::atomic<bool> closed{false};
   absl::Status closed_why;  // guarded by mu

@@ -89,6 +89,15 @@ class Connection {
   virtual void pause_reads() = 0;
   virtual void resume_reads() = 0;
 
+  // Whether this connection may carry calls both ways: the core of the worker that
+  // accepted it sends its own calls to the opener on it too, rather than opening a
+  // second connection (one per pair of workers halves what set-up, descriptors and
+  // teardown cost). The core then never pauses its reads, since the replies to its own
+  // calls come on it: a request past max_requests_in_flight on it is refused unrun.
+  // Both ends of a connection must agree; a transport says so for connections it
+  // accepted, and serves what comes on those it opened either way.
+  virtual bool carries_both_ways() const { return false; }
+
   // The core's state for this connection. A transport passes it to the constructor
   // (for connections it opens through connect()) and never reads it; the core sets it
   // on accepted connections in on_accepted, before any other event of theirs.

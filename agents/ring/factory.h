@@ -28,6 +28,7 @@
 #include <chrono>
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -52,6 +53,10 @@ struct RingOptions {
   // each copying half, while the host is not crowded: one thread's copy is bound by the
   // core, not the memory. Unset (0): FERRY_RING_SPLIT_KB, else 8 MiB. SIZE_MAX: never.
   size_t split_bytes = 0;
+  // Whether a connection a peer opened carries this worker's calls to that peer too
+  // (Connection::carries_both_ways), so that two workers calling each other share one
+  // connection instead of opening two. Unset: FERRY_RING_TWO_WAY (0 or 1), else yes.
+  std::optional<bool> two_way = std::nullopt;
 };
 
 // Checks `options` as given (before defaults): kInvalidArgument saying what was wrong.

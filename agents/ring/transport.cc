@@ -387,6 +387,7 @@ struct RingTransport::Endpoint : std::enable_shared_from_this<Endpoint> {
   std::string name;
   size_t ring_bytes = 0;
   size_t in_place_bytes = 0;
+  bool two_way = true;  // accepted connections carry this worker's calls too
   std::string socket_name;
   std::string address;
   std::weak_ptr<TransportEvents> events;
@@ -626,6 +627,11 @@ class Pipe final : public Connection, public std::enable_shared_from_this<Pipe> 
   }
   bool met() const { return peer_bell_.load(std::memory_order_acquire) != nullptr; }
   bool accepted() const { return side_ == 1; }
+  // Acceptor, before the pipe is shared: whether the core may send its own calls on it
+  // (RingOptions::two_way). Each direction has its own ring, so either side's calls
+  // and replies flow however busy the other is.
+  void set_two_way(bool yes) { two_way_ = yes; }
+  bool carries_both_ways() const override { return two_way_; }
   // Connector, before the pipe is shared: the pid the peer's record names (its reply
   // must say the same), and the listener's pid as the kernel sees it, which what the
   // peer writes in place is read from, even before its reply is here: the hello told
@@ -838,6 +844,7 @@ class Pipe final : public Connection, public std::enable_shared_from_this<Pipe> 
 
   const std::weak_ptr<Endpoint> home_;
   const int side_;  // 0: opened by this worker (the connector), 1: accepted
+  bool two_way_ = false;  // set before the pipe is shared
   int fd_ = -1;
   Mapping segment_;
   ring::SegmentHeader* shared_ = nullptr;
@@ -1419,6 +1426,7 @@ void Endpoint::accept_hello(uint64_t id, int fd) {
   auto pipe = std::make_shared<Pipe>(nullptr, weak_from_this(), /*side=*/1);
   pipe->attach(fd, *std::move(segment), rb, token);
   pipe->own_slot = take_slot();
+  pipe->set_two_way(two_way);
   // Read in place from the process the kernel says connected, whatever pid the hello
   // claims: a peer must not make this worker read another process's memory for it.
   const pid_t pid = socket_peer_pid(fd);
@@ -1518,6 +1526,7 @@ RingTransport::RingTransport(std::string name, RingOptions options) : endpoint_(
   e.ring_bytes = pick(options.ring_bytes, "FERRY_RING_KB", 256);
   e.in_place_bytes = pick(options.in_place_bytes, "FERRY_RING_IN_PLACE_KB", 64);
   e.reader = std::make_unique<ring::SplitReader>(pick(options.split_bytes, "FERRY_RING_SPLIT_KB", 8192));
+  e.two_way = options.two_way.value_or(env_int("FERRY_RING_TWO_WAY", 1, 0, 1) != 0);
   if (options.news_from != 0) e.news_from = options.news_from;
   std::random_device rd;
   e.probe = (uint64_t{rd()} << 32) | rd() | 1;
@@ -1528,7 +1537,10 @@ RingTransport::~RingTransport() { close(); }
 absl::StatusOr<std::string> RingTransport::listen(std::weak_ptr<TransportEvents> events) {
   Endpoint& e = *endpoint_;
   if (e.listening.exchange(true)) return absl::FailedPreconditionError("the ring transport listens already");
-  FERRY_RETURN_IF_ERROR(validate(RingOptions{e.ring_bytes, e.in_place_bytes}));
+  RingOptions chosen;
+  chosen.ring_bytes = e.ring_bytes;
+  chosen.in_place_bytes = e.in_place_bytes;
+  FERRY_RETURN_IF_ERROR(validate(chosen));
   e.events = std::move(events);
   FERRY_ASSIGN_OR_RETURN(auto bell, make_memfd("ferry-ring-bell", ring::kBellBytes));
   e.bell_fd = bell.first;
