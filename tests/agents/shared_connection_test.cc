@@ -1,0 +1,268 @@
+// One connection per pair of workers (Connection::carries_both_ways): a worker whose
+// peer opened a connection to it sends its own calls to that peer on it too. Real
+// processes on one host, over the ring transport, which allows it; the agent
+// conformance suite runs every other behaviour over it as well.
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "agents/ring/factory.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "serialization/error.h"
+#include "store/file_store.h"
+#include "tests/testing/multi_process.h"
+#include "tests/testing/status_matchers.h"
+
+namespace ferry {
+namespace {
+
+using ::ferry::testing::StatusIs;
+using ::testing::HasSubstr;
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+std::string name_of(int rank) { return absl::StrCat("w", rank); }
+
+Message request(std::string_view text) {
+  Message m(MessageType::kRequest, 0);
+  m.buffer() += text;
+  return m;
+}
+
+std::shared_ptr<Store> file_store(const std::string& dir) {
+  auto store = FileStore::create(dir + "/store", {});
+  if (!store.ok()) throw RpcError(store.status());
+  return std::shared_ptr<Store>(std::move(*store));
+}
+
+// This process's agent, for the handler's calls back to its caller.
+std::weak_ptr<Agent> self_agent;
+
+// "relay": calls the caller back with "echo" and answers with what came; "sleep:<ms>"
+// sleeps first; "die" kills this process; anything else: "<text> from <caller>".
+Message handle(const Message& m, const WorkerInfo& from) {
+  std::string text(m.payload());
+  Message reply(MessageType::kResponse, m.id());
+  if (text == "relay") {
+    std::shared_ptr<Agent> agent = self_agent.lock();
+    if (agent == nullptr) return make_error_message(m.id(), "relay", absl::InternalError("no agent"));
+    absl::StatusOr<Message> back = agent->send(from.id, request("echo"), seconds(20)).result();
+    if (!back.ok()) return make_error_message(m.id(), "relay", back.status());
+    reply.buffer() += absl::StrCat("relayed: ", std::string(back->payload()));
+    return reply;
+  }
+  if (text.rfind("sleep:", 0) == 0) std::this_thread::sleep_for(milliseconds(std::stoi(text.substr(6))));
+  if (text == "die") raise(SIGKILL);
+  reply.buffer() += absl::StrCat(text, " from ", from.name);
+  return reply;
+}
+
+struct Options {
+  int cap = 1024;
+  std::string token = "";
+  std::optional<bool> two_way = std::nullopt;
+};
+
+std::shared_ptr<Agent> make(const std::string& dir, int rank, const Options& setup) {
+  RingAgentOptions options;
+  options.agent.max_requests_in_flight = setup.cap;
+  options.agent.rpc_timeout = seconds(30);
+  options.agent.heartbeat = milliseconds(1000);
+  options.agent.auth_token = setup.token;
+  options.ring.two_way = setup.two_way;
+  options.init_timeout = seconds(20);
+  auto agent = RingAgent::create(file_store(dir), name_of(rank), rank, 2, options, handle);
+  if (!agent.ok()) throw RpcError(agent.status());
+  self_agent = *agent;
+  return *agent;
+}
+
+int64_t counter(Agent& agent, const std::string& key) {
+  std::map<std::string, std::string> info = agent.debug_info();
+  auto it = info.find(key);
+  return it == info.end() ? -1 : std::stoll(it->second);
+}
+
+std::string payload_of(const Future<Message>& f) {
+  absl::StatusOr<Message> m = f.result();
+  return m.ok() ? std::string(m->payload()) : std::string(m.status().message());
+}
+
+// w1 calls w0 first; once that call is answered, w0 calls w1.
+void call_back_on_one_connection(const std::string& dir, const Options& setup, bool expect_shared) {
+  ferry::testing::expect_all_succeed(ferry::testing::run_processes(2, [&](int rank) {
+    std::shared_ptr<Agent> agent = make(dir, rank, setup);
+    std::shared_ptr<Store> store = file_store(dir);
+    if (rank == 1) {
+      EXPECT_EQ(payload_of(agent->send(0, request("first"))), "first from w1");
+      ASSERT_OK(store->set("called", to_bytes("1")));
+      ASSERT_OK(store->wait({"answered"}, seconds(30)));
+      EXPECT_EQ(counter(*agent, "connections_out"), 1);
+      EXPECT_EQ(counter(*agent, "connections_in"), expect_shared ? 0 : 1);
+    } else {
+      ASSERT_OK(store->wait({"called"}, seconds(30)));
+      EXPECT_EQ(payload_of(agent->send(1, request("back"))), "back from w0");
+      EXPECT_EQ(counter(*agent, "connections_out"), expect_shared ? 0 : 1);
+      EXPECT_EQ(counter(*agent, "connections_shared"), expect_shared ? 1 : 0);
+      EXPECT_EQ(counter(*agent, "connections_in"), 1);
+      ASSERT_OK(store->set("answered", to_bytes("1")));
+    }
+    EXPECT_OK(agent->join(seconds(30)));
+    agent->shutdown();
+  }, seconds(60)));
+}
+
+TEST(SharedConnection, CallsBackToAPeerGoOnTheConnectionItOpened) {
+  ferry::testing::TempDir dir;
+  call_back_on_one_connection(dir.path(), Options{}, /*expect_shared=*/true);
+}
+
+TEST(SharedConnection, WithAJobTokenTheConnectionIsSharedOnceAccepted) {
+  ferry::testing::TempDir dir;
+  call_back_on_one_connection(dir.path(), Options{.token = "shared-secret"}, /*expect_shared=*/true);
+}
+
+TEST(SharedConnection, TurnedOffEachWorkerOpensItsOwn) {
+  ferry::testing::TempDir dir;
+  call_back_on_one_connection(dir.path(), Options{.two_way = false}, /*expect_shared=*/false);
+}
+
+// A function that calls its caller back: the inner call goes on the connection the
+// outer one came on, and its reply comes back while the outer request is served.
+TEST(SharedConnection, AFunctionMayCallItsCallerBack) {
+  ferry::testing::TempDir dir;
+  ferry::testing::expect_all_succeed(ferry::testing::run_processes(2, [&](int rank) {
+    std::shared_ptr<Agent> agent = make(dir.path(), rank, Options{});
+    std::shared_ptr<Store> store = file_store(dir.path());
+    if (rank == 1) {
+      ASSERT_OK(store->wait({"relay ready"}, seconds(30)));  // w0's handler has its agent
+      for (int i = 0; i < 20; ++i) EXPECT_EQ(payload_of(agent->send(0, request("relay"))), "relayed: echo from w0");
+      ASSERT_OK(store->set("relayed", to_bytes("1")));
+    } else {
+      ASSERT_OK(store->set("relay ready", to_bytes("1")));
+      ASSERT_OK(store->wait({"relayed"}, seconds(30)));
+      EXPECT_EQ(counter(*agent, "connections_shared"), 1);
+      EXPECT_EQ(counter(*agent, "connections_out"), 0);
+    }
+    EXPECT_OK(agent->join(seconds(30)));
+    agent->shutdown();
+  }, seconds(60)));
+}
+
+// Both workers flood each other's slow function at their caps on one connection:
+// neither pauses it (the replies to its own calls come on it), and nothing is refused,
+// since each caller holds what its cap does not let out.
+TEST(SharedConnection, AFloodBothWaysOnOneConnectionFinishesUnpaused) {
+  ferry::testing::TempDir dir;
+  ferry::testing::expect_all_succeed(ferry::testing::run_processes(2, [&](int rank) {
+    std::shared_ptr<Agent> agent = make(dir.path(), rank, Options{.cap = 4});
+    std::shared_ptr<Store> store = file_store(dir.path());
+    // One call each way first, so that w0 shares w1's connection before the flood:
+    // one already paused by a flood is not shared.
+    if (rank == 1) {
+      EXPECT_EQ(payload_of(agent->send(0, request("first"))), "first from w1");
+      ASSERT_OK(store->set("called", to_bytes("1")));
+      ASSERT_OK(store->wait({"called back"}, seconds(30)));
+    } else {
+      ASSERT_OK(store->wait({"called"}, seconds(30)));
+      EXPECT_EQ(payload_of(agent->send(1, request("back"))), "back from w0");
+      ASSERT_OK(store->set("called back", to_bytes("1")));
+    }
+    std::vector<Future<Message>> calls;
+    for (int i = 0; i < 200; ++i) calls.push_back(agent->send(1 - rank, request("sleep:2"), seconds(30)));
+    for (Future<Message>& f : calls) EXPECT_OK(f.result().status());
+    EXPECT_EQ(counter(*agent, "connections_shared"), rank == 0 ? 1 : 0);
+    EXPECT_EQ(counter(*agent, "connections_out"), rank == 0 ? 0 : 1);
+    EXPECT_OK(agent->join(seconds(30)));
+    EXPECT_EQ(counter(*agent, "reads_paused"), 0);
+    EXPECT_EQ(counter(*agent, "requests_refused_at_cap"), 0);
+    EXPECT_LE(counter(*agent, "requests_in_flight_peak"), 4);
+    agent->shutdown();
+  }, seconds(90)));
+}
+
+// A caller that allows more in flight than its server, on a shared connection: the
+// server cannot stop reading it, so what passes its cap is refused unrun, and its own
+// calls to that caller still go through meanwhile.
+TEST(SharedConnection, PastTheServersCapRequestsAreRefusedAndItsOwnCallsStillFlow) {
+  ferry::testing::TempDir dir;
+  ferry::testing::expect_all_succeed(ferry::testing::run_processes(2, [&](int rank) {
+    std::shared_ptr<Agent> agent = make(dir.path(), rank, Options{.cap = rank == 1 ? 2 : 64});
+    std::shared_ptr<Store> store = file_store(dir.path());
+    if (rank == 1) {
+      EXPECT_EQ(payload_of(agent->send(0, request("first"))), "first from w1");
+      ASSERT_OK(store->set("called", to_bytes("1")));
+      ASSERT_OK(store->wait({"flooding"}, seconds(30)));
+      // Served by w0 while w0's flood waits here: answered at once.
+      const auto start = std::chrono::steady_clock::now();
+      for (int i = 0; i < 10; ++i) EXPECT_EQ(payload_of(agent->send(0, request("during"))), "during from w1");
+      EXPECT_LT(std::chrono::steady_clock::now() - start, seconds(5));
+      ASSERT_OK(store->wait({"flooded"}, seconds(60)));
+      EXPECT_GE(counter(*agent, "requests_refused_at_cap"), 1);
+      EXPECT_LE(counter(*agent, "requests_in_flight_peak"), 2);
+      EXPECT_EQ(counter(*agent, "reads_paused"), 0);
+    } else {
+      ASSERT_OK(store->wait({"called"}, seconds(30)));
+      std::vector<Future<Message>> calls;
+      for (int i = 0; i < 40; ++i) calls.push_back(agent->send(1, request("sleep:100"), seconds(30)));
+      ASSERT_OK(store->set("flooding", to_bytes("1")));
+      int ok = 0, refused = 0;
+      for (Future<Message>& f : calls) {
+        absl::Status s = f.result().status();
+        if (s.ok()) {
+          ++ok;
+        } else {
+          EXPECT_THAT(s, StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("max_requests_in_flight")));
+          ++refused;
+        }
+      }
+      EXPECT_GE(ok, 2);
+      EXPECT_GE(refused, 1);
+      EXPECT_EQ(counter(*agent, "connections_shared"), 1);
+      ASSERT_OK(store->set("flooded", to_bytes("1")));
+    }
+    EXPECT_OK(agent->join(seconds(30)));
+    agent->shutdown();
+  }, seconds(90)));
+}
+
+// The peer whose connection carries our calls is killed: the calls on it fail at once
+// naming it, and later ones too.
+TEST(SharedConnection, APeerKilledWhileItsConnectionCarriesOurCallsFailsThemAtOnce) {
+  ferry::testing::TempDir dir;
+  std::vector<ferry::testing::ProcessResult> results = ferry::testing::run_processes(2, [&](int rank) {
+    std::shared_ptr<Agent> agent = make(dir.path(), rank, Options{});
+    std::shared_ptr<Store> store = file_store(dir.path());
+    if (rank == 1) {
+      EXPECT_EQ(payload_of(agent->send(0, request("first"))), "first from w1");
+      ASSERT_OK(store->set("called", to_bytes("1")));
+      std::this_thread::sleep_for(seconds(30));  // until the call to "die" kills us
+      return;
+    }
+    ASSERT_OK(store->wait({"called"}, seconds(30)));
+    Future<Message> forever = agent->send(1, request("sleep:20000"), milliseconds(0));  // no timeout
+    const auto start = std::chrono::steady_clock::now();
+    Future<Message> died = agent->send(1, request("die"));
+    EXPECT_THAT(died.result(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("w1")));
+    EXPECT_THAT(forever.result(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("w1")));
+    EXPECT_LT(std::chrono::steady_clock::now() - start, seconds(5));
+    EXPECT_EQ(counter(*agent, "connections_shared"), 0);  // gone with it
+    EXPECT_THAT(agent->send(1, request("again")).result(), StatusIs(absl::StatusCode::kUnavailable));
+    agent->shutdown();
+  }, seconds(60));
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_TRUE(results[0].exited && results[0].exit_code == 0) << results[0].describe();
+  EXPECT_EQ(results[1].term_signal, SIGKILL) << results[1].describe();
+}
+
+}  // namespace
+}  // namespace ferry
