@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <iostream>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -383,7 +384,11 @@ TEST_P(AgentConformance, ALostPeerFailsItsCallsAtOnce) {
     Future<Message> died = agent->send(1, request("die"));
     EXPECT_THAT(died.result(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("w1")));
     EXPECT_THAT(forever.result(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("w1")));
-    EXPECT_LT(std::chrono::steady_clock::now() - start, seconds(10));
+    const auto took = std::chrono::steady_clock::now() - start;
+    EXPECT_LT(took, seconds(10));
+    // A figure, not a bound (docs/performance.md quotes it for the ring).
+    std::cerr << GetParam().name << ": w1's calls failed " << std::chrono::duration<double, std::milli>(took).count()
+              << " ms after the call that killed it was made\n";
     // Later calls fail at once, and the listener heard of it on the pool.
     EXPECT_THAT(agent->send(1, request("again")).result(), StatusIs(absl::StatusCode::kUnavailable));
     for (int i = 0; i < 500 && lost.load() == 0; ++i) std::this_thread::sleep_for(milliseconds(10));

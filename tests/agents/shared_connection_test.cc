@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <iostream>
 #include <map>
 #include <memory>
 #include <optional>
@@ -254,7 +255,11 @@ TEST(SharedConnection, APeerKilledWhileItsConnectionCarriesOurCallsFailsThemAtOn
     Future<Message> died = agent->send(1, request("die"));
     EXPECT_THAT(died.result(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("w1")));
     EXPECT_THAT(forever.result(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("w1")));
-    EXPECT_LT(std::chrono::steady_clock::now() - start, seconds(5));
+    const auto took = std::chrono::steady_clock::now() - start;
+    EXPECT_LT(took, seconds(5));
+    // A figure, not a bound (docs/performance.md quotes it).
+    std::cerr << "w1's calls failed " << std::chrono::duration<double, std::milli>(took).count()
+              << " ms after the call that killed it was made\n";
     EXPECT_EQ(counter(*agent, "connections_shared"), 0);  // gone with it
     EXPECT_THAT(agent->send(1, request("again")).result(), StatusIs(absl::StatusCode::kUnavailable));
     agent->shutdown();
