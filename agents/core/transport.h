@@ -94,8 +94,8 @@ class Connection {
   // second connection (one per pair of workers halves what set-up, descriptors and
   // teardown cost). The core then never pauses its reads, since the replies to its own
   // calls come on it: a request past max_requests_in_flight on it is refused unrun.
-  // Both ends of a connection must agree; a transport says so for connections it
-  // accepted, and serves what comes on those it opened either way.
+  // Only the accepting side's answer matters: the core of the worker that opened a
+  // connection serves whatever requests come on it.
   virtual bool carries_both_ways() const { return false; }
 
   // The core's state for this connection. A transport passes it to the constructor
