@@ -48,7 +48,8 @@ struct Wire {
 };
 
 // One connection: one this worker opened to a peer (its requests out, their replies
-// in), or one a peer opened to us (its requests in, our replies out). Thread-safe.
+// in), or one a peer opened to us (its requests in, our replies out); on a connection
+// that carries calls both ways (carries_both_ways), both at once. Thread-safe.
 // Owned by shared_ptr, by the transport while it is open and by the core.
 class Connection {
  public:
