@@ -205,7 +205,7 @@ absl::Status Agent::remove_member(int id, MembershipChange why) {
                             : absl::UnavailableError(absl::StrCat("worker \"", gone.info.name, "\" (id ", id,
                                                                   ") was lost"));
   calls_->fail_peer(id, status);
-  drop_connection(id);
+  drop_connection(id, /*left=*/why == MembershipChange::kLeft);
   // A leaver closes its own pipes once its calls are done; a lost one never will.
   if (why == MembershipChange::kLost) close_incoming(id);
   forget_lost(id);
@@ -341,7 +341,7 @@ void Agent::write_request(const PeerAddress& peer, Wire wire, std::optional<uint
     std::lock_guard<std::mutex> lock(links_mu_);
     auto [it, inserted] = links_.try_emplace(peer.info.id);
     if (inserted) {
-      if (std::shared_ptr<Connection> theirs = share_incoming(peer.info)) {
+      if (std::shared_ptr<Connection> theirs = share_incoming(peer)) {
         // The peer's connection to us carries our calls to it too: no second one.
         it->second.session = std::shared_ptr<Session>(theirs, theirs->session());
         it->second.connection = std::move(theirs);
@@ -383,19 +383,20 @@ void Agent::write_request(const PeerAddress& peer, Wire wire, std::optional<uint
   }
 }
 
-std::shared_ptr<Connection> Agent::share_incoming(const WorkerInfo& peer) {
+std::shared_ptr<Connection> Agent::share_incoming(const PeerAddress& peer) {
   std::shared_ptr<Connection> connection;
   {
     std::lock_guard<std::mutex> lock(accepted_mu_);
-    auto it = authenticated_.find(peer.id);
+    auto it = authenticated_.find(peer.info.id);
     if (it == authenticated_.end()) return nullptr;
     connection = it->second.lock();
   }
-  if (connection == nullptr || !connection->carries_both_ways()) return nullptr;
+  // Opened by the process at the member's address, not only named after it.
+  if (connection == nullptr || !connection->carries_calls_to(peer.address)) return nullptr;
   Session& s = *connection->session();
   // The name too: an id the membership now gives another worker (a dynamic group)
   // must not get calls meant for this one.
-  if (s.peer_name != peer.name) return nullptr;
+  if (s.peer_name != peer.info.name) return nullptr;
   std::lock_guard<std::mutex> lock(s.flow_mu);
   // A paused connection would hold our replies back behind the peer's requests.
   if (!s.shareable || s.reads_paused.load(std::memory_order_seq_cst) || s.closed.load(std::memory_order_acquire)) {
@@ -407,7 +408,6 @@ std::shared_ptr<Connection> Agent::share_incoming(const WorkerInfo& peer) {
 }
 
 void Agent::allow_sharing(Connection& connection) {
-  if (!connection.carries_both_ways()) return;
   Session& s = *connection.session();
   std::lock_guard<std::mutex> lock(s.flow_mu);
   s.shareable = true;
@@ -541,7 +541,7 @@ void Agent::flush(const std::shared_ptr<Connection>& connection) {
   }
 }
 
-void Agent::drop_connection(int peer) {
+void Agent::drop_connection(int peer, bool left) {
   std::shared_ptr<Connection> connection;
   {
     std::lock_guard<std::mutex> lock(links_mu_);
@@ -550,9 +550,13 @@ void Agent::drop_connection(int peer) {
     connection = std::move(it->second.connection);
     links_.erase(it);
   }
-  // Out of the table, its late events report nothing (on_closed checks the table); one
-  // still connecting is closed by open_link.
-  if (connection != nullptr) connection->close();
+  if (connection == nullptr) return;  // still connecting: open_link closes it
+  const Session& s = *connection->session();
+  // A leaver's own calls may still be on it (the leave's last messages among them): it
+  // closes the connection itself when it is done. Before, they had one of their own.
+  if (left && (!s.outgoing || s.serves.load(std::memory_order_acquire))) return;
+  // Out of the table, its late events report nothing (on_closed checks the table).
+  connection->close();
 }
 
 // ---- The transport's events.
@@ -634,7 +638,8 @@ void Agent::on_message(const std::shared_ptr<Connection>& connection, Wire wire)
           return;
         }
         if (is_request(wire.metadata)) {
-          // The acceptor's own calls, on the connection we opened (carries_both_ways).
+          // The acceptor's own calls, on the connection we opened (carries_calls_to).
+          if (!s.serves.load(std::memory_order_relaxed)) s.serves.store(true, std::memory_order_release);
           on_request(connection, std::move(wire));
           return;
         }
@@ -679,7 +684,15 @@ void Agent::on_closed(const std::shared_ptr<Connection>& connection, absl::Statu
     std::lock_guard<std::mutex> lock(s->mu);
     s->closed_why = why;
   }
-  s->closed.store(true, std::memory_order_release);
+  bool shared;
+  {
+    // share_incoming reads `closed` under the same lock before it shares: either it
+    // sees the end, or this sees the connection shared (and its link, inserted under
+    // links_mu_ with it, once forget_link takes that lock).
+    std::lock_guard<std::mutex> lock(s->flow_mu);
+    s->closed.store(true, std::memory_order_release);
+    shared = s->shared.load(std::memory_order_acquire);
+  }
   if (s->outgoing) {
     // A connection already replaced or dropped reports nothing.
     if (!forget_link(s->peer, connection.get())) return;
@@ -687,7 +700,7 @@ void Agent::on_closed(const std::shared_ptr<Connection>& connection, absl::Statu
     return;
   }
   // A peer's connection that carried our calls too (share_incoming).
-  if (s->shared.load(std::memory_order_acquire) && forget_link(s->peer, connection.get())) {
+  if (shared && forget_link(s->peer, connection.get())) {
     {
       std::lock_guard<std::mutex> lock(accepted_mu_);
       auto it = authenticated_.find(s->peer);
@@ -730,14 +743,6 @@ void Agent::on_closed(const std::shared_ptr<Connection>& connection, absl::Statu
 }
 
 void Agent::link_lost(const Session& s, absl::Status why) {
-  if (leaving_.load() != 0) {
-    // Leaving: the members close what they had with this worker as they retire it; no
-    // loss, but nothing pending on that connection will be answered.
-    calls_->fail_peer(s.peer, absl::UnavailableError(absl::StrCat("worker \"", s.peer_name, "\" (id ", s.peer,
-                                                                  ") closed its connection as this worker left: ",
-                                                                  why.message())));
-    return;
-  }
   if (why.code() == absl::StatusCode::kUnavailable || why.code() == absl::StatusCode::kCancelled) {
     why = absl::UnavailableError(
         absl::StrCat("worker \"", s.peer_name, "\" (id ", s.peer, ") is unreachable: ", why.message()));
@@ -1698,7 +1703,7 @@ std::map<std::string, std::string> Agent::debug_info() const {
     size_t on_theirs = 0;
     for (const auto& [id, link] : links_) on_theirs += link.session->outgoing ? 0 : 1;
     info["connections_out"] = std::to_string(links_.size() - on_theirs);
-    // Links riding a connection the peer opened (Connection::carries_both_ways).
+    // Links riding a connection the peer opened (Connection::carries_calls_to).
     info["connections_shared"] = std::to_string(on_theirs);
     info["connections_shared_total"] = std::to_string(links_shared_.load(std::memory_order_relaxed));
   }

@@ -248,15 +248,14 @@ class Agent final : public RpcAgent, public TransportEvents, public std::enable_
   // max_requests_in_flight.
   void write_request(const PeerAddress& peer, Wire wire, std::optional<uint64_t> counted);
   // A connection `peer` opened to us that may carry our calls to it too
-  // (Connection::carries_both_ways), marked shared; null when there is none to share.
+  // (Connection::carries_calls_to), marked shared; null when there is none to share.
   // Called under links_mu_.
-  std::shared_ptr<Connection> share_incoming(const WorkerInfo& peer);
+  std::shared_ptr<Connection> share_incoming(const PeerAddress& peer);
   // An accepted connection may be shared from now on (its opener knows it is accepted).
   void allow_sharing(Connection& connection);
   // Takes `peer`'s link out of the table if it rides `connection`; whether it did.
   bool forget_link(int peer, const Connection* connection);
-  // A connection carrying our calls to its peer ended: the peer is lost (or, while this
-  // worker leaves, only the calls on it fail).
+  // A connection carrying our calls to its peer ended: the peer is lost.
   void link_lost(const internal::Session& s, absl::Status why);
   // Writes `wire` on an open link unless max_requests_in_flight are out; then it is held.
   void write_counted(const std::shared_ptr<Connection>& connection, Wire wire, uint64_t id);
@@ -277,7 +276,10 @@ class Agent final : public RpcAgent, public TransportEvents, public std::enable_
   // dropped and its peer lost.
   void expect_challenge(const PeerAddress& peer, const std::shared_ptr<internal::Session>& session);
   void flush(const std::shared_ptr<Connection>& connection);
-  void drop_connection(int peer);
+  // Takes `peer`'s link out of the table and closes its connection. `left`: the peer
+  // left the group, and a connection that carries its own calls too stays open for it
+  // to close once they are done.
+  void drop_connection(int peer, bool left = false);
   // Handshake steps (agents/core/handshake.h).
   void on_hello(const std::shared_ptr<Connection>& connection, const Wire& wire);
   void on_proof(const std::shared_ptr<Connection>& connection, const Wire& wire);
@@ -353,7 +355,7 @@ class Agent final : public RpcAgent, public TransportEvents, public std::enable_
   absl::flat_hash_set<int> pinging_;  // guarded by pinging_mu_: peers with a heartbeat ping out
 
   // The connections this worker's calls go on, by peer id: one it opened, or one the
-  // peer opened that carries calls both ways (share_incoming). A link's session exists
+  // peer opened that carries our calls too (share_incoming). A link's session exists
   // from the first send on; its connection is null while connect() runs (outside the
   // lock), and the sends meanwhile wait in the session, so one peer never gets two
   // connections from us. Lock order: links_mu_, then accepted_mu_, then a session's

@@ -77,15 +77,17 @@ struct Session {
   std::mutex flow_mu;
   std::atomic<bool> reads_paused{false};
   bool keepalive_armed = false;  // guarded by flow_mu: a kBusy timer is set
-  // Incoming, on a transport whose connections carry calls both ways
-  // (Connection::carries_both_ways): `shareable` once the peer was told it is accepted
-  // (nothing of ours may reach it before that verdict), `shared` once this worker's own
-  // calls to the peer go on it too. A shared connection's reads are never paused: the
-  // replies to our calls come on it. Both set under flow_mu.
+  // Incoming: `shareable` once the peer was told it is accepted (nothing of ours may
+  // reach it before that verdict), `shared` once this worker's own calls to the peer
+  // go on it too (Connection::carries_calls_to). A shared connection's reads are never
+  // paused: the replies to our calls come on it. Both set under flow_mu.
   bool shareable = false;
   std::atomic<bool> shared{false};  // read without flow_mu
-  // Set when the transport reported its end; outgoing, even before the core had it in
-  // its table (a connect that failed at once).
+  // Outgoing: the peer's own calls came on it too (the peer shares it).
+  std::atomic<bool> serves{false};
+  // Set when the transport reported its end (under flow_mu, so that share_incoming
+  // never shares a connection whose end was already handled as unshared); outgoing,
+  // even before the core had it in its table (a connect that failed at once).
   std::atomic<bool> closed{false};
   absl::Status closed_why;  // guarded by mu
 };

@@ -48,8 +48,8 @@ struct Wire {
 };
 
 // One connection: one this worker opened to a peer (its requests out, their replies
-// in), or one a peer opened to us (its requests in, our replies out); on a connection
-// that carries calls both ways (carries_both_ways), both at once. Thread-safe.
+// in), or one a peer opened to us (its requests in, our replies out); on one that
+// carries our calls to its opener too (carries_calls_to), both at once. Thread-safe.
 // Owned by shared_ptr, by the transport while it is open and by the core.
 class Connection {
  public:
@@ -90,14 +90,19 @@ class Connection {
   virtual void pause_reads() = 0;
   virtual void resume_reads() = 0;
 
-  // Whether this connection may carry calls both ways: the core of the worker that
-  // accepted it sends its own calls to the opener on it too, rather than opening a
-  // second connection (one per pair of workers halves what set-up, descriptors and
-  // teardown cost). The core then never pauses its reads, since the replies to its own
-  // calls come on it: a request past max_requests_in_flight on it is refused unrun.
-  // Only the accepting side's answer matters: the core of the worker that opened a
-  // connection serves whatever requests come on it.
-  virtual bool carries_both_ways() const { return false; }
+  // For a connection a peer opened: whether this worker's own calls to the worker
+  // whose listen() record is `address` may go on it too, rather than on a second
+  // connection (one per pair of workers halves what set-up, descriptors and teardown
+  // cost). True only when the transport carries calls both ways and knows that worker
+  // opened it (the ring: the kernel's pid of the opener is the record's), so that a
+  // process claiming a member's name never gets the calls meant for it. The core then
+  // never pauses its reads, since the replies to its own calls come on it: a request
+  // past max_requests_in_flight on it is refused unrun. The core of the worker that
+  // opened a connection serves whatever requests come on it.
+  virtual bool carries_calls_to(const std::string& address) const {
+    (void)address;
+    return false;
+  }
 
   // The core's state for this connection. A transport passes it to the constructor
   // (for connections it opens through connect()) and never reads it; the core sets it

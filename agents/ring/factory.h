@@ -54,7 +54,7 @@ struct RingOptions {
   // core, not the memory. Unset (0): FERRY_RING_SPLIT_KB, else 8 MiB. SIZE_MAX: never.
   size_t split_bytes = 0;
   // Whether a connection a peer opened carries this worker's calls to that peer too
-  // (Connection::carries_both_ways), so that two workers calling each other share one
+  // (Connection::carries_calls_to), so that two workers calling each other share one
   // connection instead of opening two. Unset: FERRY_RING_TWO_WAY (0 or 1), else yes.
   std::optional<bool> two_way = std::nullopt;
 };

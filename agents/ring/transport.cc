@@ -115,7 +115,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr uint32_t kMagic = 0x676e6972;  // "ring"
-constexpr uint32_t kVersion = 3;  // 2: the bell's news; 3: the probe in the address, no verdict
+// 2: the bell's news; 3: the probe in the address, no verdict; 4: an acceptor may send its
+// own calls on a connection (a worker of version 3 would take them for stray replies).
+constexpr uint32_t kVersion = 4;
 constexpr size_t kMinRing = 4096;
 constexpr size_t kMaxRing = size_t{1} << 30;
 // A message announcing more tensors, or a longer target, is refused before anything is
@@ -631,7 +633,13 @@ class Pipe final : public Connection, public std::enable_shared_from_this<Pipe> 
   // (RingOptions::two_way). Each direction has its own ring, so either side's calls
   // and replies flow however busy the other is.
   void set_two_way(bool yes) { two_way_ = yes; }
-  bool carries_both_ways() const override { return two_way_; }
+  // The opener must be the process the record names, as the kernel reports the
+  // socket's other end (a process that only claims a member's name gets none of the
+  // calls meant for it).
+  bool carries_calls_to(const std::string& address) const override {
+    RingRecord r;
+    return two_way_ && met() && parse_record(address, r) && r.pid > 0 && r.pid == peer_pid();
+  }
   // Connector, before the pipe is shared: the pid the peer's record names (its reply
   // must say the same), and the listener's pid as the kernel sees it, which what the
   // peer writes in place is read from, even before its reply is here: the hello told

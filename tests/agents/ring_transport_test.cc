@@ -68,7 +68,7 @@ int connect_raw(const std::string& name) {
 // The hello's layout as the transport reads it (agents/ring/transport.cc).
 struct Hello {
   uint32_t magic = 0x676e6972;
-  uint32_t version = 3;
+  uint32_t version = 4;
   uint32_t kind = 1;
   uint32_t pid = 0;
   uint32_t reads_you = 0;
