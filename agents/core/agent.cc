@@ -643,12 +643,7 @@ void Agent::on_message(const std::shared_ptr<Connection>& connection, Wire wire)
           on_request(connection, std::move(wire));
           return;
         }
-        if (wire.metadata.size() >= Message::kHeaderSize) {
-          uint64_t id;
-          std::memcpy(&id, wire.metadata.data() + 8, sizeof(id));
-          answered(connection, id);
-        }
-        on_reply(s.peer, std::move(wire));
+        take_reply(connection, std::move(wire));
         return;
       default:
         return;
@@ -664,10 +659,7 @@ void Agent::on_message(const std::shared_ptr<Connection>& connection, Wire wire)
     case Stage::kOpen:
       if (s.shared.load(std::memory_order_acquire) && !is_request(wire.metadata)) {
         // A reply to one of our calls on the peer's connection (share_incoming).
-        uint64_t id;
-        std::memcpy(&id, wire.metadata.data() + 8, sizeof(id));
-        answered(connection, id);
-        on_reply(s.peer, std::move(wire));
+        take_reply(connection, std::move(wire));
         return;
       }
       on_request(connection, std::move(wire));
@@ -675,6 +667,14 @@ void Agent::on_message(const std::shared_ptr<Connection>& connection, Wire wire)
     default:
       return;
   }
+}
+
+void Agent::take_reply(const std::shared_ptr<Connection>& connection, Wire wire) {
+  // Whole header: is_request takes a message too short to tell for a request.
+  uint64_t id;
+  std::memcpy(&id, wire.metadata.data() + 8, sizeof(id));
+  answered(connection, id);
+  on_reply(connection->session()->peer, std::move(wire));
 }
 
 void Agent::on_closed(const std::shared_ptr<Connection>& connection, absl::Status why) {
@@ -699,16 +699,6 @@ void Agent::on_closed(const std::shared_ptr<Connection>& connection, absl::Statu
     link_lost(*s, std::move(why));
     return;
   }
-  // A peer's connection that carried our calls too (share_incoming).
-  if (shared && forget_link(s->peer, connection.get())) {
-    {
-      std::lock_guard<std::mutex> lock(accepted_mu_);
-      auto it = authenticated_.find(s->peer);
-      if (it != authenticated_.end() && it->second.lock() == connection) authenticated_.erase(it);
-    }
-    link_lost(*s, std::move(why));
-    return;
-  }
   bool current = false;  // the peer's one authenticated connection here
   {
     std::lock_guard<std::mutex> lock(accepted_mu_);
@@ -721,6 +711,11 @@ void Agent::on_closed(const std::shared_ptr<Connection>& connection, absl::Statu
         if (held == nullptr || held == connection) authenticated_.erase(it);
       }
     }
+  }
+  // A peer's connection that carried our calls too (share_incoming).
+  if (shared && forget_link(s->peer, connection.get())) {
+    link_lost(*s, std::move(why));
+    return;
   }
   // A peer that only ever called us (an RRef holder calling its owner) is lost when its
   // connection goes: nothing else would tell. One we have a connection to is judged by

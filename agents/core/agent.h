@@ -257,6 +257,9 @@ class Agent final : public RpcAgent, public TransportEvents, public std::enable_
   bool forget_link(int peer, const Connection* connection);
   // A connection carrying our calls to its peer ended: the peer is lost.
   void link_lost(const internal::Session& s, absl::Status why);
+  // A reply to one of our calls came on `connection`: its room goes to the next held
+  // request, and the call completes.
+  void take_reply(const std::shared_ptr<Connection>& connection, Wire wire);
   // Writes `wire` on an open link unless max_requests_in_flight are out; then it is held.
   void write_counted(const std::shared_ptr<Connection>& connection, Wire wire, uint64_t id);
   // A reply to request `id` came on `connection`'s link: its room goes to the next held.

@@ -99,24 +99,32 @@ std::string payload_of(const Future<Message>& f) {
   return m.ok() ? std::string(m->payload()) : std::string(m.status().message());
 }
 
-// w1 calls w0 first; once that call is answered, w0 calls w1.
+// w1 calls w0 first; once that call is answered, w0 calls w1 back, on w1's connection
+// when it is shared. Both return once both calls are answered.
+void call_each_other(Agent& agent, Store& store, int rank) {
+  if (rank == 1) {
+    EXPECT_EQ(payload_of(agent.send(0, request("first"))), "first from w1");
+    ASSERT_OK(store.set("called", to_bytes("1")));
+    ASSERT_OK(store.wait({"called back"}, seconds(30)));
+  } else {
+    ASSERT_OK(store.wait({"called"}, seconds(30)));
+    EXPECT_EQ(payload_of(agent.send(1, request("back"))), "back from w0");
+    ASSERT_OK(store.set("called back", to_bytes("1")));
+  }
+}
+
 void call_back_on_one_connection(const std::string& dir, const Options& setup, bool expect_shared) {
   ferry::testing::expect_all_succeed(ferry::testing::run_processes(2, [&](int rank) {
     std::shared_ptr<Agent> agent = make(dir, rank, setup);
     std::shared_ptr<Store> store = file_store(dir);
+    ASSERT_NO_FATAL_FAILURE(call_each_other(*agent, *store, rank));
     if (rank == 1) {
-      EXPECT_EQ(payload_of(agent->send(0, request("first"))), "first from w1");
-      ASSERT_OK(store->set("called", to_bytes("1")));
-      ASSERT_OK(store->wait({"answered"}, seconds(30)));
       EXPECT_EQ(counter(*agent, "connections_out"), 1);
       EXPECT_EQ(counter(*agent, "connections_in"), expect_shared ? 0 : 1);
     } else {
-      ASSERT_OK(store->wait({"called"}, seconds(30)));
-      EXPECT_EQ(payload_of(agent->send(1, request("back"))), "back from w0");
       EXPECT_EQ(counter(*agent, "connections_out"), expect_shared ? 0 : 1);
       EXPECT_EQ(counter(*agent, "connections_shared"), expect_shared ? 1 : 0);
       EXPECT_EQ(counter(*agent, "connections_in"), 1);
-      ASSERT_OK(store->set("answered", to_bytes("1")));
     }
     EXPECT_OK(agent->join(seconds(30)));
     agent->shutdown();
@@ -170,15 +178,7 @@ TEST(SharedConnection, AFloodBothWaysOnOneConnectionFinishesUnpaused) {
     std::shared_ptr<Store> store = file_store(dir.path());
     // One call each way first, so that w0 shares w1's connection before the flood:
     // one already paused by a flood is not shared.
-    if (rank == 1) {
-      EXPECT_EQ(payload_of(agent->send(0, request("first"))), "first from w1");
-      ASSERT_OK(store->set("called", to_bytes("1")));
-      ASSERT_OK(store->wait({"called back"}, seconds(30)));
-    } else {
-      ASSERT_OK(store->wait({"called"}, seconds(30)));
-      EXPECT_EQ(payload_of(agent->send(1, request("back"))), "back from w0");
-      ASSERT_OK(store->set("called back", to_bytes("1")));
-    }
+    ASSERT_NO_FATAL_FAILURE(call_each_other(*agent, *store, rank));
     std::vector<Future<Message>> calls;
     for (int i = 0; i < 200; ++i) calls.push_back(agent->send(1 - rank, request("sleep:2"), seconds(30)));
     for (Future<Message>& f : calls) EXPECT_OK(f.result().status());
@@ -205,15 +205,9 @@ TEST_P(SharedConnectionAtTheCap, RequestsPastTheServersCapAreRefusedAndItsOwnCal
   ferry::testing::expect_all_succeed(ferry::testing::run_processes(2, [&](int rank) {
     std::shared_ptr<Agent> agent = make(dir.path(), rank, Options{.cap = rank == server ? 2 : 64});
     std::shared_ptr<Store> store = file_store(dir.path());
-    if (rank == 1) {
-      EXPECT_EQ(payload_of(agent->send(0, request("first"))), "first from w1");
-      ASSERT_OK(store->set("called", to_bytes("1")));
-      ASSERT_OK(store->wait({"called back"}, seconds(30)));
-    } else {
-      ASSERT_OK(store->wait({"called"}, seconds(30)));
-      EXPECT_EQ(payload_of(agent->send(1, request("back"))), "back from w0");
+    ASSERT_NO_FATAL_FAILURE(call_each_other(*agent, *store, rank));
+    if (rank == 0) {
       EXPECT_EQ(counter(*agent, "connections_shared"), 1);
-      ASSERT_OK(store->set("called back", to_bytes("1")));
     }
     if (rank == server) {
       ASSERT_OK(store->wait({"flooding"}, seconds(30)));
