@@ -1,5 +1,6 @@
 #include "agents/core/handshake.h"
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "base/auth.h"
 
@@ -68,6 +69,175 @@ absl::Status check_handshake_size(uint64_t metadata_bytes, std::span<const uint6
                                                     " before authenticating"));
   }
   return absl::OkStatus();
+}
+
+}  // namespace ferry::internal
+
+namespace ferry::internal {
+
+Handshake::Handshake(std::string self_name, int self_id, std::string token)
+    : self_name_(std::move(self_name)), self_id_(self_id), token_(std::move(token)) {}
+
+std::shared_ptr<Session> Handshake::opener(int peer, std::string peer_name) const {
+  // With a token the hello starts the challenge-response; without one requests follow
+  // it at once.
+  auto s = std::make_shared<Session>(true, peer, std::move(peer_name), uses_token() ? Stage::kHello : Stage::kOpen);
+  if (uses_token()) s->nonce_c = auth::nonce();
+  return s;
+}
+
+Wire Handshake::hello(const Session& s) const {
+  return auth_message(AuthKind::kHello, {self_name_, std::to_string(self_id_), s.nonce_c});
+}
+
+HandshakeStep Handshake::step(Session& s, const Wire& wire, const ClaimCheck& check_claim) const {
+  switch (s.stage) {
+    case Stage::kHello:
+      return on_challenge(s, wire);
+    case Stage::kProved:
+      return on_verdict(s, wire);
+    case Stage::kOpen:
+      // A worker with a job token refuses a connection that opened without one.
+      return s.outgoing ? on_verdict(s, wire) : HandshakeStep{};
+    case Stage::kAwaitHello:
+      return on_hello(s, wire, check_claim);
+    case Stage::kAwaitProof:
+      return on_proof(s, wire);
+    case Stage::kRefused:
+      return HandshakeStep{};
+  }
+  return HandshakeStep{};
+}
+
+HandshakeStep Handshake::refuse(Session& s, std::string why, std::string tell) const {
+  s.stage = Stage::kRefused;
+  HandshakeStep out;
+  out.kind = HandshakeStep::Kind::kRefuse;
+  out.why = std::move(why);
+  out.tell = std::move(tell);
+  return out;
+}
+
+HandshakeStep Handshake::no_token_hello() const {
+  HandshakeStep out;
+  out.kind = HandshakeStep::Kind::kRefuse;
+  out.why = "it sent no job-token hello (FERRY_AUTH_TOKEN unset on that worker?)";
+  out.tell = absl::StrCat("worker \"", self_name_, "\" requires the job token and this pipe presented none: ",
+                          "set FERRY_AUTH_TOKEN to the job's secret on every worker");
+  return out;
+}
+
+HandshakeStep Handshake::on_hello(Session& s, const Wire& wire, const ClaimCheck& check_claim) const {
+  std::optional<std::vector<std::string>> hello = parse_auth(wire, AuthKind::kHello, 3);
+  if (!hello) {
+    if (!uses_token()) {
+      return refuse(s, "it sent no hello", "every connection must open with a hello naming its worker");
+    }
+    HandshakeStep out = no_token_hello();
+    s.stage = Stage::kRefused;
+    return out;
+  }
+  std::string claimed = (*hello)[0];
+  const std::string& nonce_c = (*hello)[2];
+  int id = -1;
+  s.peer_name = claimed;
+  if (!absl::SimpleAtoi((*hello)[1], &id) || id < 0 || (!nonce_c.empty() && nonce_c.size() != auth::kNonceBytes)) {
+    return refuse(s, "malformed hello", "malformed hello");
+  }
+  if (!uses_token()) {
+    if (!nonce_c.empty()) {
+      return refuse(s, "it presents a job token and this worker has none (FERRY_AUTH_TOKEN unset here)",
+                    absl::StrCat("worker \"", self_name_, "\" has no job token but this pipe presented one: set ",
+                                 "FERRY_AUTH_TOKEN to the same secret on every worker"));
+    }
+    // Without a token the claim is taken at its word: it names the caller, nothing more.
+    s.peer = id;
+    HandshakeStep out;
+    out.kind = HandshakeStep::Kind::kAdmit;
+    return out;
+  }
+  if (nonce_c.empty()) {
+    HandshakeStep out = no_token_hello();
+    s.stage = Stage::kRefused;
+    return out;
+  }
+  if (absl::Status member = check_claim(id, claimed); !member.ok()) {
+    return refuse(s, absl::StrCat("it claims to be worker \"", claimed, "\" (id ", id, "): ", member.message()),
+                  absl::StrCat("worker \"", self_name_, "\" refused the claim to be worker \"", claimed, "\" (id ", id,
+                               "): ", member.message()));
+  }
+  s.peer = id;
+  s.nonce_c = nonce_c;
+  s.nonce_s = auth::nonce();
+  s.stage = Stage::kAwaitProof;
+  HandshakeStep out;
+  out.kind = HandshakeStep::Kind::kSend;
+  out.reply = auth_message(
+      AuthKind::kChallenge,
+      {s.nonce_s, pipe_proof(token_, "ferry-pipe-server", s.nonce_c, s.nonce_s, claimed, id, self_name_)});
+  return out;
+}
+
+HandshakeStep Handshake::on_proof(Session& s, const Wire& wire) const {
+  std::optional<std::vector<std::string>> proof = parse_auth(wire, AuthKind::kProof, 1);
+  std::string expected =
+      pipe_proof(token_, "ferry-pipe-client", s.nonce_c, s.nonce_s, s.peer_name, s.peer, self_name_);
+  if (!proof || !auth::same_digest((*proof)[0], expected)) {
+    return refuse(s, "wrong job token (its proof does not match this worker's FERRY_AUTH_TOKEN)",
+                  absl::StrCat("the job token differs from worker \"", self_name_,
+                               "\"'s: set FERRY_AUTH_TOKEN to the same secret on every worker"));
+  }
+  HandshakeStep out;
+  out.kind = HandshakeStep::Kind::kAdmit;
+  out.reply = auth_message(AuthKind::kAccepted, {});
+  return out;
+}
+
+HandshakeStep Handshake::on_challenge(Session& s, const Wire& wire) const {
+  if (refusal(wire)) return on_verdict(s, wire);
+  std::optional<std::vector<std::string>> challenge = parse_auth(wire, AuthKind::kChallenge, 2);
+  HandshakeStep out;
+  if (!challenge) {
+    s.stage = Stage::kRefused;
+    out.kind = HandshakeStep::Kind::kFail;
+    out.failure = absl::UnauthenticatedError(
+        absl::StrCat("worker \"", s.peer_name, "\" did not answer the job-token hello with a challenge"));
+    return out;
+  }
+  s.nonce_s = (*challenge)[0];
+  s.acceptor_proved = auth::same_digest(
+      (*challenge)[1], pipe_proof(token_, "ferry-pipe-server", s.nonce_c, s.nonce_s, self_name_, self_id_, s.peer_name));
+  // Our proof goes even when the acceptor's does not check out, so that it logs why it
+  // refuses us too; our requests follow it only when the acceptor proved the token. The
+  // stage moves first: a transport may deliver the verdict inside the proof's write.
+  s.stage = Stage::kProved;
+  out.kind = HandshakeStep::Kind::kSend;
+  out.reply = auth_message(
+      AuthKind::kProof,
+      {pipe_proof(token_, "ferry-pipe-client", s.nonce_c, s.nonce_s, self_name_, self_id_, s.peer_name)});
+  out.flush = s.acceptor_proved;
+  return out;
+}
+
+HandshakeStep Handshake::on_verdict(Session& s, const Wire& wire) const {
+  HandshakeStep out;
+  if (std::optional<std::string> reason = refusal(wire)) {
+    out.failure = absl::UnauthenticatedError(
+        absl::StrCat("worker \"", s.peer_name, "\" refused this worker's pipe: ", *reason));
+  } else if (!parse_auth(wire, AuthKind::kAccepted, 0) || s.stage != Stage::kProved) {
+    out.failure =
+        absl::UnauthenticatedError(absl::StrCat("worker \"", s.peer_name, "\" sent no verdict on the job-token proof"));
+  } else if (!s.acceptor_proved) {
+    out.failure = absl::UnauthenticatedError(absl::StrCat(
+        "worker \"", s.peer_name, "\" could not prove it knows this worker's job token: ",
+        "FERRY_AUTH_TOKEN differs between the workers; set the same secret on every worker"));
+  } else {
+    s.stage = Stage::kOpen;
+    return out;
+  }
+  s.stage = Stage::kRefused;
+  out.kind = HandshakeStep::Kind::kFail;
+  return out;
 }
 
 }  // namespace ferry::internal

@@ -19,6 +19,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -26,6 +28,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "agents/core/session.h"
 #include "agents/core/transport.h"
 
 namespace ferry::internal {
@@ -54,5 +57,58 @@ std::string pipe_proof(std::string_view token, std::string_view role, std::strin
 // What an unauthenticated connection may announce: no tensors, at most
 // kMaxHandshakeBytes of metadata. kPermissionDenied saying what came.
 absl::Status check_handshake_size(uint64_t metadata_bytes, std::span<const uint64_t> tensor_bytes);
+
+// What a handshake step asks of the connection it ran on. The state machine changes
+// only the session; whoever runs it does what the step says, in this order: admit,
+// write `reply`, then flush or share.
+struct HandshakeStep {
+  enum class Kind {
+    kNone,    // nothing to do
+    kSend,    // opener: write `reply`; with `flush`, the requests queued behind it follow
+    kAdmit,   // acceptor: the opener proved (or, without a token, claimed) the id in the
+              // session: admit it, write `reply` if any, then let our calls share it
+    kRefuse,  // acceptor: log `why`, tell the opener `tell`, close once written
+    kFail,    // opener: the acceptor refused or failed us; the peer is lost with `failure`
+  };
+  Kind kind = Kind::kNone;
+  std::optional<Wire> reply;
+  bool flush = false;
+  std::string why;
+  std::string tell;
+  absl::Status failure;
+};
+
+// The job-token handshake as a pure state machine over a Session: it reads the
+// message, updates the session's stage and nonces, and returns what to do. It sends,
+// closes and calls nothing. Thread-compatible and immutable: one per agent, used from
+// every transport thread (a connection's events come one at a time).
+class Handshake {
+ public:
+  // `token` "" for none: every connection still opens with a hello naming its worker.
+  Handshake(std::string self_name, int self_id, std::string token);
+
+  bool uses_token() const { return !token_.empty(); }
+  // The session of a connection this worker opens to `peer`.
+  std::shared_ptr<Session> opener(int peer, std::string peer_name) const;
+  // The first message on it.
+  Wire hello(const Session& s) const;
+  // Checks an opener's claim (id, name) against the membership: OK, or why not.
+  using ClaimCheck = std::function<absl::Status(int id, const std::string& name)>;
+  // A handshake message (or, before authentication, anything) on a connection whose
+  // session is not open yet, or an auth message on an open one of ours (a refusal).
+  HandshakeStep step(Session& s, const Wire& wire, const ClaimCheck& check_claim) const;
+
+ private:
+  HandshakeStep on_hello(Session& s, const Wire& wire, const ClaimCheck& check_claim) const;
+  HandshakeStep on_proof(Session& s, const Wire& wire) const;
+  HandshakeStep on_challenge(Session& s, const Wire& wire) const;
+  HandshakeStep on_verdict(Session& s, const Wire& wire) const;
+  HandshakeStep refuse(Session& s, std::string why, std::string tell) const;
+  HandshakeStep no_token_hello() const;
+
+  const std::string self_name_;
+  const int self_id_;
+  const std::string token_;
+};
 
 }  // namespace ferry::internal

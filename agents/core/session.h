@@ -10,12 +10,12 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
+#include "agents/core/lock_order.h"
 #include "agents/core/transport.h"
 
 namespace ferry::internal {
@@ -62,26 +62,26 @@ struct Session {
   // lock on the hot path, set once under `mu` after `pending` went out.
   std::atomic<bool> open{false};
   // Outgoing: requests written while the handshake runs wait here, in order.
-  std::mutex mu;
-  std::vector<Outgoing> pending;  // guarded by mu
+  RankedMutex mu{LockRank::kSession};
+  std::vector<Outgoing> pending ABSL_GUARDED_BY(mu);
   // Outgoing: the requests (kRequest) written and not yet answered, by call id, and
   // those held back while as many are in flight as the peer takes
   // (AgentOptions::max_requests_in_flight): the caller, not the server, holds a flood.
-  absl::flat_hash_set<uint64_t> in_flight;  // guarded by mu
-  std::deque<Outgoing> held;                // guarded by mu
+  absl::flat_hash_set<uint64_t> in_flight ABSL_GUARDED_BY(mu);
+  std::deque<Outgoing> held ABSL_GUARDED_BY(mu);
   // Incoming: the requests taken from this connection and not yet answered.
   std::atomic<int> serving{0};
   // Incoming: reads are paused (Connection::pause_reads) while `serving` is at
   // AgentOptions::max_requests_in_flight. Changed only under flow_mu; read without it
   // by a reply, which takes flow_mu only when it may have to resume.
-  std::mutex flow_mu;
+  RankedMutex flow_mu{LockRank::kFlow};
   std::atomic<bool> reads_paused{false};
-  bool keepalive_armed = false;  // guarded by flow_mu: a kBusy timer is set
+  bool keepalive_armed ABSL_GUARDED_BY(flow_mu) = false;  // a kBusy timer is set
   // Incoming: `shareable` once the peer was told it is accepted (nothing of ours may
   // reach it before that verdict), `shared` once this worker's own calls to the peer
   // go on it too (Connection::carries_calls_to). A shared connection's reads are never
   // paused: the replies to our calls come on it. Both set under flow_mu.
-  bool shareable = false;
+  bool shareable ABSL_GUARDED_BY(flow_mu) = false;
   std::atomic<bool> shared{false};  // read without flow_mu
   // Outgoing: the peer's own calls came on it too (the peer shares it).
   std::atomic<bool> serves{false};
@@ -89,7 +89,13 @@ struct Session {
   // never shares a connection whose end was already handled as unshared); outgoing,
   // even before the core had it in its table (a connect that failed at once).
   std::atomic<bool> closed{false};
-  absl::Status closed_why;  // guarded by mu
+  absl::Status closed_why ABSL_GUARDED_BY(mu);
 };
+
+// "\"name\"" of the peer at the other end, or "an unnamed peer" before its hello.
+std::string describe(const Session& s);
+// Why the peer of a link of ours is lost when its connection ended for `why`: a plain
+// close or failure (kUnavailable, kCancelled) becomes kUnavailable naming the peer.
+absl::Status link_failure(const Session& s, absl::Status why);
 
 }  // namespace ferry::internal

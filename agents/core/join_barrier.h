@@ -1,0 +1,106 @@
+// File: agents/core/join_barrier.h
+//
+// JoinBarrier: how one agent's workers finish together (RpcAgent::join) and what the
+// agent knows of peers that were lost meanwhile. join() rounds run through the store
+// only: every worker is accounted for once under the round's keys, by itself when it
+// arrives or by any worker that saw it lost; the claim that accounts for the last sets
+// "done". A worker 0 that usually hosts the store leaves last.
+//
+// It also keeps the fates of a static group's lost members (a call to one fails at
+// once with why), and decides whether a peer that goes was lost or left: once a round
+// saw everyone arrive, peers that go now leave; while a round waits, a loss is
+// accounted in the store and told once it is known.
+//
+// It calls only the store and reads the membership. Threads: any; join() on the user's
+// thread that shuts down, the rest from transport, timer and pool threads.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "agents/core/lock_order.h"
+#include "agents/core/membership.h"
+#include "store/store.h"
+
+namespace ferry::internal {
+
+class JoinBarrier {
+ public:
+  // `store` and `members` outlive it; round keys go under `prefix` + "join/<n>/".
+  JoinBarrier(WorkerInfo self, Store& store, const Membership& members, std::string prefix,
+              std::chrono::milliseconds heartbeat);
+
+  // ---- Lost peers.
+  // Why worker `id` is gone, if it is a lost or retiring member.
+  std::optional<absl::Status> lost_status(int id) const;
+  // Records that `peer` was lost; whether this was the first time.
+  bool record_loss(int peer, absl::Status why);
+  // A member that is leaving: calls to it fail at once with `why`.
+  void retire(int id, absl::Status why);
+  void forget(int id);
+  // Once a round saw everyone arrive: a peer that goes now left.
+  bool departing() const { return departing_.load(); }
+  // What to tell of a member first recorded lost: kLeft or kLost now, or nothing yet
+  // (a round is waiting: the loss is accounted with `account` and told when it ends).
+  struct Verdict {
+    std::optional<MembershipChange> tell;
+    std::function<absl::Status()> account;  // run it on a pool thread, not a transport one
+  };
+  Verdict decide(const WorkerInfo& lost);
+
+  // ---- join().
+  struct Round {
+    std::string prefix;
+    int size = 0;
+  };
+  // The next round, for a group of `size` workers.
+  Round begin(int size);
+  // Arrives and waits until every worker is accounted for. A worker that never arrives
+  // and that nobody has a connection to is probed (`probe(id)`, which pings it): soon
+  // by the first to arrive, later by the others too.
+  absl::Status wait(const Round& round, std::chrono::steady_clock::time_point deadline,
+                    const std::function<void(int)>& probe);
+  // Ends the wait: the losses deferred while it ran, and whether each left (it arrived)
+  // or was lost.
+  std::vector<std::pair<WorkerInfo, MembershipChange>> end_wait(const Round& round, const absl::Status& waited);
+  // How many workers arrived in the round.
+  absl::StatusOr<int64_t> arrived(const Round& round);
+  // Leaves the round (worker 0 waits for every other to leave first), then says which
+  // workers were lost, if `arrived` falls short of the round's size.
+  absl::Status leave(const Round& round, int64_t arrived, std::chrono::steady_clock::time_point deadline);
+
+ private:
+  // Claims the fate of worker `id` ("arrived" for itself, else "lost") once per round;
+  // the claim that accounts for the last worker sets "done". The order of this worker's
+  // arrival (1: first) for its own claim, else 0.
+  absl::StatusOr<int64_t> account(const std::string& prefix, int id, bool arrived, int n);
+
+  const WorkerInfo self_;
+  Store& store_;
+  const Membership& members_;
+  const std::string prefix_;
+  const std::chrono::milliseconds heartbeat_;
+
+  mutable RankedMutex mu_{LockRank::kFates};
+  absl::flat_hash_map<int, absl::Status> lost_ ABSL_GUARDED_BY(mu_);
+  std::vector<WorkerInfo> deferred_ ABSL_GUARDED_BY(mu_);
+  std::string round_prefix_ ABSL_GUARDED_BY(mu_);  // the waiting round's keys
+  int round_size_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<bool> any_lost_{false};
+  std::atomic<bool> waiting_{false};
+  // Set under mu_ as a wait ends, so that decide() never calls lost a peer that left
+  // just as this worker's round ended.
+  std::atomic<bool> departing_{false};
+  std::atomic<int> generation_{0};
+};
+
+}  // namespace ferry::internal

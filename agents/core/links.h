@@ -1,0 +1,149 @@
+// File: agents/core/links.h
+//
+// Links: the connections of one agent (agents/core/agent.h), below everything that
+// uses them. It keeps
+//   - this worker's links: the connection its calls to each peer go on, one it opened
+//     (with the job-token hello of agents/core/handshake.h) or one the peer opened that
+//     carries calls both ways (Connection::carries_calls_to);
+//   - the connections peers opened: those still authenticating, at most
+//     kMaxUnauthenticated of them, each for at most the handshake timeout, and the
+//     authenticated ones by the id they proved;
+//   - flow control: at most max_requests_in_flight requests out per link (the rest held
+//     here, in order), and a peer's connection paused while it has that many served
+//     here (with a kBusy every quarter heartbeat so that its caller's heartbeat hears us).
+//
+// It calls only what is below it (the transport, the call table's timer, the pure
+// handshake) and reports upward through one callback: a peer found lost by a link whose
+// acceptor never answered the hello. Everything else it decides, it returns.
+//
+// Threads: any thread; `lost` runs on the call table's timer thread. Locks: kLinks and
+// kAccepted (agents/core/lock_order.h), and each connection's Session locks.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "agents/core/handshake.h"
+#include "agents/core/lock_order.h"
+#include "agents/core/membership.h"
+#include "agents/core/session.h"
+#include "agents/core/transport.h"
+
+namespace ferry::internal {
+
+class CallTable;
+
+class Links {
+ public:
+  struct Settings {
+    int max_requests_in_flight = 1024;
+    std::chrono::milliseconds heartbeat{0};
+    std::chrono::milliseconds handshake_timeout{0};
+  };
+  // `lost(peer, why)`: a link's acceptor sent no challenge within the handshake timeout.
+  // `owner` keeps this object alive while a timer task runs (the agent that holds it).
+  Links(std::string self_name, Transport& transport, CallTable& timer, const Handshake& handshake, Settings settings,
+        std::weak_ptr<void> owner, std::function<void(int peer, absl::Status why)> lost);
+
+  // ---- Sending.
+  // Writes `wire` to `peer` on its link, opening the link (and its handshake) on first
+  // use. `counted`: the call id of a kRequest, which waits for room under
+  // max_requests_in_flight; 0 for anything else.
+  void send(const PeerAddress& peer, Wire wire, uint64_t counted);
+  // A reply to request `id` came on `connection`: its room goes to the next held one.
+  void answered(const std::shared_ptr<Connection>& connection, uint64_t id);
+  // A message on `connection` that is a reply to one of our calls: its room is freed
+  // (answered) and its call id returned, read from the sealed header.
+  uint64_t take_reply(const std::shared_ptr<Connection>& connection, const Wire& wire);
+  // Lets the requests queued behind the handshake go, and later ones straight out.
+  void flush(const std::shared_ptr<Connection>& connection);
+  // Whether a connection carrying this worker's calls to `peer` is up.
+  bool linked_to(int peer) const;
+  // Takes `peer`'s link out of the table if it rides `connection`; whether it did.
+  bool forget(int peer, const Connection* connection);
+  // Takes `peer`'s link out and closes its connection. `left`: the peer left the group,
+  // and a connection that carries its own calls too stays open for it to close.
+  void drop(int peer, bool left = false);
+  // A link of ours whose handshake failed: out of the table and closed; whether it was
+  // still the peer's link (then the peer is lost).
+  bool unlink(const std::shared_ptr<Connection>& connection);
+
+  // ---- Connections peers opened.
+  // A new one: kept unauthenticated under the handshake deadline, or closed at once
+  // when kMaxUnauthenticated already wait.
+  void accept(const std::shared_ptr<Connection>& connection);
+  // Refuses it: logs `why`, tells the peer `tell`, closes once that is written.
+  void refuse(const std::shared_ptr<Connection>& connection, std::string_view why, std::string_view tell);
+  // It proved the id in its session (or, without a token, claimed it): requests on it
+  // are served from now on, and it speaks for that id here. `replace`: an older
+  // connection of the id is closed, and this worker's calls it carried fail.
+  void admit(const std::shared_ptr<Connection>& connection, bool replace);
+  // From now on this worker's own calls to the opener may go on it.
+  void allow_sharing(Connection& connection);
+  // Closes the authenticated connection `peer` opened here, if any.
+  void close_incoming(int peer);
+
+  // ---- Serving's flow control.
+  // A request was taken from `connection`: whether there was room under the cap (if
+  // not, it is not counted, and must be refused unrun); at the cap its reads pause.
+  bool take_request(const std::shared_ptr<Connection>& connection);
+  // One of its requests was answered: reads resume if they paused at the cap.
+  void request_done(Connection& connection);
+
+  // ---- Ends.
+  enum class Loss {
+    kNone,    // routine, or reported already
+    kLink,    // a connection carrying this worker's calls ended: the peer is lost
+    kCaller,  // the authenticated connection of a peer we have no link to ended
+    kOdd,     // nothing lost, but the reason is worth a line
+  };
+  Loss closed(const std::shared_ptr<Connection>& connection, const absl::Status& why);
+
+  // Counters for debug_info.
+  void debug_info(std::map<std::string, std::string>& info) const;
+  uint64_t refused() const { return handshakes_refused_.load(std::memory_order_relaxed); }
+  void count_refused() { handshakes_refused_.fetch_add(1, std::memory_order_relaxed); }
+
+ private:
+  struct Link {
+    std::shared_ptr<Session> session;
+    std::shared_ptr<Connection> connection;
+  };
+  std::shared_ptr<Connection> share_incoming(const PeerAddress& peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(links_mu_);
+  void open(const PeerAddress& peer, std::shared_ptr<Session> session);
+  void expect_challenge(const PeerAddress& peer, const std::shared_ptr<Session>& session);
+  void write_counted(const std::shared_ptr<Connection>& connection, Wire wire, uint64_t id);
+  void pause(const std::shared_ptr<Connection>& connection);
+  void keep_alive(const std::shared_ptr<Connection>& connection);
+
+  const std::string self_name_;
+  Transport& transport_;
+  CallTable& timer_;
+  const Handshake& handshake_;
+  const Settings settings_;
+  const std::weak_ptr<void> owner_;
+  const std::function<void(int, absl::Status)> lost_;
+
+  // A link's session exists from the first send on; its connection is null while
+  // connect() runs (outside the lock), and the sends meanwhile wait in the session, so
+  // one peer never gets two connections from us.
+  mutable RankedMutex links_mu_{LockRank::kLinks};
+  absl::flat_hash_map<int, Link> links_ ABSL_GUARDED_BY(links_mu_);
+  mutable RankedMutex accepted_mu_{LockRank::kAccepted};
+  absl::flat_hash_set<Connection*> unauthenticated_ ABSL_GUARDED_BY(accepted_mu_);
+  absl::flat_hash_map<int, std::weak_ptr<Connection>> authenticated_ ABSL_GUARDED_BY(accepted_mu_);
+
+  std::atomic<uint64_t> handshakes_refused_{0};
+  std::atomic<uint64_t> links_shared_{0};
+  std::atomic<uint64_t> reads_paused_{0};
+  std::atomic<uint64_t> requests_refused_{0};
+  std::atomic<int> serving_peak_{0};
+};
+
+}  // namespace ferry::internal
