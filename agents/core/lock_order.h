@@ -74,7 +74,7 @@ class ABSL_LOCKABLE RankedMutex {
 
  private:
   absl::Mutex mu_;
-  const LockRank rank_;
+  [[maybe_unused]] const LockRank rank_;  // checked in debug builds only
 };
 
 // Holds a RankedMutex for its scope.
