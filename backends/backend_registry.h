@@ -102,6 +102,10 @@ bool backend_registered(const std::string& name);
 // using the registry directly. Explicit, because a static library's self-registering
 // initializers are dropped by the linker.
 void register_builtin_backends();
+// Registers the built-in transports in the transport registry (agents/core/registry.h):
+// "ring", and TensorPipe's "shm", "ibv", "uv" (once; backends/builtin.cc lists them).
+// register_builtin_backends() and the TENSORPIPE backend call it.
+void register_builtin_transports();
 
 // The name of a KwargValue's type ("int64", "string", ...), for error messages.
 const char* kwarg_type_name(const KwargValue& value);

@@ -15,9 +15,16 @@
 //     return *t;
 //   }
 //   FERRY_RETURN_IF_ERROR(table().apply(kwargs, options));
+//
+// Options derived from AgentBackendOptions (backends/agent_backend_options.h) start
+// their table with agent_kwargs<MyOptions>(), and construct_options() is a whole
+// options constructor over a table.
 #pragma once
 
+#include <algorithm>
+#include <chrono>
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -43,6 +50,8 @@ struct KwargEntry {
   std::string key;
   const char* type = "";
   std::function<absl::Status(Options&, const KwargValue&)> apply;
+  // For a deprecated spelling kept for a release: the key that replaces it.
+  std::string deprecated_for = "";
 };
 
 // An entry for key `key` whose value must be a T; `set(options, value)` applies it and
@@ -54,6 +63,13 @@ KwargEntry<Options> kwarg(std::string key, Set set) {
                              [set = std::move(set)](Options& options, const KwargValue& value) -> absl::Status {
                                return set(options, std::get<T>(value));
                              }};
+}
+
+// `entry`, marked as a deprecated spelling of `replacement`.
+template <typename Options>
+KwargEntry<Options> deprecated(KwargEntry<Options> entry, std::string replacement) {
+  entry.deprecated_for = std::move(replacement);
+  return entry;
 }
 
 // A backend's table. Immutable once built, so thread-safe.
@@ -97,7 +113,9 @@ class KwargTable {
   // "key (type), ...": for documentation and errors.
   std::string known() const {
     return absl::StrJoin(entries_, ", ", [](std::string* out, const KwargEntry<Options>& e) {
-      absl::StrAppend(out, e.key, " (", e.type, ")");
+      absl::StrAppend(out, e.key, " (", e.type);
+      if (!e.deprecated_for.empty()) absl::StrAppend(out, ", deprecated: use ", e.deprecated_for);
+      absl::StrAppend(out, ")");
     });
   }
 
@@ -112,5 +130,45 @@ class KwargTable {
   std::string backend_;
   std::vector<KwargEntry<Options>> entries_;
 };
+
+// The keys of the settings every AgentBackendOptions has: num_worker_threads (int64),
+// heartbeat_ms (int64), auth_token (string).
+template <typename Options>
+std::vector<KwargEntry<Options>> agent_kwargs() {
+  return {
+      kwarg<Options, int64_t>("num_worker_threads",
+                              [](Options& o, int64_t n) {
+                                // Clamped only to fit an int: validate() says what the range is.
+                                o.num_worker_threads =
+                                    static_cast<int>(std::clamp<int64_t>(n, -1, Options::kMaxWorkerThreads + 1));
+                                return absl::OkStatus();
+                              }),
+      kwarg<Options, int64_t>("heartbeat_ms",
+                              [](Options& o, int64_t ms) {
+                                o.heartbeat = std::chrono::milliseconds(ms);
+                                return absl::OkStatus();
+                              }),
+      kwarg<Options, std::string>("auth_token",
+                                  [](Options& o, const std::string& token) {
+                                    o.auth_token = token;
+                                    return absl::OkStatus();
+                                  }),
+  };
+}
+
+// An options constructor over `table`: a default Options with `rpc_timeout` and
+// `init_method`, the keyword arguments applied, then Options::validate().
+template <typename Options>
+absl::StatusOr<std::unique_ptr<RpcBackendOptions>> construct_options(const KwargTable<Options>& table,
+                                                                     std::chrono::milliseconds rpc_timeout,
+                                                                     const std::string& init_method,
+                                                                     const Kwargs& kwargs) {
+  auto options = std::make_unique<Options>();
+  options->rpc_timeout = rpc_timeout;
+  options->init_method = init_method;
+  FERRY_RETURN_IF_ERROR(table.apply(kwargs, *options));
+  FERRY_RETURN_IF_ERROR(options->validate());
+  return options;
+}
 
 }  // namespace ferry

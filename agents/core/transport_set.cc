@@ -1,10 +1,20 @@
 #include "agents/core/transport_set.h"
 
 #include "absl/strings/str_cat.h"
+#include "base/logging.h"
 
 namespace ferry {
 
-TransportSet::TransportSet(std::vector<std::unique_ptr<Transport>> parts) : parts_(std::move(parts)) {}
+TransportSet::TransportSet(std::vector<std::unique_ptr<Transport>> parts, std::vector<Judge> judges)
+    : parts_(std::move(parts)), judges_(std::move(judges)) {
+  FERRY_CHECK(!parts_.empty()) << "a TransportSet needs at least one part";
+  FERRY_CHECK(judges_.empty() || judges_.size() == parts_.size()) << "a TransportSet needs one judge per part";
+}
+
+bool TransportSet::part_reaches(size_t i, const std::string& address) const {
+  if (!judges_.empty() && judges_[i] && !judges_[i](address)) return false;
+  return parts_[i]->reaches(address);
+}
 
 TransportSet::~TransportSet() { close(); }
 
@@ -25,14 +35,14 @@ absl::StatusOr<std::string> TransportSet::listen(std::weak_ptr<TransportEvents> 
 std::shared_ptr<Connection> TransportSet::connect(std::shared_ptr<internal::Session> session,
                                                   const std::string& peer_name, const std::string& address) {
   for (size_t i = 0; i + 1 < parts_.size(); ++i) {
-    if (parts_[i]->reaches(address)) return parts_[i]->connect(std::move(session), peer_name, address);
+    if (part_reaches(i, address)) return parts_[i]->connect(std::move(session), peer_name, address);
   }
   return parts_.back()->connect(std::move(session), peer_name, address);
 }
 
 bool TransportSet::reaches(const std::string& address) const {
-  for (const std::unique_ptr<Transport>& part : parts_) {
-    if (part->reaches(address)) return true;
+  for (size_t i = 0; i < parts_.size(); ++i) {
+    if (part_reaches(i, address)) return true;
   }
   return false;
 }

@@ -16,6 +16,7 @@
 // Threads: each part delivers its own connections' events on its own threads.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -27,8 +28,12 @@ namespace ferry {
 
 class TransportSet final : public Transport {
  public:
-  // `parts` is not empty.
-  explicit TransportSet(std::vector<std::unique_ptr<Transport>> parts);
+  // Whether a part may connect the worker whose record is the argument.
+  using Judge = std::function<bool(const std::string& record)>;
+
+  // `parts` is not empty; `judges` is empty or has one per part (an empty one
+  // leaves the part's reaches() alone to judge).
+  explicit TransportSet(std::vector<std::unique_ptr<Transport>> parts, std::vector<Judge> judges = {});
   ~TransportSet() override;
 
   absl::StatusOr<std::string> listen(std::weak_ptr<TransportEvents> events) override;
@@ -43,7 +48,10 @@ class TransportSet final : public Transport {
   const std::vector<std::unique_ptr<Transport>>& parts() const { return parts_; }
 
  private:
+  bool part_reaches(size_t i, const std::string& address) const;
+
   std::vector<std::unique_ptr<Transport>> parts_;
+  std::vector<Judge> judges_;  // empty, or one per part
 };
 
 // `transport` itself, or the first part of a TransportSet that is a T; null if none.

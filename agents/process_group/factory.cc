@@ -1,7 +1,6 @@
 #include "agents/process_group/factory.h"
 
 #include "absl/strings/str_cat.h"
-#include "base/auth.h"
 #include "agents/process_group/transport.h"
 #include "base/status.h"
 #include "cereal/types/string.hpp"
@@ -13,20 +12,11 @@ constexpr char kKeyPrefix[] = "ferry/rpc/pg/";
 
 }  // namespace
 
-absl::Status ProcessGroupAgentOptions::validate() const {
-  if (num_send_recv_threads < 1 || num_send_recv_threads > kMaxSendRecvThreads) {
-    return absl::InvalidArgumentError(absl::StrCat("num_send_recv_threads must be in [1, ", kMaxSendRecvThreads,
-                                                   "], got ", num_send_recv_threads));
-  }
-  if (rpc_timeout.count() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rpc_timeout must not be negative, got ", rpc_timeout.count(), " ms (zero means no timeout)"));
-  }
-  if (heartbeat_interval.count() < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("heartbeat_interval must be >= 0 ms (0: off), got ",
-                                                   heartbeat_interval.count(), " ms"));
-  }
-  return absl::OkStatus();
+AgentOptions process_group_agent_defaults() {
+  AgentOptions agent;
+  agent.num_worker_threads = 4;
+  agent.store_prefix = kKeyPrefix;
+  return agent;
 }
 
 absl::StatusOr<std::shared_ptr<Agent>> ProcessGroupAgent::start(std::shared_ptr<ProcessGroup> group,
@@ -36,22 +26,11 @@ absl::StatusOr<std::shared_ptr<Agent>> ProcessGroupAgent::start(std::shared_ptr<
                                                                           RequestHandler handler) {
   if (name.empty()) return absl::InvalidArgumentError("worker name is empty");
   if (group == nullptr) return absl::InvalidArgumentError("the process group is null");
-  FERRY_RETURN_IF_ERROR(options.validate());
   const int rank = group->rank();
   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<internal::ProcessGroupTransport> transport,
                          internal::ProcessGroupTransport::create(name, std::move(group),
-                                                                 options.num_send_recv_threads));
-  AgentOptions core_options;
-  core_options.auth_token = internal::auth::job_token(options.auth_token);
-  core_options.num_worker_threads = options.num_send_recv_threads;
-  core_options.rpc_timeout = options.rpc_timeout;
-  core_options.heartbeat = options.heartbeat_interval;
-  core_options.device_maps = std::move(options.device_maps);
-  core_options.reverse_device_maps = std::move(options.reverse_device_maps);
-  core_options.store_prefix = kKeyPrefix;
-  core_options.serves_inline = std::move(options.serves_inline);
-  core_options.max_requests_in_flight = options.max_requests_in_flight;
-  return Agent::start(WorkerInfo{std::move(name), rank}, std::move(store), std::move(core_options),
+                                                                 options.agent.num_worker_threads));
+  return Agent::start(WorkerInfo{std::move(name), rank}, std::move(store), std::move(options.agent),
                       std::move(handler), std::move(transport));
 }
 

@@ -7,7 +7,7 @@
 //
 //   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<ProcessGroup> group, ProcessGroup::create(store, rank, world_size));
 //   ProcessGroupAgentOptions options;
-//   options.num_send_recv_threads = 4;
+//   options.agent.num_worker_threads = 4;
 //   FERRY_ASSIGN_OR_RETURN(std::shared_ptr<Agent> agent,
 //                          ProcessGroupAgent::create(std::move(group), store, "worker0", options, handler));
 //
@@ -22,10 +22,10 @@
 // join-and-leave test does that) — but a worker outside the group cannot join: use
 // TensorPipeAgent for groups that grow.
 //
-// Threads: one receiver per other rank and num_send_recv_threads senders only move
-// bytes; requests, future callbacks and membership listeners run on a pool of
-// num_send_recv_threads threads (the seed's single knob); one timer thread fails calls
-// at their deadline.
+// Threads: one receiver per other rank and AgentOptions::num_worker_threads senders
+// only move bytes; requests, future callbacks and membership listeners run on a pool
+// of as many threads (the seed's single knob, num_send_recv_threads); one timer thread
+// fails calls at their deadline.
 #pragma once
 
 #include <chrono>
@@ -36,37 +36,24 @@
 
 #include "absl/status/statusor.h"
 #include "agents/core/agent.h"
+#include "agents/core/options.h"
 #include "device_maps/device_map.h"
 #include "process_group/process_group.h"
 #include "store/store.h"
 
 namespace ferry {
 
-struct ProcessGroupAgentOptions {
-  static constexpr int kMaxSendRecvThreads = 4096;
-  // Sender threads, and the threads running requests, continuations and listeners.
-  int num_send_recv_threads = 4;
-  // Default per-call timeout; zero means none.
-  std::chrono::milliseconds rpc_timeout{std::chrono::seconds(60)};
-  // Where this worker's CUDA tensors land on each peer, and the reverse maps replies
-  // travel back on (from the init handler).
-  DeviceMaps device_maps;
-  DeviceMaps reverse_device_maps;
-  // A peer with calls pending that sends nothing for this long is pinged, and lost when
-  // the ping goes unanswered as long again (see TensorPipeAgentSettings). Zero: off.
-  std::chrono::milliseconds heartbeat_interval{std::chrono::seconds(5)};
-  // Requests to serve on the receiving thread (see InlineFilter); unset: none.
-  InlineFilter serves_inline;
-  // See AgentOptions::max_requests_in_flight.
-  int max_requests_in_flight = 1024;
-  // The job token (docs/security.md): unset reads FERRY_AUTH_TOKEN; "" means none. With
-  // one, every rank's first message to another is the core's challenge-response
-  // (AgentOptions::auth_token).
-  std::optional<std::string> auth_token;
+// The agent settings a process-group agent starts from: AgentOptions' but 4 worker
+// threads (as many send) and the store keys under "ferry/rpc/pg/".
+AgentOptions process_group_agent_defaults();
 
-  // kInvalidArgument, saying what was expected: num_send_recv_threads outside
-  // [1, 4096], a negative rpc_timeout or heartbeat_interval.
-  absl::Status validate() const;
+// Thread-compatible.
+struct ProcessGroupAgentOptions {
+  // The agent's settings, checked by Agent::start; num_worker_threads is also the
+  // number of sender threads. AgentOptions::auth_token is used as given: no
+  // environment default. With a token, every rank's first message to another is the
+  // core's challenge-response.
+  AgentOptions agent = process_group_agent_defaults();
 };
 
 // The process-group agent's makers; it has no instances. The agent owns the group it

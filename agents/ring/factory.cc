@@ -21,6 +21,26 @@ std::unique_ptr<Transport> make_ring_transport(std::string name, RingOptions opt
   return std::make_unique<internal::RingTransport>(std::move(name), options);
 }
 
+bool ring_reaches(const std::string& record) {
+  // The record's format is read in one place, RingTransport::reaches; a transport that
+  // never listens holds no socket, memory map or thread, so one serves as the judge.
+  static const internal::RingTransport* judge = new internal::RingTransport("ring-reaches", RingOptions{});
+  return judge->reaches(record);
+}
+
+TransportEntry ring_transport_entry() {
+  TransportEntry entry;
+  entry.names = {"ring"};
+  entry.rank = 100;
+  entry.by_default = true;
+  entry.same_host_names = {"ring"};
+  entry.reaches = &ring_reaches;
+  entry.make = [](const TransportArgs& args) -> absl::StatusOr<std::unique_ptr<Transport>> {
+    return make_ring_transport(args.worker_name);
+  };
+  return entry;
+}
+
 absl::StatusOr<std::shared_ptr<Agent>> RingAgent::start(std::shared_ptr<Store> store, std::string name, int rank,
                                                         RingAgentOptions options, RequestHandler handler) {
   FERRY_RETURN_IF_ERROR(validate(options.ring));

@@ -12,8 +12,9 @@
 // A worker's record is "ring ring://<boot id>/<network namespace>/<socket>?probe=<pid>.
 // <address>.<value>" (hex): a peer reaches it only from the same boot of the same host
 // and the same network namespace.
-// TensorPipeAgent uses it for such peers when "ring" is among its transports
-// (agents/tensorpipe/factory.h); RingAgent makes an agent over the ring alone.
+// It registers as "ring" in the transport registry (agents/core/registry.h; one line
+// in backends/builtin.cc), so init_rpc reaches such peers through it, by default or
+// when "ring" is among `transports`; RingAgent makes an agent over the ring alone.
 //
 //   RingAgentOptions options;
 //   FERRY_ASSIGN_OR_RETURN(std::shared_ptr<Agent> a, RingAgent::create(store, "a", 0, 2, options, handler));
@@ -33,6 +34,7 @@
 
 #include "absl/status/statusor.h"
 #include "agents/core/agent.h"
+#include "agents/core/registry.h"
 #include "agents/core/transport.h"
 #include "store/store.h"
 
@@ -64,6 +66,16 @@ absl::Status validate(const RingOptions& options);
 
 // The ring transport alone (the transport conformance suite drives it).
 std::unique_ptr<Transport> make_ring_transport(std::string name, RingOptions options = {});
+
+// Whether a ring worker here can reach the worker whose address record is `record`:
+// it has a ring line from the same boot of this host and this network namespace.
+// Opens nothing; thread-safe.
+bool ring_reaches(const std::string& record);
+
+// The ring's registry entry: "ring", rank 100, a default that serves this host's
+// peers (so TensorPipe's shm is left out of the defaults), judged by ring_reaches.
+// The maker uses RingOptions' defaults (FERRY_RING_* variables).
+TransportEntry ring_transport_entry();
 
 struct RingAgentOptions {
   // The agent's settings (AgentOptions::auth_token is used as given).

@@ -14,18 +14,25 @@
 namespace ferry {
 namespace {
 
-const KwargTable<ProcessGroupRpcBackendOptions>& kwarg_table() {
-  using Options = ProcessGroupRpcBackendOptions;
-  static const auto* table = new KwargTable<Options>(
-      "PROCESS_GROUP",
-      {kwarg<Options, int64_t>("num_send_recv_threads",
-                               [](Options& o, int64_t n) {
-                                 // Clamped only to fit an int: validate() says what the range is.
-                                 o.num_send_recv_threads = static_cast<int>(
-                                     std::clamp<int64_t>(n, -1, ProcessGroupAgentOptions::kMaxSendRecvThreads + 1));
-                                 return absl::OkStatus();
-                               })},
-      /*device_kwargs=*/true);
+using Options = ProcessGroupRpcBackendOptions;
+
+const KwargTable<Options>& kwarg_table() {
+  static const auto* table = [] {
+    std::vector<KwargEntry<Options>> entries = agent_kwargs<Options>();
+    entries.push_back(deprecated(kwarg<Options, int64_t>("num_send_recv_threads",
+                                                         [](Options& o, int64_t n) {
+                                                           // Clamped only to fit an int: validate()
+                                                           // says what the range is.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+                                                           o.num_send_recv_threads = static_cast<int>(
+                                                               std::clamp<int64_t>(n, -1, Options::kMaxWorkerThreads + 1));
+#pragma GCC diagnostic pop
+                                                           return absl::OkStatus();
+                                                         }),
+                                 "num_worker_threads"));
+    return new KwargTable<Options>("PROCESS_GROUP", std::move(entries), /*device_kwargs=*/true);
+  }();
   return *table;
 }
 
@@ -56,11 +63,10 @@ class ProcessGroupGroup final : public internal::StaticGroup {
   absl::StatusOr<std::shared_ptr<Agent>> start_agent(const internal::StaticInit&, const DeviceSetup& setup,
                                                      int) override {
     ProcessGroupAgentOptions agent_options;
-    agent_options.num_send_recv_threads = options_.num_send_recv_threads;
-    agent_options.rpc_timeout = options_.rpc_timeout;
-    agent_options.device_maps = options_.device_maps();
-    agent_options.reverse_device_maps = setup.reverse_device_maps;
-    agent_options.serves_inline = args_.serves_inline;
+    agent_options.agent = options_.agent_options();
+    agent_options.agent.store_prefix = process_group_agent_defaults().store_prefix;
+    agent_options.agent.reverse_device_maps = setup.reverse_device_maps;
+    agent_options.agent.serves_inline = args_.serves_inline;
     return ProcessGroupAgent::create(group_, args_.store, args_.name, std::move(agent_options), args_.handler);
   }
 
@@ -72,21 +78,16 @@ class ProcessGroupGroup final : public internal::StaticGroup {
 
 }  // namespace
 
-absl::Status ProcessGroupRpcBackendOptions::validate() const {
-  ProcessGroupAgentOptions agent;
-  agent.num_send_recv_threads = num_send_recv_threads;
-  agent.rpc_timeout = rpc_timeout;
-  return agent.validate();
+AgentBackendOptions::Alias<int> ProcessGroupRpcBackendOptions::num_worker_threads_alias() const {
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  return {"num_send_recv_threads", num_send_recv_threads};
+#pragma GCC diagnostic pop
 }
 
 absl::StatusOr<std::unique_ptr<RpcBackendOptions>> construct_process_group_options(
     std::chrono::milliseconds rpc_timeout, const std::string& init_method, const Kwargs& kwargs) {
-  auto options = std::make_unique<ProcessGroupRpcBackendOptions>();
-  options->rpc_timeout = rpc_timeout;
-  options->init_method = init_method;
-  FERRY_RETURN_IF_ERROR(kwarg_table().apply(kwargs, *options));
-  FERRY_RETURN_IF_ERROR(options->validate());
-  return options;
+  return construct_options(kwarg_table(), rpc_timeout, init_method, kwargs);
 }
 
 absl::StatusOr<std::shared_ptr<RpcAgent>> init_process_group_backend(const BackendInitArgs& args) {

@@ -14,55 +14,53 @@
 //   5. an all-gather of "agent started or why not", which is also the barrier.
 //
 //   ProcessGroupRpcBackendOptions options;
-//   options.num_send_recv_threads = 8;
+//   options.num_worker_threads = 8;
 //   ferry::init_rpc("worker0", ferry::BackendType::PROCESS_GROUP, rank, world_size, options);
 #pragma once
 
-#include <concepts>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "backends/agent_backend_options.h"
 #include "backends/backend_registry.h"
-#include "device_maps/options.h"
 
 namespace ferry {
 
-// Thread-compatible.
-class ProcessGroupRpcBackendOptions final : public RpcBackendOptions {
+// Thread-compatible. Its settings are AgentBackendOptions' (threads, heartbeat, job
+// token, device maps); num_worker_threads is also the number of sender threads.
+class ProcessGroupRpcBackendOptions final : public AgentBackendOptions {
  public:
-  static constexpr int kDefaultNumSendRecvThreads = 4;
+  static constexpr int kDefaultNumWorkerThreads = 4;
+
+  // (The pragmas keep the deprecated member's own initialization and copies quiet:
+  // only a user's use of it warns.)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  ProcessGroupRpcBackendOptions() : AgentBackendOptions(kDefaultNumWorkerThreads) {}
+  ProcessGroupRpcBackendOptions(const ProcessGroupRpcBackendOptions&) = default;
+  ProcessGroupRpcBackendOptions(ProcessGroupRpcBackendOptions&&) = default;
+  ProcessGroupRpcBackendOptions& operator=(const ProcessGroupRpcBackendOptions&) = default;
+  ProcessGroupRpcBackendOptions& operator=(ProcessGroupRpcBackendOptions&&) = default;
+  ~ProcessGroupRpcBackendOptions() override = default;
+#pragma GCC diagnostic pop
+
   std::string backend_name() const override { return BackendType::PROCESS_GROUP.name; }
 
-  // Sender threads, and the threads that run requests and continuations: [1, 4096].
-  int num_send_recv_threads = kDefaultNumSendRecvThreads;
-
-  // Where this worker's CUDA tensors land on `worker` (device_maps/options.h).
-  [[nodiscard]] absl::Status set_device_map(std::string_view worker, const DeviceMapSpec& map) {
-    return device_map_options_.set_device_map(worker, map);
-  }
-  template <typename Map>
-    requires std::same_as<Map, DeviceMap>
-  [[nodiscard]] absl::Status set_device_map(std::string_view worker, const Map& map) {
-    return device_map_options_.set_device_map(worker, map);
-  }
-  [[nodiscard]] absl::Status set_devices(const std::vector<DeviceSpec>& devices) {
-    return device_map_options_.set_devices(devices);
-  }
-  const DeviceMaps& device_maps() const { return device_map_options_.device_maps(); }
-  const std::vector<Device>& devices() const { return device_map_options_.devices(); }
-
-  // kInvalidArgument, saying what was expected: num_send_recv_threads out of range, a
-  // negative rpc_timeout.
-  absl::Status validate() const;
+  // Deprecated spelling of num_worker_threads (the seed's and PyTorch's), kept for one
+  // release: set, it is used instead (setting both to different values is an error).
+  [[deprecated("use num_worker_threads")]] std::optional<int> num_send_recv_threads;
 
  private:
-  DeviceMapOptions device_map_options_;
+  Alias<int> num_worker_threads_alias() const override;
 };
 
-// PROCESS_GROUP's options constructor. Keyword arguments: num_send_recv_threads
-// (int64), device_maps (DeviceMaps), devices (vector<Device>). Errors
-// (kInvalidArgument): an unknown key (named, with the known ones), a value of the wrong
-// type (naming the key and both types), a value validate() refuses.
+// PROCESS_GROUP's options constructor. Keyword arguments: num_worker_threads (int64),
+// heartbeat_ms (int64), auth_token (string; unset: FERRY_AUTH_TOKEN), device_maps
+// (DeviceMaps), devices (vector<Device>); num_send_recv_threads (int64) is the
+// deprecated spelling of num_worker_threads. Errors (kInvalidArgument): an unknown key
+// (named, with the known ones), a value of the wrong type (naming the key and both
+// types), a value validate() refuses.
 absl::StatusOr<std::unique_ptr<RpcBackendOptions>> construct_process_group_options(
     std::chrono::milliseconds rpc_timeout, const std::string& init_method, const Kwargs& kwargs);
 

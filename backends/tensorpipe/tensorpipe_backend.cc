@@ -1,10 +1,8 @@
 #include "backends/tensorpipe/tensorpipe_backend.h"
 
-#include <algorithm>
-
 #include "absl/strings/str_cat.h"
 #include "agents/core/dynamic_group.h"
-#include "agents/tensorpipe/factory.h"
+#include "agents/core/registry.h"
 #include "backends/init_failures.h"
 #include "backends/kwargs.h"
 #include "backends/static_group.h"
@@ -15,54 +13,57 @@
 namespace ferry {
 namespace {
 
-const KwargTable<TensorPipeRpcBackendOptions>& kwarg_table() {
-  using Options = TensorPipeRpcBackendOptions;
-  static const auto* table = new KwargTable<Options>(
-      "TENSORPIPE",
-      {
-          kwarg<Options, int64_t>("num_worker_threads",
-                                  [](Options& o, int64_t n) {
-                                    // Clamped only to fit an int: validate() says what the range is.
-                                    o.num_worker_threads = static_cast<int>(
-                                        std::clamp<int64_t>(n, -1, TensorPipeAgentSettings::kMaxWorkerThreads + 1));
-                                    return absl::OkStatus();
-                                  }),
-          kwarg<Options, std::vector<std::string>>("transports",
-                                                   [](Options& o, const std::vector<std::string>& v) {
-                                                     o.transports = v;
-                                                     return absl::OkStatus();
-                                                   }),
-          kwarg<Options, std::vector<std::string>>("channels",
-                                                   [](Options& o, const std::vector<std::string>& v) {
-                                                     o.channels = v;
-                                                     return absl::OkStatus();
-                                                   }),
-          kwarg<Options, int64_t>("heartbeat_interval_ms",
-                                  [](Options& o, int64_t ms) {
-                                    o.heartbeat_interval = std::chrono::milliseconds(ms);
-                                    return absl::OkStatus();
-                                  }),
-          kwarg<Options, std::string>("auth_token",
-                                      [](Options& o, const std::string& token) {
-                                        o.auth_token = token;
-                                        return absl::OkStatus();
-                                      }),
-      },
-      /*device_kwargs=*/true);
+using Options = TensorPipeRpcBackendOptions;
+
+const KwargTable<Options>& kwarg_table() {
+  static const auto* table = [] {
+    std::vector<KwargEntry<Options>> entries = agent_kwargs<Options>();
+    entries.push_back(kwarg<Options, std::vector<std::string>>("transports",
+                                                               [](Options& o, const std::vector<std::string>& v) {
+                                                                 o.transports = v;
+                                                                 return absl::OkStatus();
+                                                               }));
+    entries.push_back(kwarg<Options, std::vector<std::string>>("channels",
+                                                               [](Options& o, const std::vector<std::string>& v) {
+                                                                 o.channels = v;
+                                                                 return absl::OkStatus();
+                                                               }));
+    entries.push_back(deprecated(kwarg<Options, int64_t>("heartbeat_interval_ms",
+                                                         [](Options& o, int64_t ms) {
+                                                           // The current spelling, so that one
+                                                           // given beside it must agree.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+                                                           o.heartbeat_interval = std::chrono::milliseconds(ms);
+#pragma GCC diagnostic pop
+                                                           return absl::OkStatus();
+                                                         }),
+                                 "heartbeat_ms"));
+    return new KwargTable<Options>("TENSORPIPE", std::move(entries), /*device_kwargs=*/true);
+  }();
   return *table;
 }
 
-// The agent options both kinds of group share.
-TensorPipeAgentOptions agent_options(const BackendInitArgs& args, const TensorPipeRpcBackendOptions& options,
-                                     std::chrono::milliseconds init_timeout) {
-  TensorPipeAgentOptions agent_options;
-  static_cast<TensorPipeAgentSettings&>(agent_options) = options;
-  agent_options.rpc_timeout = options.rpc_timeout;
-  agent_options.init_timeout = init_timeout;
-  agent_options.device_maps = options.device_maps();
-  agent_options.store_host = internal::store_host_of(*args.store);
-  agent_options.serves_inline = args.serves_inline;
-  return agent_options;
+// What the registry's makers get, less the names it chooses.
+TransportArgs transport_args(const BackendInitArgs& args, const Options& options, const AgentOptions& agent,
+                             int local_workers) {
+  TransportArgs t;
+  t.worker_name = args.name;
+  t.auth_token = agent.auth_token;
+  t.store_host = args.store ? internal::store_host_of(*args.store) : std::string();
+  t.local_workers = local_workers;
+  t.channels = options.channels;
+  return t;
+}
+
+// This worker's agent over the transports the registry makes for `options`.
+absl::StatusOr<std::shared_ptr<Agent>> start_agent(const BackendInitArgs& args, const Options& options,
+                                                   AgentOptions agent, int local_workers) {
+  agent.serves_inline = args.serves_inline;
+  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Transport> transport,
+                         make_transport(options.transports, transport_args(args, options, agent, local_workers)));
+  return Agent::start(WorkerInfo{args.name, args.rank}, args.store, std::move(agent), args.handler,
+                      std::move(transport));
 }
 
 // TENSORPIPE's part of a static group: the agent listens where the peers that reach
@@ -70,17 +71,15 @@ TensorPipeAgentOptions agent_options(const BackendInitArgs& args, const TensorPi
 // come from the second gather.
 class TensorPipeGroup final : public internal::StaticGroup {
  public:
-  TensorPipeGroup(const BackendInitArgs& args, const TensorPipeRpcBackendOptions& options)
-      : args_(args), options_(options) {}
+  TensorPipeGroup(const BackendInitArgs& args, const Options& options) : args_(args), options_(options) {}
 
   absl::StatusOr<std::shared_ptr<Agent>> start_agent(const internal::StaticInit& init, const DeviceSetup& setup,
                                                      int local_workers) override {
-    TensorPipeAgentOptions o = agent_options(args_, options_, init.timeout);
-    o.local_workers = local_workers;
-    o.store_prefix = init.prefix;
-    o.reverse_device_maps = setup.reverse_device_maps;
-    o.devices = setup.devices;
-    return TensorPipeAgent::start(args_.store, args_.name, args_.rank, o, args_.handler);
+    AgentOptions agent = options_.agent_options();
+    agent.store_prefix = init.prefix;
+    agent.reverse_device_maps = setup.reverse_device_maps;
+    agent.devices = setup.devices;
+    return ferry::start_agent(args_, options_, std::move(agent), local_workers);
   }
 
   absl::Status connect(Agent& agent, std::vector<PeerAddress> members) override {
@@ -89,28 +88,39 @@ class TensorPipeGroup final : public internal::StaticGroup {
 
  private:
   const BackendInitArgs& args_;
-  const TensorPipeRpcBackendOptions& options_;
+  const Options& options_;
 };
 
 }  // namespace
 
+absl::Status TensorPipeRpcBackendOptions::validate() const {
+  FERRY_RETURN_IF_ERROR(AgentBackendOptions::validate());
+  register_builtin_transports();
+  TransportArgs args;
+  args.channels = channels;
+  return check_transports(transports, args);
+}
+
+AgentBackendOptions::Alias<std::chrono::milliseconds> TensorPipeRpcBackendOptions::heartbeat_alias() const {
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  return {"heartbeat_interval", heartbeat_interval};
+#pragma GCC diagnostic pop
+}
+
 absl::StatusOr<std::unique_ptr<RpcBackendOptions>> construct_tensorpipe_options(std::chrono::milliseconds rpc_timeout,
                                                                                 const std::string& init_method,
                                                                                 const Kwargs& kwargs) {
-  auto options = std::make_unique<TensorPipeRpcBackendOptions>();
-  options->rpc_timeout = rpc_timeout;
-  options->init_method = init_method;
-  FERRY_RETURN_IF_ERROR(kwarg_table().apply(kwargs, *options));
-  FERRY_RETURN_IF_ERROR(options->validate());
-  return options;
+  return construct_options(kwarg_table(), rpc_timeout, init_method, kwargs);
 }
 
 absl::StatusOr<std::shared_ptr<RpcAgent>> init_tensorpipe_backend(const BackendInitArgs& args) {
-  const auto* options = dynamic_cast<const TensorPipeRpcBackendOptions*>(&args.options);
+  const auto* options = dynamic_cast<const Options*>(&args.options);
   if (options == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("TENSORPIPE backend got options of backend ",
                                                    args.options.backend_name()));
   }
+  register_builtin_transports();
   std::chrono::milliseconds init_timeout =
       options->rpc_timeout.count() > 0 ? options->rpc_timeout : std::chrono::milliseconds(std::chrono::minutes(5));
   if (args.world_size > 0) {
@@ -120,10 +130,8 @@ absl::StatusOr<std::shared_ptr<RpcAgent>> init_tensorpipe_backend(const BackendI
   }
   // A dynamic group (see agents/core/dynamic_group.h).
   FERRY_RETURN_IF_ERROR(options->validate());
-  FERRY_ASSIGN_OR_RETURN(
-      std::shared_ptr<Agent> agent,
-      TensorPipeAgent::start(args.store, args.name, args.rank, agent_options(args, *options, init_timeout),
-                             args.handler));
+  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<Agent> agent,
+                         start_agent(args, *options, options->agent_options(), /*local_workers=*/1));
   WorkerDeviceInfo mine;
   mine.name = args.name;
   mine.device_count = cuda_runtime()->device_count();

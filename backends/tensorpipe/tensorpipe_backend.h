@@ -7,58 +7,75 @@
 // the agents' addresses that doubles as the barrier. No pipe opens during init: each
 // opens on the first call between two workers.
 //
+// The agent's transport comes from the transport registry (agents/core/registry.h):
+// the transports `transports` names (else FERRY_TRANSPORTS, else the defaults: the ring
+// for peers on this host, TensorPipe's uv, and ibv where the hardware has it, across
+// hosts), each peer reached through the first of them that reaches it.
+//
 //   TensorPipeRpcBackendOptions options;
 //   options.num_worker_threads = 8;
 //   FERRY_RETURN_IF_ERROR(options.set_device_map("worker1", {{0, 1}}));   // cuda:0 -> cuda:1
 #pragma once
 
-#include <concepts>
+#include <chrono>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "agents/tensorpipe/factory.h"
+#include "backends/agent_backend_options.h"
 #include "backends/backend_registry.h"
-#include "device_maps/options.h"
 
 namespace ferry {
 
-// Thread-compatible. The agent's own settings (num_worker_threads, transports,
-// channels; see agents/tensorpipe/factory.h) are embedded, and checked by their
-// validate() when the options are constructed and again at init.
-class TensorPipeRpcBackendOptions final : public RpcBackendOptions, public TensorPipeAgentSettings {
+// Thread-compatible. The settings every backend shares (threads, heartbeat, job token,
+// device maps) are AgentBackendOptions'; validate() checks them and these, when the
+// options are constructed and again at init.
+class TensorPipeRpcBackendOptions final : public AgentBackendOptions {
  public:
+  static constexpr int kDefaultNumWorkerThreads = 16;
+
+  // (The pragmas keep the deprecated member's own initialization and copies quiet:
+  // only a user's use of it warns.)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  TensorPipeRpcBackendOptions() : AgentBackendOptions(kDefaultNumWorkerThreads) {}
+  TensorPipeRpcBackendOptions(const TensorPipeRpcBackendOptions&) = default;
+  TensorPipeRpcBackendOptions(TensorPipeRpcBackendOptions&&) = default;
+  TensorPipeRpcBackendOptions& operator=(const TensorPipeRpcBackendOptions&) = default;
+  TensorPipeRpcBackendOptions& operator=(TensorPipeRpcBackendOptions&&) = default;
+  ~TensorPipeRpcBackendOptions() override = default;
+#pragma GCC diagnostic pop
+
   std::string backend_name() const override { return BackendType::TENSORPIPE.name; }
 
-  // Where this worker's CUDA tensors land on `worker`; merged into what is there (see
-  // device_maps/options.h for the errors).
-  [[nodiscard]] absl::Status set_device_map(std::string_view worker, const DeviceMapSpec& map) {
-    return device_map_options_.set_device_map(worker, map);
-  }
-  // A template only so that a braced list such as {{Device::cuda(0), Device::cuda(1)}}
-  // is not ambiguous between the two overloads (as in device_maps/options.h).
-  template <typename Map>
-    requires std::same_as<Map, DeviceMap>
-  [[nodiscard]] absl::Status set_device_map(std::string_view worker, const Map& map) {
-    return device_map_options_.set_device_map(worker, map);
-  }
-  // The devices this worker's agent handles (default: those its maps name).
-  [[nodiscard]] absl::Status set_devices(const std::vector<DeviceSpec>& devices) {
-    return device_map_options_.set_devices(devices);
-  }
-  const DeviceMaps& device_maps() const { return device_map_options_.device_maps(); }
-  const std::vector<Device>& devices() const { return device_map_options_.devices(); }
+  // The transports, by the names they registered under (registered_transports();
+  // built in: ring, shm, ibv, uv); unset: FERRY_TRANSPORTS (comma-separated), else the
+  // defaults (the ring for this host's peers, then uv and ibv; not shm: the ring serves
+  // those peers).
+  std::optional<std::vector<std::string>> transports;
+  // TensorPipe's channels, a subset of {"xth", "cma", "mpt_uv", "basic"}; unset: the
+  // viable ones but mpt_uv.
+  std::optional<std::vector<std::string>> channels;
+
+  // Deprecated spelling of `heartbeat`, kept for one release: set, it is used instead
+  // (setting both to different values is an error).
+  [[deprecated("use heartbeat")]] std::optional<std::chrono::milliseconds> heartbeat_interval;
+
+  // AgentBackendOptions::validate(), then: kInvalidArgument for an empty transport
+  // list, a transport name not registered (naming those that are), a name listed
+  // twice, an unknown channel.
+  absl::Status validate() const override;
 
  private:
-  DeviceMapOptions device_map_options_;
+  Alias<std::chrono::milliseconds> heartbeat_alias() const override;
 };
 
 // TENSORPIPE's options constructor. Keyword arguments: num_worker_threads (int64),
+// heartbeat_ms (int64), auth_token (string; unset: the agent reads FERRY_AUTH_TOKEN),
 // transports, channels (vector<string>), device_maps (DeviceMaps), devices
-// (vector<Device>), heartbeat_interval_ms (int64), auth_token (string; unset: the
-// agent reads FERRY_AUTH_TOKEN). Errors (kInvalidArgument): an unknown key (named, with the known
-// ones), a value of the wrong type, settings that TensorPipeAgentSettings::validate()
-// refuses.
+// (vector<Device>); heartbeat_interval_ms (int64) is the deprecated spelling of
+// heartbeat_ms. Errors (kInvalidArgument): an unknown key (named, with the known ones),
+// a value of the wrong type, settings that validate() refuses.
 absl::StatusOr<std::unique_ptr<RpcBackendOptions>> construct_tensorpipe_options(std::chrono::milliseconds rpc_timeout,
                                                                                 const std::string& init_method,
                                                                                 const Kwargs& kwargs);

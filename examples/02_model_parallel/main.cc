@@ -154,7 +154,7 @@ absl::Status start_worker(const std::string& name, int rank, const std::string& 
   if (use_process_group) {
     ferry::ProcessGroupRpcBackendOptions options;
     options.init_method = init_method;
-    options.num_send_recv_threads = 2;
+    options.num_worker_threads = 2;
     FERRY_RETURN_IF_ERROR(set_maps(rank, options));
     return ferry::init_rpc(name, ferry::BackendType::PROCESS_GROUP, rank, kWorld, options);
   }

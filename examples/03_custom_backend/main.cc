@@ -44,8 +44,8 @@ absl::StatusOr<std::unique_ptr<ferry::RpcBackendOptions>> make_options(std::chro
 absl::StatusOr<std::shared_ptr<ferry::RpcAgent>> start_agent(const ferry::BackendInitArgs& args) {
   const auto& options = static_cast<const TcpOnlyOptions&>(args.options);
   ferry::TensorPipeAgentOptions agent_options;
-  agent_options.num_worker_threads = options.threads;
-  agent_options.rpc_timeout = options.rpc_timeout;
+  agent_options.agent.num_worker_threads = options.threads;
+  agent_options.agent.rpc_timeout = options.rpc_timeout;
   agent_options.transports = std::vector<std::string>{"uv"};
   agent_options.channels = std::vector<std::string>{"basic"};
   auto agent = ferry::TensorPipeAgent::create(args.store, args.name, args.rank, args.world_size, agent_options,

@@ -47,12 +47,12 @@ std::shared_ptr<Store> file_store(const std::string& dir, const std::string& nam
   return store.ok() ? std::shared_ptr<Store>(*std::move(store)) : nullptr;
 }
 
-TensorPipeAgentOptions options_with(std::optional<std::string> token) {
+TensorPipeAgentOptions options_with(std::string token) {
   TensorPipeAgentOptions options;
-  options.num_worker_threads = 2;
+  options.agent.num_worker_threads = 2;
   options.transports = std::vector<std::string>{"uv"};
   options.init_timeout = 30s;
-  options.auth_token = std::move(token);
+  options.agent.auth_token = std::move(token);
   return options;
 }
 
@@ -106,7 +106,7 @@ TEST(AgentAuthTest, SameTokenServesCalls) {
 
 // Rank 0 holds `token0` and rank 1 `token1`; each calls the other and must be refused,
 // and each logs why it refused the other's pipe (`log0`, `log1`).
-void expect_mismatch_refused(std::optional<std::string> token0, std::optional<std::string> token1,
+void expect_mismatch_refused(const std::string& token0, const std::string& token1,
                              const std::string& error0, const std::string& error1, const std::string& log0,
                              const std::string& log1) {
   TempDir dir;
@@ -150,7 +150,7 @@ TEST(AgentAuthTest, AnOpenerGivesUpOnAPeerThatNeverAnswersItsHello) {
     ASSERT_NE(store, nullptr);
     std::string name = "w" + std::to_string(rank);
     TensorPipeAgentOptions options = options_with("job-secret");
-    options.heartbeat_interval = 0ms;  // only the handshake's deadline can tell
+    options.agent.heartbeat = 0ms;  // only the handshake's deadline can tell
     auto agent = TensorPipeAgent::create(store, name, rank, 2, options, echo_handler(name));
     ASSERT_TRUE(agent.ok()) << agent.status();
     if (rank == 1) {
@@ -306,7 +306,7 @@ TEST(AgentAuthTest, AReplacementWorkerTakesOverAStalePipesId) {
     ASSERT_NE(store, nullptr);
     std::string name = "w" + std::to_string(rank);
     TensorPipeAgentOptions options = options_with("job-secret");
-    options.heartbeat_interval = 0ms;  // w0 must not find the stopped w1 lost by itself
+    options.agent.heartbeat = 0ms;  // w0 must not find the stopped w1 lost by itself
     auto agent = TensorPipeAgent::create(store, name, rank, 2, options, echo_handler(name));
     ASSERT_TRUE(agent.ok()) << agent.status();
     if (rank == 1) {
@@ -335,7 +335,7 @@ TEST(AgentAuthTest, ALostMembersIncomingPipeIsClosed) {
     ASSERT_NE(store, nullptr);
     std::string name = "w" + std::to_string(rank);
     TensorPipeAgentOptions options = options_with("job-secret");
-    options.heartbeat_interval = 300ms;
+    options.agent.heartbeat = 300ms;
     auto agent = TensorPipeAgent::create(store, name, rank, 2, options, echo_handler(name));
     ASSERT_TRUE(agent.ok()) << agent.status();
     ASSERT_TRUE(call(**agent, 1 - rank, "hi").ok());  // a pipe each way

@@ -84,9 +84,9 @@ AgentKind tensorpipe_kind(const std::string& transport, int cap = 1024, millisec
   TensorPipeAgentOptions options;
   options.transports = std::vector<std::string>{transport};
   options.init_timeout = seconds(20);
-  options.rpc_timeout = seconds(30);
-  options.heartbeat_interval = heartbeat;
-  options.max_requests_in_flight = cap;
+  options.agent.rpc_timeout = seconds(30);
+  options.agent.heartbeat = heartbeat;
+  options.agent.max_requests_in_flight = cap;
   return AgentKind{
       "tensorpipe_" + transport,
       [options](std::shared_ptr<Store> store, std::string name, int rank, int n, RequestHandler handler) {
@@ -102,9 +102,9 @@ AgentKind tensorpipe_kind(const std::string& transport, int cap = 1024, millisec
 
 AgentKind process_group_kind(int cap = 1024, milliseconds heartbeat = milliseconds(300)) {
   ProcessGroupAgentOptions options;
-  options.rpc_timeout = seconds(30);
-  options.heartbeat_interval = heartbeat;
-  options.max_requests_in_flight = cap;
+  options.agent.rpc_timeout = seconds(30);
+  options.agent.heartbeat = heartbeat;
+  options.agent.max_requests_in_flight = cap;
   auto group = [](std::shared_ptr<Store> store, int rank, int n) -> absl::StatusOr<std::shared_ptr<ProcessGroup>> {
     FERRY_ASSIGN_OR_RETURN(std::unique_ptr<ProcessGroup> g, ProcessGroup::create(std::move(store), rank, n, seconds(20)));
     return std::shared_ptr<ProcessGroup>(std::move(g));

@@ -1,5 +1,6 @@
 // The ring transport's own behaviour, beyond the conformance suites: hostile hellos on
-// its socket, where it reaches, in-place reads, and how TensorPipeAgent chooses it.
+// its socket, where it reaches, in-place reads. (How init_rpc chooses it:
+// tests/backends/transport_registry_test.cc.)
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -25,7 +26,6 @@
 #include "agents/ring/factory.h"
 #include "agents/ring/ring.h"
 #include "agents/ring/split_read.h"
-#include "agents/tensorpipe/factory.h"
 #include "base/future.h"
 #include "base/progress.h"
 #include "base/thread_role.h"
@@ -783,57 +783,6 @@ TEST(RingTransport, OptionsAreChecked) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("power of two")));
   EXPECT_OK(validate(RingOptions{.ring_bytes = 1 << 20}));
   EXPECT_OK(validate(RingOptions{}));
-}
-
-Message hi(const Message& m, const WorkerInfo&) {
-  Message reply(MessageType::kResponse, m.id());
-  reply.buffer() += "hi";
-  return reply;
-}
-
-// By default a worker reaches a peer on its host by the ring, and one that listens
-// only on TCP by TensorPipe's uv: the first part of its transports that reaches it.
-TEST(RingTransport, TensorPipeAgentUsesTheRingForPeersItReaches) {
-  auto store = std::make_shared<HashStore>();
-  TensorPipeAgentOptions defaults;
-  TensorPipeAgentOptions tcp_only;
-  tcp_only.transports = std::vector<std::string>{"uv"};
-  auto a = TensorPipeAgent::start(store, "a", 0, defaults, hi);
-  auto b = TensorPipeAgent::start(store, "b", 1, defaults, hi);
-  auto c = TensorPipeAgent::start(store, "c", 2, tcp_only, hi);
-  ASSERT_OK(a.status());
-  ASSERT_OK(b.status());
-  ASSERT_OK(c.status());
-  EXPECT_EQ(TensorPipeAgent::transports(**a).front(), "ring");
-  EXPECT_THAT(TensorPipeAgent::transports(**a), ::testing::Not(::testing::Contains("shm")));
-  EXPECT_THAT(TensorPipeAgent::transports(**c), ::testing::ElementsAre("uv"));
-  std::vector<PeerAddress> members;
-  for (auto* agent : {&*a, &*b, &*c}) members.push_back(PeerAddress{(*agent)->self(), (*agent)->address()});
-  for (auto* agent : {&*a, &*b, &*c}) ASSERT_OK((*agent)->set_members(members));
-  ASSERT_OK((*a)->send(1, Message(MessageType::kRequest, 0), seconds(20)).result().status());
-  ASSERT_OK((*a)->send(2, Message(MessageType::kRequest, 0), seconds(20)).result().status());
-  std::map<std::string, std::string> seen = (*a)->debug_info();
-  EXPECT_EQ(seen.at("ring_opened"), "1");  // to b; c is reached over TCP
-  EXPECT_EQ(seen.at("transports").substr(0, 5), "ring,");
-  for (auto* agent : {&*a, &*b, &*c}) (*agent)->shutdown();
-}
-
-TEST(RingTransport, FerryTransportsForcesTheChoice) {
-  auto store = std::make_shared<HashStore>();
-  setenv("FERRY_TRANSPORTS", "ring", 1);
-  auto ring_only = TensorPipeAgent::start(store, "a", 0, {}, hi);
-  setenv("FERRY_TRANSPORTS", "shm,uv", 1);
-  auto no_ring = TensorPipeAgent::start(store, "b", 1, {}, hi);
-  setenv("FERRY_TRANSPORTS", "ring,carrier-pigeon", 1);
-  auto bogus = TensorPipeAgent::start(store, "c", 2, {}, hi);
-  unsetenv("FERRY_TRANSPORTS");
-  ASSERT_OK(ring_only.status());
-  EXPECT_THAT(TensorPipeAgent::transports(**ring_only), ::testing::ElementsAre("ring"));
-  ASSERT_OK(no_ring.status());
-  EXPECT_THAT(TensorPipeAgent::transports(**no_ring), ::testing::ElementsAre("shm", "uv"));
-  EXPECT_THAT(bogus.status(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("carrier-pigeon")));
-  (*ring_only)->shutdown();
-  (*no_ring)->shutdown();
 }
 
 }  // namespace

@@ -86,9 +86,9 @@ TEST(TensorPipeAgent, RejectsBadOptions) {
   EXPECT_THAT(TensorPipeAgent::create(store, "a0", 0, 1, options, echo_handler("a0")),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unknown channel \"telepathy\"")));
   options = {};
-  options.num_worker_threads = 0;
+  options.agent.num_worker_threads = 0;
   EXPECT_THAT(TensorPipeAgent::create(store, "a0", 0, 1, options, echo_handler("a0")),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("num_worker_threads must be in [1, 4096], got 0")));
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("num_worker_threads must be at least 1, got 0")));
   EXPECT_THAT(TensorPipeAgent::create(store, "a0", 1, 1, {}, echo_handler("a0")),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rank 1 out of range")));
   EXPECT_THAT(TensorPipeAgent::create(store, "", 0, 1, {}, echo_handler("")),

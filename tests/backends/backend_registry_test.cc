@@ -94,9 +94,10 @@ TEST(TensorPipeOptions, KwargsAreTypedAndChecked) {
                                             {{"num_worker_thread", int64_t{3}}}),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("TENSORPIPE backend has no option \"num_worker_thread\" (expected one of: "
-                                 "num_worker_threads (int64), transports (vector<string>), channels "
-                                 "(vector<string>), heartbeat_interval_ms (int64), auth_token (string), "
-                                 "device_maps (device maps), devices (vector<Device>))")));
+                                 "num_worker_threads (int64), heartbeat_ms (int64), auth_token (string), "
+                                 "transports (vector<string>), channels (vector<string>), heartbeat_interval_ms "
+                                 "(int64, deprecated: use heartbeat_ms), device_maps (device maps), devices "
+                                 "(vector<Device>))")));
   EXPECT_THAT(construct_rpc_backend_options(BackendType::TENSORPIPE, kDefaultRpcTimeout, "env://",
                                             {{"num_worker_threads", std::string("four")}}),
               StatusIs(absl::StatusCode::kInvalidArgument,
@@ -106,6 +107,36 @@ TEST(TensorPipeOptions, KwargsAreTypedAndChecked) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("num_worker_threads must be in [1, 4096]")));
   EXPECT_THAT(construct_rpc_backend_options(BackendType::TENSORPIPE, std::chrono::milliseconds(-1)),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rpc_timeout must not be negative")));
+}
+
+// heartbeat_interval (the field) and heartbeat_interval_ms (the keyword) stay for a
+// release as deprecated spellings of heartbeat and heartbeat_ms.
+TEST(TensorPipeOptions, TheDeprecatedHeartbeatSpellingsStillWork) {
+  register_builtin_backends();
+  FERRY_ASSERT_OK_AND_ASSIGN(auto made, construct_rpc_backend_options(BackendType::TENSORPIPE, kDefaultRpcTimeout,
+                                                                      "env://", {{"heartbeat_ms", int64_t{250}}}));
+  EXPECT_EQ(dynamic_cast<TensorPipeRpcBackendOptions&>(*made).agent_options().heartbeat,
+            std::chrono::milliseconds(250));
+  FERRY_ASSERT_OK_AND_ASSIGN(made, construct_rpc_backend_options(BackendType::TENSORPIPE, kDefaultRpcTimeout, "env://",
+                                                                 {{"heartbeat_interval_ms", int64_t{300}}}));
+  EXPECT_EQ(dynamic_cast<TensorPipeRpcBackendOptions&>(*made).agent_options().heartbeat,
+            std::chrono::milliseconds(300));
+  EXPECT_THAT(construct_rpc_backend_options(BackendType::TENSORPIPE, kDefaultRpcTimeout, "env://",
+                                            {{"heartbeat_interval_ms", int64_t{-5}}}),
+              StatusIs(absl::StatusCode::kInvalidArgument, "heartbeat_interval must be >= 0 ms (0: off), got -5 ms"));
+  EXPECT_THAT(construct_rpc_backend_options(BackendType::TENSORPIPE, kDefaultRpcTimeout, "env://",
+                                            {{"heartbeat_interval_ms", int64_t{300}}, {"heartbeat_ms", int64_t{400}}}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "heartbeat_interval (deprecated) is 300 ms and heartbeat is 400 ms; set only heartbeat"));
+  TensorPipeRpcBackendOptions o;
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  o.heartbeat_interval = std::chrono::milliseconds(0);
+#pragma GCC diagnostic pop
+  ASSERT_OK(o.validate());
+  EXPECT_EQ(o.agent_options().heartbeat, std::chrono::milliseconds(0));
+  TensorPipeRpcBackendOptions copy = o;  // copies quietly
+  EXPECT_EQ(copy.agent_options().heartbeat, std::chrono::milliseconds(0));
 }
 
 TEST(TensorPipeOptions, DeviceMapSettersMergeAndReject) {

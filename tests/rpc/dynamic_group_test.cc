@@ -389,7 +389,7 @@ TEST(DynamicGroup, AStoppedMemberIsDroppedByTheNextJoiner) {
     auto coord = coordination(dir.path());
     TensorPipeRpcBackendOptions options = options_for(dir.path());
     options.rpc_timeout = seconds(8);  // the join's timeout too
-    options.heartbeat_interval = milliseconds(0);
+    options.heartbeat = milliseconds(0);
     if (rank == 1) {
       ASSERT_OK(coord->wait({"joined/0"}, seconds(30)));
     }

@@ -67,7 +67,7 @@ std::vector<Backend> backends() {
        [](const std::string& dir, int rank) {
          ProcessGroupRpcBackendOptions options;
          options.init_method = "file://" + dir + "/store";
-         options.num_send_recv_threads = 1;
+         options.num_worker_threads = 1;
          return init_rpc(name_of(rank), BackendType::PROCESS_GROUP, rank, 2, options);
        }},
   };

@@ -77,7 +77,7 @@ TEST(ProcessGroupRpc, TcpInitTwoWorkersTwoSendRecvThreads) {
     options.init_method = "tcp://127.0.0.1:" + std::to_string(port);
     // The fewest that nested calls allow: each worker's relay holds one pool thread while
     // the peer's relay needs one here.
-    options.num_send_recv_threads = 2;
+    options.num_worker_threads = 2;
     all_pairs_body(rank, 2, options);
   }));
 }
@@ -117,10 +117,10 @@ TEST(ProcessGroupRpc, InitFailureOnOneWorkerIsReportedEverywhere) {
     setenv("FERRY_SOCKET_IFNAME", "lo", 1);
     ProcessGroupRpcBackendOptions options;
     options.init_method = "file://" + dir.path() + "/store";
-    if (rank == 1) options.num_send_recv_threads = 0;
+    if (rank == 1) options.num_worker_threads = 0;
     EXPECT_THAT(init_rpc(name_of(rank), BackendType::PROCESS_GROUP, rank, 3, options),
                 StatusIs(absl::StatusCode::kInvalidArgument,
-                         HasSubstr("init_rpc failed on rank 1 (worker \"worker1\"): num_send_recv_threads must be in "
+                         HasSubstr("init_rpc failed on rank 1 (worker \"worker1\"): num_worker_threads must be in "
                                    "[1, 4096], got 0")));
   }));
 }
@@ -140,33 +140,71 @@ TEST(ProcessGroupRpcOptions, KwargsAreCheckedByName) {
   register_builtin_backends();
   EXPECT_TRUE(backend_registered("PROCESS_GROUP"));
   absl::StatusOr<std::unique_ptr<RpcBackendOptions>> options = construct_rpc_backend_options(
-      BackendType::PROCESS_GROUP, std::chrono::seconds(7), "tcp://h:1", {{"num_send_recv_threads", int64_t{9}}});
+      BackendType::PROCESS_GROUP, std::chrono::seconds(7), "tcp://h:1", {{"num_worker_threads", int64_t{9}}});
   ASSERT_OK(options.status());
   auto* pg = dynamic_cast<ProcessGroupRpcBackendOptions*>(options->get());
   ASSERT_NE(pg, nullptr);
-  EXPECT_EQ(pg->num_send_recv_threads, 9);
+  EXPECT_EQ(pg->num_worker_threads, 9);
   EXPECT_EQ(pg->rpc_timeout, std::chrono::seconds(7));
   EXPECT_EQ(pg->init_method, "tcp://h:1");
   EXPECT_EQ(pg->backend_name(), "PROCESS_GROUP");
   EXPECT_THAT(construct_rpc_backend_options(BackendType::PROCESS_GROUP, kDefaultRpcTimeout, "env://",
-                                            {{"num_worker_threads", int64_t{4}}}),
+                                            {{"num_worker_thread", int64_t{4}}}),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       "PROCESS_GROUP backend has no option \"num_worker_threads\" (expected one of: "
-                       "num_send_recv_threads (int64), device_maps (device maps), devices (vector<Device>))"));
+                       "PROCESS_GROUP backend has no option \"num_worker_thread\" (expected one of: "
+                       "num_worker_threads (int64), heartbeat_ms (int64), auth_token (string), "
+                       "num_send_recv_threads (int64, deprecated: use num_worker_threads), device_maps (device maps), "
+                       "devices (vector<Device>))"));
   EXPECT_THAT(construct_rpc_backend_options(BackendType::PROCESS_GROUP, kDefaultRpcTimeout, "env://",
-                                            {{"num_send_recv_threads", std::string("4")}}),
+                                            {{"num_worker_threads", std::string("4")}}),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       "PROCESS_GROUP option \"num_send_recv_threads\" must be int64, got string"));
+                       "PROCESS_GROUP option \"num_worker_threads\" must be int64, got string"));
   EXPECT_THAT(construct_rpc_backend_options(BackendType::PROCESS_GROUP, kDefaultRpcTimeout, "env://",
-                                            {{"num_send_recv_threads", int64_t{0}}}),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("num_send_recv_threads must be in [1, 4096]")));
+                                            {{"num_worker_threads", int64_t{0}}}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("num_worker_threads must be in [1, 4096]")));
   EXPECT_THAT(construct_rpc_backend_options(BackendType::PROCESS_GROUP, kDefaultRpcTimeout, "env://",
-                                            {{"num_send_recv_threads", int64_t{1} << 40}}),
+                                            {{"num_worker_threads", int64_t{1} << 40}}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("got 4097")));
+  EXPECT_THAT(construct_rpc_backend_options(BackendType::PROCESS_GROUP, kDefaultRpcTimeout, "env://",
+                                            {{"heartbeat_ms", int64_t{-1}}}),
+              StatusIs(absl::StatusCode::kInvalidArgument, "heartbeat must be >= 0 ms (0: off), got -1 ms"));
   // Options of the other built-in backend are refused by name.
   TensorPipeRpcBackendOptions tp;
   EXPECT_THAT(init_rpc("w0", BackendType::PROCESS_GROUP, 0, 1, tp),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("got options of backend TENSORPIPE")));
+}
+
+// num_send_recv_threads, the seed's spelling, stays for a release as a deprecated alias
+// of num_worker_threads: as a field and as a keyword argument, named in its errors.
+TEST(ProcessGroupRpcOptions, TheDeprecatedThreadSpellingStillWorks) {
+  register_builtin_backends();
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  ProcessGroupRpcBackendOptions options;
+  options.num_send_recv_threads = 3;
+  ASSERT_OK(options.validate());
+  EXPECT_EQ(options.agent_options().num_worker_threads, 3);
+  options.num_worker_threads = 5;
+  EXPECT_THAT(options.validate(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "num_send_recv_threads (deprecated) is 3 and num_worker_threads is 5; set only "
+                       "num_worker_threads"));
+  options.num_send_recv_threads = 0;
+  options.num_worker_threads = ProcessGroupRpcBackendOptions::kDefaultNumWorkerThreads;
+  EXPECT_THAT(options.validate(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                           "num_send_recv_threads must be in [1, 4096], got 0"));
+
+  absl::StatusOr<std::unique_ptr<RpcBackendOptions>> made = construct_rpc_backend_options(
+      BackendType::PROCESS_GROUP, kDefaultRpcTimeout, "env://", {{"num_send_recv_threads", int64_t{9}}});
+  ASSERT_OK(made.status());
+  auto* pg = dynamic_cast<ProcessGroupRpcBackendOptions*>(made->get());
+  ASSERT_NE(pg, nullptr);
+  EXPECT_EQ(pg->num_send_recv_threads, 9);
+  EXPECT_EQ(pg->agent_options().num_worker_threads, 9);
+#pragma GCC diagnostic pop
+  EXPECT_THAT(construct_rpc_backend_options(BackendType::PROCESS_GROUP, kDefaultRpcTimeout, "env://",
+                                            {{"num_send_recv_threads", int64_t{0}}}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("num_send_recv_threads must be in [1, 4096]")));
 }
 
 }  // namespace

@@ -270,8 +270,8 @@ BackendType register_tcp_only() {
         [](const BackendInitArgs& args) -> absl::StatusOr<std::shared_ptr<RpcAgent>> {
           const auto& o = static_cast<const TcpOnlyOptions&>(args.options);
           TensorPipeAgentOptions agent_options;
-          agent_options.num_worker_threads = o.threads;
-          agent_options.rpc_timeout = o.rpc_timeout;
+          agent_options.agent.num_worker_threads = o.threads;
+          agent_options.agent.rpc_timeout = o.rpc_timeout;
           agent_options.transports = std::vector<std::string>{"uv"};
           agent_options.channels = std::vector<std::string>{"basic"};
           auto agent = TensorPipeAgent::create(args.store, args.name, args.rank, args.world_size, agent_options,

@@ -154,13 +154,13 @@ void register_functions() {
 // does not ignore SIGPIPE yet (Call.KilledPeerFailsPendingCallsPromptly dies of it now
 // and then). Drop this once the agent does.
 void start(const std::string& dir, int rank, int world,
-           std::chrono::milliseconds heartbeat = TensorPipeAgentSettings().heartbeat_interval) {
+           std::chrono::milliseconds heartbeat = AgentBackendOptions::kDefaultHeartbeat) {
   register_functions();
   TensorPipeRpcBackendOptions options;
   options.init_method = "file://" + dir + "/store";
   options.num_worker_threads = 4;
   options.rpc_timeout = std::chrono::seconds(30);
-  options.heartbeat_interval = heartbeat;
+  options.heartbeat = heartbeat;
   ASSERT_OK(init_rpc(name_of(rank), rank, world, options));
 }
 

@@ -1,0 +1,68 @@
+#include "backends/agent_backend_options.h"
+
+#include "absl/strings/str_cat.h"
+#include "base/auth.h"
+#include "base/status.h"
+
+namespace ferry {
+namespace {
+
+// The setting from `current` (named `current_name`, `untouched` while it holds its
+// default) or from `alias`, the deprecated spelling.
+template <typename T, typename Resolved, typename Alias, typename Show>
+absl::StatusOr<Resolved> resolve(const char* current_name, T current, bool untouched, const Alias& alias, Show show) {
+  if (!alias.value) return Resolved{current_name, current};
+  if (!untouched && current != *alias.value) {
+    return absl::InvalidArgumentError(absl::StrCat(alias.name, " (deprecated) is ", show(*alias.value), " and ",
+                                                   current_name, " is ", show(current),
+                                                   "; set only ", current_name));
+  }
+  return Resolved{alias.name, *alias.value};
+}
+
+}  // namespace
+
+absl::StatusOr<AgentBackendOptions::Resolved<int>> AgentBackendOptions::threads() const {
+  return resolve<int, Resolved<int>>("num_worker_threads", num_worker_threads,
+                                     num_worker_threads == default_num_worker_threads_, num_worker_threads_alias(),
+                                     [](int n) { return absl::StrCat(n); });
+}
+
+absl::StatusOr<AgentBackendOptions::Resolved<std::chrono::milliseconds>> AgentBackendOptions::heartbeat_setting()
+    const {
+  return resolve<std::chrono::milliseconds, Resolved<std::chrono::milliseconds>>(
+      "heartbeat", heartbeat, heartbeat == kDefaultHeartbeat, heartbeat_alias(),
+      [](std::chrono::milliseconds ms) { return absl::StrCat(ms.count(), " ms"); });
+}
+
+absl::Status AgentBackendOptions::validate() const {
+  FERRY_ASSIGN_OR_RETURN(Resolved<int> n, threads());
+  if (n.value < 1 || n.value > kMaxWorkerThreads) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(n.name, " must be in [1, ", kMaxWorkerThreads, "], got ", n.value));
+  }
+  if (rpc_timeout.count() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rpc_timeout must not be negative, got ", rpc_timeout.count(), " ms (zero means no timeout)"));
+  }
+  FERRY_ASSIGN_OR_RETURN(Resolved<std::chrono::milliseconds> h, heartbeat_setting());
+  if (h.value.count() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(h.name, " must be >= 0 ms (0: off), got ", h.value.count(), " ms"));
+  }
+  return absl::OkStatus();
+}
+
+AgentOptions AgentBackendOptions::agent_options() const {
+  AgentOptions agent;
+  absl::StatusOr<Resolved<int>> n = threads();
+  agent.num_worker_threads = n.ok() ? n->value : num_worker_threads;
+  absl::StatusOr<Resolved<std::chrono::milliseconds>> h = heartbeat_setting();
+  agent.heartbeat = h.ok() ? h->value : heartbeat;
+  agent.rpc_timeout = rpc_timeout;
+  agent.auth_token = internal::auth::job_token(auth_token);
+  agent.device_maps = device_maps();
+  return agent;
+}
+
+}  // namespace ferry
