@@ -97,9 +97,9 @@ bool backend_registered(const std::string& name);
 [[nodiscard]] absl::StatusOr<std::shared_ptr<RpcAgent>> init_backend(const BackendType& backend,
                                                                      const BackendInitArgs& args);
 
-// Registers the built-in backends, TENSORPIPE and PROCESS_GROUP (once; later calls do
-// nothing; backends/builtin.cc lists them). init_rpc calls it; call it yourself before
-// using the registry directly. Explicit, because a static library's self-registering
+// Registers the built-in backends, TENSORPIPE and PROCESS_GROUP, and the built-in
+// transports (once; later calls do nothing; backends/builtin.cc lists them). init_rpc
+// calls it; call it yourself before using the registries directly. Explicit, because a static library's self-registering
 // initializers are dropped by the linker.
 void register_builtin_backends();
 // Registers the built-in transports in the transport registry (agents/core/registry.h):

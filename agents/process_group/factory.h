@@ -24,8 +24,8 @@
 //
 // Threads: one receiver per other rank and AgentOptions::num_worker_threads senders
 // only move bytes; requests, future callbacks and membership listeners run on a pool
-// of as many threads (the seed's single knob, num_send_recv_threads); one timer thread
-// fails calls at their deadline.
+// of as many threads (the seed's single knob, which it calls num_send_recv_threads);
+// one timer thread fails calls at their deadline.
 #pragma once
 
 #include <chrono>

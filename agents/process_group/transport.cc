@@ -515,18 +515,18 @@ ProcessGroupTransport::ProcessGroupTransport(std::shared_ptr<State> state) : sta
 ProcessGroupTransport::~ProcessGroupTransport() { close(); }
 
 absl::StatusOr<std::unique_ptr<ProcessGroupTransport>> ProcessGroupTransport::create(
-    std::string name, std::shared_ptr<ProcessGroup> group, int num_send_recv_threads) {
+    std::string name, std::shared_ptr<ProcessGroup> group, int sender_threads) {
   if (group == nullptr) return absl::InvalidArgumentError("the process group is null");
   if (!group->is_member()) return absl::InvalidArgumentError("this process is not a member of the process group");
-  if (num_send_recv_threads < 1) {
+  if (sender_threads < 1) {
     return absl::InvalidArgumentError(
-        absl::StrCat("num_send_recv_threads must be at least 1, got ", num_send_recv_threads));
+        absl::StrCat("num_worker_threads (the sender threads) must be at least 1, got ", sender_threads));
   }
   auto state = std::make_shared<State>();
   state->name = std::move(name);
   state->rank = group->rank();
   state->world = group->world_size();
-  state->num_threads = num_send_recv_threads;
+  state->num_threads = sender_threads;
   state->group = std::move(group);
   {
     absl::MutexLock lock(&state->mu);  // not shared yet; for the analysis
@@ -660,7 +660,7 @@ std::map<std::string, std::string> ProcessGroupTransport::debug_info() const {
   return {{"transport", "process_group"},
           {"rank", std::to_string(s.rank)},
           {"process_group_size", std::to_string(s.world)},
-          {"num_send_recv_threads", std::to_string(s.num_threads)},
+          {"sender_threads", std::to_string(s.num_threads)},
           {"frames_sent", std::to_string(s.frames_sent.load())},
           {"frames_received", std::to_string(s.frames_received.load())},
           {"bytes_sent", std::to_string(s.bytes_sent.load())},

@@ -15,7 +15,7 @@
 // that rank only — Gloo fails a receive posted on one peer's connection when that
 // connection breaks, but never tells a receive from any source, so per-peer receivers
 // are what lets a lost peer fail its calls at once — and, per other rank, a queue and
-// num_send_recv_threads senders that take frames from it and wait until the receiver
+// `sender_threads` senders that take frames from it and wait until the receiver
 // has them. Sends carry no Gloo timeout (one would break the group for every rank): a
 // rank that stops reading holds up only its own senders, until the core closes its link
 // (its heartbeat declared it lost) or close() gives up on them (ProcessGroup::cancel_sends).
@@ -45,11 +45,11 @@ absl::StatusOr<int> rank_of_process_group_address(const std::string& address);
 class ProcessGroupTransport final : public Transport {
  public:
   // Worker `name` over `group` (shared: close() shuts it down, since that is the only
-  // way to end a Gloo receive). Errors: a null group, a non-member handle,
-  // num_send_recv_threads < 1.
+  // way to end a Gloo receive), with `sender_threads` senders (the agent's
+  // num_worker_threads). Errors: a null group, a non-member handle, sender_threads < 1.
   static absl::StatusOr<std::unique_ptr<ProcessGroupTransport>> create(std::string name,
                                                                        std::shared_ptr<ProcessGroup> group,
-                                                                       int num_send_recv_threads);
+                                                                       int sender_threads);
   ~ProcessGroupTransport() override;
 
   absl::StatusOr<std::string> listen(std::weak_ptr<TransportEvents> events) override;

@@ -14,15 +14,19 @@
 #include <vector>
 
 #include "agents/tensorpipe/factory.h"
+#include "backends/agent_backend_options.h"
 #include "rpc/ferry.h"
 
 namespace {
 
-// The backend's options: what construct_rpc_backend_options builds from kwargs.
-class TcpOnlyOptions final : public ferry::RpcBackendOptions {
+// The backend's options: what construct_rpc_backend_options builds from kwargs. It
+// derives from AgentBackendOptions, so it has the agent's settings every backend shares
+// (num_worker_threads, heartbeat, auth_token, device maps) and turns them into the
+// agent's options (the job token read from FERRY_AUTH_TOKEN when unset).
+class TcpOnlyOptions final : public ferry::AgentBackendOptions {
  public:
+  TcpOnlyOptions() : AgentBackendOptions(/*default_num_worker_threads=*/2) {}
   std::string backend_name() const override { return "TCP_ONLY"; }
-  int threads = 2;
 };
 
 absl::StatusOr<std::unique_ptr<ferry::RpcBackendOptions>> make_options(std::chrono::milliseconds rpc_timeout,
@@ -36,16 +40,17 @@ absl::StatusOr<std::unique_ptr<ferry::RpcBackendOptions>> make_options(std::chro
     if (key != "threads" || threads == nullptr) {
       return absl::InvalidArgumentError("TCP_ONLY takes one option, \"threads\" (int64); got \"" + key + "\"");
     }
-    options->threads = static_cast<int>(*threads);
+    options->num_worker_threads = static_cast<int>(*threads);
   }
+  absl::Status valid = options->validate();
+  if (!valid.ok()) return valid;
   return options;
 }
 
 absl::StatusOr<std::shared_ptr<ferry::RpcAgent>> start_agent(const ferry::BackendInitArgs& args) {
   const auto& options = static_cast<const TcpOnlyOptions&>(args.options);
   ferry::TensorPipeAgentOptions agent_options;
-  agent_options.agent.num_worker_threads = options.threads;
-  agent_options.agent.rpc_timeout = options.rpc_timeout;
+  agent_options.agent = options.agent_options();
   agent_options.transports = std::vector<std::string>{"uv"};
   agent_options.channels = std::vector<std::string>{"basic"};
   auto agent = ferry::TensorPipeAgent::create(args.store, args.name, args.rank, args.world_size, agent_options,
