@@ -89,6 +89,31 @@ enum class MembershipChange {
 // Called with the worker concerned and what happened to it.
 using MembershipListener = std::function<void(const WorkerInfo& worker, MembershipChange change)>;
 
+// A worker a call goes to, looked up once by name (RpcAgent::resolve) and handed to
+// send(), so that a call resolves its destination once. It holds what the agent
+// resolved (ferry's agent: the worker's entry in the membership of that moment, which
+// it keeps alive); meant for one call, not to be kept (an agent that sees the
+// membership changed since looks the worker up again by id).
+class Destination {
+ public:
+  // `info` points into `entry`, which `resolver` (the agent) made at membership
+  // version `version`.
+  Destination(const WorkerInfo* info, std::shared_ptr<const void> entry, const void* resolver, uint64_t version)
+      : info_(info), entry_(std::move(entry)), resolver_(resolver), version_(version) {}
+
+  const WorkerInfo& info() const { return *info_; }
+  int id() const { return info_->id; }
+  const void* entry() const { return entry_.get(); }
+  const void* resolver() const { return resolver_; }
+  uint64_t version() const { return version_; }
+
+ private:
+  const WorkerInfo* info_;
+  std::shared_ptr<const void> entry_;
+  const void* resolver_;
+  uint64_t version_;
+};
+
 // Thread-safe: every method may be called from any thread.
 class RpcAgent {
  public:
@@ -103,6 +128,19 @@ class RpcAgent {
   // message's id is assigned by the agent.
   virtual Future<Message> send(int to, Message message,
                                std::optional<std::chrono::milliseconds> timeout = std::nullopt) = 0;
+  // The worker named `name`, looked up once for send(const Destination&); kNotFound
+  // (kUnavailable for one that left or was lost) as worker_info(name).
+  virtual absl::StatusOr<Destination> resolve(std::string_view name) const {
+    absl::StatusOr<WorkerInfo> info = worker_info(name);
+    if (!info.ok()) return info.status();
+    auto owned = std::make_shared<const WorkerInfo>(*std::move(info));
+    return Destination(owned.get(), owned, nullptr, 0);
+  }
+  // send() to a worker resolve() gave, without looking it up again.
+  virtual Future<Message> send(const Destination& to, Message message,
+                               std::optional<std::chrono::milliseconds> timeout = std::nullopt) {
+    return send(to.id(), std::move(message), timeout);
+  }
 
   virtual const WorkerInfo& self() const = 0;
   // kNotFound when no worker has that name / id.

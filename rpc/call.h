@@ -94,13 +94,13 @@ template <typename R, typename... Args>
 Future<internal::WireOf<R>> call_async(RpcAgent& agent, std::string_view to, std::string_view fn,
                                        std::optional<std::chrono::milliseconds> timeout, const Args&... args) {
   using W = internal::WireOf<R>;
-  absl::StatusOr<WorkerInfo> dst = agent.worker_info(to);
+  absl::StatusOr<Destination> dst = agent.resolve(to);
   if (!dst.ok()) return make_ready_future<W>(internal::no_such_worker(agent, dst.status()));
-  internal::OutgoingCall call(agent, dst->id);
+  internal::OutgoingCall call(agent, dst->id());
   absl::StatusOr<Message> request = internal::make_request_checked<R>(fn, args...);
   if (!request.ok()) return make_ready_future<W>(request.status());
   std::vector<std::shared_ptr<const void>> keep = call.take_keep_alive();
-  Future<Message> reply = agent.send(dst->id, *std::move(request), timeout);
+  Future<Message> reply = agent.send(*dst, *std::move(request), timeout);
   // Decoding never blocks, so it may run on the transport thread; the user's own
   // continuations on the returned future still run on the agent's pool.
   if (keep.empty()) {
@@ -116,13 +116,13 @@ Future<internal::WireOf<R>> call_async(RpcAgent& agent, std::string_view to, std
 template <typename R, typename... Args>
 R call_sync(RpcAgent& agent, std::string_view to, std::string_view fn,
             std::optional<std::chrono::milliseconds> timeout, const Args&... args) {
-  absl::StatusOr<WorkerInfo> dst = agent.worker_info(to);
+  absl::StatusOr<Destination> dst = agent.resolve(to);
   if (!dst.ok()) throw RpcError(internal::no_such_worker(agent, dst.status()));
-  internal::OutgoingCall call(agent, dst->id);
+  internal::OutgoingCall call(agent, dst->id());
   absl::StatusOr<Message> request = internal::make_request_checked<R>(fn, args...);
   if (!request.ok()) throw RpcError(request.status());
   // Wait on the reply itself and decode here: no continuation, no extra future.
-  Future<Message> reply = agent.send(dst->id, *std::move(request), timeout);
+  Future<Message> reply = agent.send(*dst, *std::move(request), timeout);
   absl::StatusOr<internal::WireOf<R>> value = internal::decode_reply<R>(reply.result());
   if (!value.ok()) throw RpcError(value.status());
   if constexpr (!std::is_void_v<R>) return *std::move(value);

@@ -240,16 +240,26 @@ std::vector<WorkerInfo> Agent::worker_infos() const {
 
 // ---- Calls.
 
-Future<Message> Agent::send(int to, Message message, std::optional<std::chrono::milliseconds> timeout) {
-  if (shut_down_.load(std::memory_order_relaxed)) {
-    return make_ready_future<Message>(absl::CancelledError("the agent shut down"));
-  }
+std::optional<absl::Status> Agent::refuse_call() const {
+  if (shut_down_.load(std::memory_order_relaxed)) return absl::CancelledError("the agent shut down");
   if (internal::serving_inline()) {
-    return make_ready_future<Message>(absl::FailedPreconditionError(absl::StrCat(
+    return absl::FailedPreconditionError(absl::StrCat(
         self_.name, ": a function served inline made a call; inline functions run on the transport thread, "
                     "which must deliver that call's reply, so they must not make calls or block "
-                    "(register the function to run on the worker pool instead)")));
+                    "(register the function to run on the worker pool instead)"));
   }
+  return std::nullopt;
+}
+
+Future<Message> Agent::send(int to, Message message, std::optional<std::chrono::milliseconds> timeout) {
+  if (std::optional<absl::Status> refused = refuse_call()) return make_ready_future<Message>(*std::move(refused));
+  return outbox_->send(to, std::move(message), timeout);
+}
+
+absl::StatusOr<Destination> Agent::resolve(std::string_view name) const { return outbox_->resolve(name); }
+
+Future<Message> Agent::send(const Destination& to, Message message, std::optional<std::chrono::milliseconds> timeout) {
+  if (std::optional<absl::Status> refused = refuse_call()) return make_ready_future<Message>(*std::move(refused));
   return outbox_->send(to, std::move(message), timeout);
 }
 

@@ -140,6 +140,10 @@ class Agent final : public RpcAgent, public TransportEvents, public std::enable_
   // RpcAgent.
   Future<Message> send(int to, Message message,
                        std::optional<std::chrono::milliseconds> timeout = std::nullopt) override;
+  // The worker's entry in the membership, for send(const Destination&) to use as is.
+  absl::StatusOr<Destination> resolve(std::string_view name) const override;
+  Future<Message> send(const Destination& to, Message message,
+                       std::optional<std::chrono::milliseconds> timeout = std::nullopt) override;
   const WorkerInfo& self() const override { return self_; }
   absl::StatusOr<WorkerInfo> worker_info(std::string_view name) const override;
   absl::StatusOr<WorkerInfo> worker_info(int id) const override;
@@ -171,6 +175,8 @@ class Agent final : public RpcAgent, public TransportEvents, public std::enable_
 
   // Runs the handshake's step for a message on a connection not open yet.
   void handshake(const std::shared_ptr<Connection>& connection, const Wire& wire);
+  // Why a call made now cannot go, if it cannot: shut down, or made by an inline function.
+  std::optional<absl::Status> refuse_call() const;
   absl::Status check_claim(int id, const std::string& name) const;
   // What every object below reports: `peer` is lost (or, after join, left).
   void on_peer_lost(int peer, absl::Status why);

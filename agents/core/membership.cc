@@ -69,7 +69,9 @@ absl::Status Membership::add(std::vector<Member> members) {
     next->by_id.emplace(id, std::move(m));
   }
   next->version = now->version + 1;
+  const uint64_t version = next->version;
   table_.store(std::move(next));
+  version_.store(version, std::memory_order_release);
   return absl::OkStatus();
 }
 
@@ -84,7 +86,9 @@ absl::StatusOr<Member> Membership::remove(int id, MembershipChange why) {
   next->ids_by_name.erase(removed.info.name);
   next->departed[removed.info.name] = {id, why};
   next->version = now->version + 1;
+  const uint64_t version = next->version;
   table_.store(std::move(next));
+  version_.store(version, std::memory_order_release);
   return removed;
 }
 

@@ -12,6 +12,7 @@
 //   const Member* m = now->find(1);
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -69,6 +70,9 @@ class Membership {
 
   // The current table; never null.
   std::shared_ptr<const Table> snapshot() const { return table_.load(); }
+  // The current table's version, without taking it: whether an entry taken from an
+  // earlier snapshot is still current.
+  uint64_t version() const { return version_.load(std::memory_order_acquire); }
 
   // Adds workers in one step (a static group's whole table at once). Errors
   // (kAlreadyExists), with nothing changed: a name or an id already a member, or used
@@ -82,6 +86,7 @@ class Membership {
  private:
   absl::Mutex write_mu_;  // one writer at a time; readers load table_ without it
   SharedSlot<const Table> table_;
+  std::atomic<uint64_t> version_{0};
 };
 
 }  // namespace ferry::internal

@@ -34,6 +34,27 @@ Future<Message> Outbox::send(int to, Message message, std::optional<std::chrono:
   std::shared_ptr<const Membership::Table> table = members_.snapshot();
   const Member* peer = table->find(to);
   if (peer == nullptr) return make_ready_future<Message>(table->absent(to));
+  return send(*peer, std::move(message), timeout);
+}
+
+Future<Message> Outbox::send(const Destination& to, Message message, std::optional<std::chrono::milliseconds> timeout) {
+  // An entry this agent resolved, with the membership unchanged since: no second lookup.
+  if (to.resolver() == this && to.version() == members_.version()) {
+    return send(*static_cast<const Member*>(to.entry()), std::move(message), timeout);
+  }
+  return send(to.id(), std::move(message), timeout);
+}
+
+absl::StatusOr<Destination> Outbox::resolve(std::string_view name) const {
+  std::shared_ptr<const Membership::Table> table = members_.snapshot();
+  const Member* m = table->find(name);
+  if (m == nullptr) return table->absent(name);
+  return Destination(&m->info, std::shared_ptr<const void>(table, m), this, table->version);
+}
+
+Future<Message> Outbox::send(const Member& member, Message message, std::optional<std::chrono::milliseconds> timeout) {
+  const Member* peer = &member;
+  const int to = peer->info.id;
   if (std::optional<absl::Status> lost = fates_.lost_status(to)) return make_ready_future<Message>(*std::move(lost));
   Wire wire;
   wire.tensors = std::move(message.tensors());

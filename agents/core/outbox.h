@@ -20,6 +20,7 @@
 #include <optional>
 
 #include "absl/status/status.h"
+#include "agents/core/membership.h"
 #include "agents/core/transport.h"
 #include "agents/rpc_agent.h"
 #include "base/future.h"
@@ -33,7 +34,6 @@ class CallTable;
 class Channels;
 class JoinBarrier;
 class Links;
-class Membership;
 class ThreadPool;
 
 class Outbox {
@@ -46,6 +46,10 @@ class Outbox {
 
   // Sends `message` to worker `to`; the future completes with its reply or why not.
   Future<Message> send(int to, Message message, std::optional<std::chrono::milliseconds> timeout);
+  // The same, to a worker resolve() gave: looked up once, unless the membership
+  // changed since.
+  absl::StatusOr<Destination> resolve(std::string_view name) const;
+  Future<Message> send(const Destination& to, Message message, std::optional<std::chrono::milliseconds> timeout);
   // A reply (kResponse, kError or kBusy) from `peer`.
   void on_reply(int peer, Wire wire);
   // Later calls fail with kCancelled; calls made meanwhile too.
@@ -53,6 +57,7 @@ class Outbox {
   bool stopped() const { return stopped_.load(std::memory_order_relaxed); }
 
  private:
+  Future<Message> send(const Member& peer, Message message, std::optional<std::chrono::milliseconds> timeout);
   void complete(int peer, std::vector<std::string> targets, absl::StatusOr<Message> reply);
 
   const WorkerInfo self_;
