@@ -1,5 +1,6 @@
 // The agent core's pieces on their own: the job-token handshake as a pure state machine
-// (two sides run against each other with no transport), and the lock order's check.
+// (two sides run against each other with no transport), the lock order's check, and a
+// call's destination resolved once.
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
@@ -7,6 +8,8 @@
 #include "agents/core/handshake.h"
 #include "agents/core/lock_order.h"
 #include "agents/core/session.h"
+#include "agents/inproc/factory.h"
+#include "store/hash_store.h"
 
 namespace ferry::internal {
 namespace {
@@ -137,3 +140,45 @@ TEST(LockOrderDeathTest, TakingALowerRankWhileHoldingAHigherAbortsNamingBoth) {
 
 }  // namespace
 }  // namespace ferry::internal
+
+// ---- One lookup per call: a Destination the agent resolved is used as is.
+
+
+namespace ferry {
+namespace {
+
+Message echo_handler(const Message& request, const WorkerInfo&) {
+  Message reply(MessageType::kResponse, request.id());
+  return reply;
+}
+
+TEST(Destination, ASendToAResolvedWorkerReachesItAndAStaleOneIsLookedUpAgain) {
+  auto store = std::make_shared<HashStore>();
+  InprocAgentOptions options;
+  absl::StatusOr<std::shared_ptr<Agent>> a = InprocAgent::start(store, "a", 0, options, echo_handler);
+  absl::StatusOr<std::shared_ptr<Agent>> b = InprocAgent::start(store, "b", 1, options, echo_handler);
+  ASSERT_TRUE(a.ok() && b.ok());
+  std::vector<PeerAddress> members{{WorkerInfo{"a", 0}, (*a)->address()}, {WorkerInfo{"b", 1}, (*b)->address()}};
+  ASSERT_TRUE((*a)->set_members(members).ok());
+  ASSERT_TRUE((*b)->set_members(members).ok());
+
+  absl::StatusOr<Destination> to_b = (*a)->resolve("b");
+  ASSERT_TRUE(to_b.ok()) << to_b.status();
+  EXPECT_EQ(to_b->info(), (WorkerInfo{"b", 1}));
+  EXPECT_EQ(to_b->resolver() != nullptr, true);
+  EXPECT_TRUE((*a)->send(*to_b, Message(MessageType::kRequest, 0), std::chrono::seconds(10)).status().ok());
+
+  absl::StatusOr<Destination> nobody = (*a)->resolve("nobody");
+  EXPECT_EQ(nobody.status().code(), absl::StatusCode::kNotFound);
+
+  // b leaves after a resolved it: the entry is stale, and the send says b left.
+  ASSERT_TRUE((*a)->remove_member(1, MembershipChange::kLeft).ok());
+  absl::Status stale = (*a)->send(*to_b, Message(MessageType::kRequest, 0), std::chrono::seconds(10)).status();
+  EXPECT_EQ(stale.code(), absl::StatusCode::kUnavailable) << stale;
+  EXPECT_NE(stale.message().find("left"), std::string::npos) << stale;
+  (*a)->shutdown();
+  (*b)->shutdown();
+}
+
+}  // namespace
+}  // namespace ferry
