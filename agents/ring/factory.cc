@@ -1,21 +1,10 @@
 #include "agents/ring/factory.h"
 
-#include "absl/strings/str_cat.h"
 #include "agents/core/static_members.h"
 #include "agents/ring/transport.h"
 #include "base/status.h"
 
 namespace ferry {
-
-absl::Status validate(const RingOptions& options) {
-  const size_t rb = options.ring_bytes;
-  if (rb != 0 && (rb < 4096 || rb > (size_t{1} << 30) || (rb & (rb - 1)) != 0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ring_bytes must be a power of two in [4096, 1073741824] (FERRY_RING_KB in [4, 1048576]), got ",
-                     rb));
-  }
-  return absl::OkStatus();
-}
 
 std::unique_ptr<Transport> make_ring_transport(std::string name, RingOptions options) {
   return std::make_unique<internal::RingTransport>(std::move(name), options);

@@ -27,42 +27,17 @@
 #pragma once
 
 #include <chrono>
-#include <cstddef>
 #include <memory>
-#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "agents/core/agent.h"
 #include "agents/core/registry.h"
 #include "agents/core/transport.h"
+#include "agents/ring/options.h"
 #include "store/store.h"
 
 namespace ferry {
-
-struct RingOptions {
-  // Bytes of each direction's ring: a power of two in [4 KiB, 1 GiB]. Unset (0):
-  // FERRY_RING_KB, else 256 KiB.
-  size_t ring_bytes = 0;
-  // Tensors at least this large are read in place from the sender when the peer allows
-  // it. Unset (0): FERRY_RING_IN_PLACE_KB, else 64 KiB. SIZE_MAX: never.
-  size_t in_place_bytes = 0;
-  // With at least this many connections, a poll reads only the rings whose peer
-  // announced something new (a bit in this worker's bell) instead of checking every
-  // ring: 256 workers on one host each have 510. Unset (0): 16. 1: always.
-  size_t news_from = 0;
-  // A tensor read in place of at least this many bytes is read by two threads at once,
-  // each copying half, while the host is not crowded: one thread's copy is bound by the
-  // core, not the memory. Unset (0): FERRY_RING_SPLIT_KB, else 8 MiB. SIZE_MAX: never.
-  size_t split_bytes = 0;
-  // Whether a connection a peer opened carries this worker's calls to that peer too
-  // (Connection::carries_calls_to), so that two workers calling each other share one
-  // connection instead of opening two. Unset: FERRY_RING_TWO_WAY (0 or 1), else yes.
-  std::optional<bool> two_way = std::nullopt;
-};
-
-// Checks `options` as given (before defaults): kInvalidArgument saying what was wrong.
-absl::Status validate(const RingOptions& options);
 
 // The ring transport alone (the transport conformance suite drives it).
 std::unique_ptr<Transport> make_ring_transport(std::string name, RingOptions options = {});

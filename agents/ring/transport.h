@@ -24,10 +24,16 @@
 #include <string>
 
 #include "agents/core/transport.h"
-#include "agents/ring/factory.h"
+#include "agents/ring/options.h"
 
 namespace ferry::internal {
 
+namespace ring {
+struct Endpoint;
+}  // namespace ring
+
+// Thread-safe, as Transport requires. Owns its endpoint (agents/ring/endpoint.h) and
+// joins the endpoint's threads in close() (the destructor calls it).
 class RingTransport final : public Transport {
  public:
   RingTransport(std::string name, RingOptions options);
@@ -40,10 +46,8 @@ class RingTransport final : public Transport {
   void close() override;
   std::map<std::string, std::string> debug_info() const override;
 
-  struct Endpoint;
-
  private:
-  std::shared_ptr<Endpoint> endpoint_;
+  std::shared_ptr<ring::Endpoint> endpoint_;
 };
 
 }  // namespace ferry::internal

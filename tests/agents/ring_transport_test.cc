@@ -8,8 +8,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <csignal>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -24,8 +26,10 @@
 #include "absl/strings/str_split.h"
 #include "agents/core/transport_set.h"
 #include "agents/ring/factory.h"
+#include "agents/ring/protocol.h"
 #include "agents/ring/ring.h"
 #include "agents/ring/split_read.h"
+#include "agents/ring/unix_socket.h"
 #include "base/future.h"
 #include "base/progress.h"
 #include "base/thread_role.h"
@@ -54,18 +58,18 @@ std::string socket_name(const std::string& record) {
 
 int connect_raw(const std::string& name) {
   int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path + 1, name.data(), name.size());
-  socklen_t len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
+  sockaddr_un addr;
+  socklen_t len = internal::ring::abstract_address(name, addr);
+  if (len == 0 || connect(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
     close(fd);
     return -1;
   }
   return fd;
 }
 
-// The hello's layout as the transport reads it (agents/ring/transport.cc).
+// The hello's layout as the transport reads it (internal::ring::Packet), spelled out
+// here so that a change of the wire format shows in this test; the defaults make a
+// valid hello.
 struct Hello {
   uint32_t magic = 0x676e6972;
   uint32_t version = 4;
@@ -77,23 +81,11 @@ struct Hello {
   uint64_t probe_addr = 0;
   uint64_t probe_value = 0;
 };
+static_assert(sizeof(Hello) == sizeof(internal::ring::Packet));
 
-void send_with_fds(int fd, const void* data, size_t size, std::vector<int> fds) {
-  iovec iov{const_cast<void*>(data), size};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int))] = {};
-  if (!fds.empty()) {
-    msg.msg_control = control;
-    msg.msg_controllen = CMSG_SPACE(fds.size() * sizeof(int));
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(fds.size() * sizeof(int));
-    std::memcpy(CMSG_DATA(c), fds.data(), fds.size() * sizeof(int));
-  }
-  ASSERT_EQ(sendmsg(fd, &msg, MSG_NOSIGNAL), static_cast<ssize_t>(size));
+// Sends one packet with `fds`, as a peer's handshake does.
+void send_with_fds(int fd, const void* data, size_t size, const std::vector<int>& fds) {
+  ASSERT_TRUE(internal::ring::send_with_fds(fd, data, size, fds)) << strerror(errno);
 }
 
 int memfd_of(size_t bytes, bool sealed) {
@@ -370,25 +362,9 @@ TEST(RingSplitReader, AHalfThatCannotBeReadFailsTheRead) {
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr(absl::StrCat("process ", child))));
 }
 
-// Reads one packet from `fd`, with the descriptors it carries.
+// Waits for one packet from `fd`, with the descriptors it carries.
 ssize_t receive_with_fds(int fd, void* data, size_t size, std::vector<int>& fds) {
-  iovec iov{data, size};
-  alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
-  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-    size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-    for (size_t i = 0; i < count; ++i) {
-      int got = -1;
-      std::memcpy(&got, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-      fds.push_back(got);
-    }
-  }
-  return n;
+  return internal::ring::receive_with_fds(fd, data, size, fds, /*wait=*/true);
 }
 
 // The connector's hello says whether it reads the acceptor in place (it read the probe
@@ -401,10 +377,9 @@ TEST(RingTransport, AConnectorReadsInPlaceBeforeTheAcceptorReplies) {
   static uint64_t probe = 0x5eed5eed12345678;
   const std::string name = absl::StrCat("ferry-test-raw-acceptor.", getpid());
   int listener = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path + 1, name.data(), name.size());
-  socklen_t len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  sockaddr_un addr;
+  socklen_t len = ring::abstract_address(name, addr);
+  ASSERT_NE(len, 0u);
   ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), len), 0);
   ASSERT_EQ(listen(listener, 4), 0);
   std::string scope = a.address.substr(std::string("ring ring://").size());
@@ -637,18 +612,10 @@ TEST(RingTransport, APeerThatKeepsClearingTheBellDelaysOthersOnlyBriefly) {
   ASSERT_GE(fd, 0);
   // The hub's reply carries its bell.
   Hello reply;
-  iovec iov{&reply, sizeof(reply)};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  ASSERT_EQ(recvmsg(fd, &msg, MSG_CMSG_CLOEXEC), static_cast<ssize_t>(sizeof(reply)));
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  ASSERT_NE(c, nullptr);
-  int hub_bell_fd = -1;
-  std::memcpy(&hub_bell_fd, CMSG_DATA(c), sizeof(int));
+  std::vector<int> reply_fds;
+  ASSERT_EQ(receive_with_fds(fd, &reply, sizeof(reply), reply_fds), static_cast<ssize_t>(sizeof(reply)));
+  ASSERT_EQ(reply_fds.size(), 1u);
+  const int hub_bell_fd = reply_fds[0];
   void* mapped = mmap(nullptr, internal::ring::kBellBytes, PROT_READ | PROT_WRITE, MAP_SHARED, hub_bell_fd, 0);
   ASSERT_NE(mapped, MAP_FAILED);
   auto* bell = static_cast<internal::ring::Bell*>(mapped);
