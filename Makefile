@@ -9,6 +9,8 @@
 #               over the agent, rpc and multi-process tests (docs/checks.md)
 #   make fuzz   builds the libFuzzer targets (clang, in build-fuzz) and runs each for
 #               FUZZ_SECONDS
+#   make check-layers  every #include of the library folders points down the layers
+#               (scripts/check_layers.py, README.md "Layout"); test-plain runs it first
 BUILD      ?= build
 SAN_BUILD  ?= build-san
 FUZZ_BUILD ?= build-fuzz
@@ -27,7 +29,7 @@ LINE_TABLES := -DCMAKE_C_FLAGS_RELWITHDEBINFO='-O2 -g1 -DNDEBUG' -DCMAKE_CXX_FLA
 # CUDA's runtime maps memory where ASan's shadow gap would be.
 SAN_ENV    := ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
-.PHONY: all deps build demo test test-plain test-san test-tsan fuzz fuzz-build fuzz-smoke clean
+.PHONY: all deps build demo test test-plain test-san test-tsan fuzz fuzz-build fuzz-smoke check-layers clean
 
 all: build
 
@@ -56,7 +58,12 @@ prune = $(if $(PRUNE_BUILDS),rm -rf $(1))
 # CI red, while a real failure still does. The first failure stays in the log.
 CTEST_RETRY ?= --repeat until-pass:2
 
-test-plain: build
+# The self-test first: a check that catches nothing planted would pass any tree.
+check-layers:
+	python3 scripts/check_layers.py --self-test
+	python3 scripts/check_layers.py
+
+test-plain: check-layers build
 	ctest --test-dir $(BUILD) -j $(JOBS) --output-on-failure $(CTEST_RETRY) $(CTEST_ARGS)
 	$(call prune,$(BUILD))
 
