@@ -1,6 +1,7 @@
 #include "agents/ring/factory.h"
 
 #include "agents/core/static_members.h"
+#include "agents/ring/record.h"
 #include "agents/ring/transport.h"
 #include "base/status.h"
 
@@ -11,10 +12,9 @@ std::unique_ptr<Transport> make_ring_transport(std::string name, RingOptions opt
 }
 
 bool ring_reaches(const std::string& record) {
-  // The record's format is read in one place, RingTransport::reaches; a transport that
-  // never listens holds no socket, memory map or thread, so one serves as the judge.
-  static const internal::RingTransport* judge = new internal::RingTransport("ring-reaches", RingOptions{});
-  return judge->reaches(record);
+  // As RingTransport::reaches judges: the record's format is read in record.h only.
+  internal::ring::RingRecord r;
+  return internal::ring::parse_record(record, r) && r.scope == internal::ring::host_scope();
 }
 
 TransportEntry ring_transport_entry() {

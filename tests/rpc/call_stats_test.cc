@@ -58,7 +58,13 @@ TEST(CallStats, CountsOnBothSidesAfterRealCalls) {
       for (int i = 0; i < kFails; ++i) {
         EXPECT_THROW(call_sync<int32_t>(*agent, "worker1", "fail", std::nullopt, int32_t{i}), RpcError);
       }
+      // A made call's end is recorded just after its result is set (the caller does not
+      // wait for it), so the last call's may still be on its way.
       StatsSnapshot s = agent->stats();
+      for (auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+           s.made_in_flight != 0 && std::chrono::steady_clock::now() < give_up; s = agent->stats()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
       EXPECT_EQ(s.worker, "worker0");
       EXPECT_EQ(s.by_function["add"].made, uint64_t{kAdds});
       EXPECT_EQ(s.by_function["add"].made_errors, 0u);
