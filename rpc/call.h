@@ -51,6 +51,7 @@ Message make_request(std::string_view fn, size_t inline_bytes, const Args&... ar
   Message m(MessageType::kRequest, 0);
   PayloadWriter w(m, inline_bytes);
   write_string(w, fn);
+  m.set_function_size(fn.size());
   write_string(w, cached_call_signature<R, Args...>());
   (w(args), ...);
   return m;

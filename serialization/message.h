@@ -41,10 +41,15 @@ const char* message_type_name(MessageType type);
 class Message {
  public:
   // Wire header: magic (2 bytes), version (1), type (1), timeout in ms (4; 0: none),
-  // id (8).
-  static constexpr size_t kHeaderSize = 16;
+  // id (8), the size of the function's name (2; 0: none), reserved (2, zero).
+  static constexpr size_t kHeaderSize = 20;
   static constexpr uint16_t kMagic = 0xFE77;
-  static constexpr uint8_t kVersion = 1;
+  static constexpr uint8_t kVersion = 2;
+  // Where a request's function name starts in the buffer: its payload opens with the
+  // name, written as cereal writes a std::string (an 8-byte size, then the bytes).
+  static constexpr size_t kFunctionOffset = kHeaderSize + 8;
+  // The longest name the header carries; a longer one leaves the request unnamed.
+  static constexpr size_t kMaxFunctionSize = 256;
   static constexpr size_t kInitialCapacity = 128;
 
   Message() : Message(MessageType::kRequest, 0) {}
@@ -81,6 +86,19 @@ class Message {
   std::vector<Tensor>& tensors() { return tensors_; }
   const std::vector<Tensor>& tensors() const { return tensors_; }
 
+  // What a request calls, for those below the rpc layer (the agent core's statistics
+  // and traces) to read without decoding the payload: the header carries the name's
+  // size, and the name is the payload's first field. "" when unnamed (not a request,
+  // or its writer did not name it), and once sealed. A view into this message.
+  std::string_view function() const {
+    if (function_size_ == 0 || buffer_.size() < kFunctionOffset + function_size_) return {};
+    return std::string_view(buffer_).substr(kFunctionOffset, function_size_);
+  }
+  // Called by a request's writer right after it wrote the name, as a string, first in
+  // the payload. A name longer than kMaxFunctionSize, or a payload that does not open
+  // with one of `size` bytes, leaves the request unnamed.
+  void set_function_size(size_t size);
+
   // Writes the header into the buffer and hands the buffer out (the message keeps
   // only its tensors, and an empty buffer: writing to buffer() again starts a new
   // payload). No copy is made.
@@ -100,6 +118,7 @@ class Message {
   MessageType type_;
   uint64_t id_;
   uint32_t timeout_ms_ = 0;
+  uint16_t function_size_ = 0;
 
   static uint32_t timeout_field(std::chrono::milliseconds timeout) {
     if (timeout.count() <= 0) return 0;

@@ -4,7 +4,6 @@
 #include "base/logging.h"
 #include "base/net.h"
 #include "base/status.h"
-#include "serialization/request_name.h"
 #include "stats/prometheus.h"
 #include "store/store_host.h"
 
@@ -16,8 +15,10 @@ std::string_view call_name(const Message& message) {
       return "<ping>";
     case MessageType::kControl:
       return "<control>";
-    default:
-      return request_name(message);
+    default: {
+      const std::string_view fn = message.function();
+      return fn.empty() ? std::string_view("?") : fn;
+    }
   }
 }
 

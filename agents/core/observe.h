@@ -24,9 +24,9 @@
 
 namespace ferry::internal {
 
-// The name a call is counted under: a request's own (serialization/request_name.h's
-// request_name), "<ping>" and "<control>" for the agent's own messages. `message` is
-// not sealed yet (or parsed).
+// The name a call is counted under: a request's own (Message::function(), "?" when
+// unnamed), "<ping>" and "<control>" for the agent's own messages. `message` is not
+// sealed yet (or parsed).
 std::string_view call_name(const Message& message);
 
 // Bytes a message takes on the wire: its metadata and its tensors.

@@ -187,6 +187,7 @@ Message protocol_request(std::string_view name, const Fields&... fields) {
   Message m(MessageType::kRequest, 0);
   PayloadWriter w(m);
   write_string(w, name);
+  m.set_function_size(name.size());
   write_string(w, "");
   (w(fields), ...);
   return m;

@@ -5,7 +5,6 @@
 #include "gtest/gtest.h"
 #include "serialization/error.h"
 #include "serialization/message.h"
-#include "serialization/request_name.h"
 #include "serialization/types.h"
 #include "tests/testing/multi_process.h"
 #include "tests/testing/status_matchers.h"
@@ -71,39 +70,69 @@ TEST(Message, ARequestNamesWhatItCallsAndAnythingElseIsUnnamed) {
   Message request(MessageType::kRequest, 1);
   {
     PayloadWriter w(request);
-    w(std::string("add"), std::string("int64, int64 -> int64"), int64_t{1});
+    w(std::string("add"));
+    request.set_function_size(3);
+    w(std::string("int64, int64 -> int64"), int64_t{1});
   }
-  EXPECT_EQ(request_name(request), "add");
-  // The same after the trip over the wire.
+  EXPECT_EQ(request.function(), "add");
+  // The same after the trip over the wire, read from the header's size alone.
   absl::StatusOr<Message> back = Message::parse(request.seal(), {});
   ASSERT_TRUE(back.ok()) << back.status();
-  EXPECT_EQ(request_name(*back), "add");
+  EXPECT_EQ(back->function(), "add");
+  EXPECT_EQ(request.function(), "") << "sealed: the buffer went with the wire";
 
   Message response(MessageType::kResponse, 1);
   {
     PayloadWriter w(response);
     w(std::string("add"));
   }
-  EXPECT_EQ(request_name(response), "?") << "only requests carry a name";
-  EXPECT_EQ(request_name(Message(MessageType::kRequest, 2)), "?") << "an empty payload";
-  Message empty_name(MessageType::kRequest, 3);
+  response.set_function_size(3);
+  EXPECT_EQ(response.function(), "") << "only requests carry a name";
+  Message unnamed(MessageType::kRequest, 2);
   {
-    PayloadWriter w(empty_name);
-    w(std::string());
+    PayloadWriter w(unnamed);
+    w(std::string("add"));
   }
-  EXPECT_EQ(request_name(empty_name), "?");
-  // A size that runs past the payload, or longer than any name, is not read.
-  Message truncated(MessageType::kRequest, 4);
-  const uint64_t past = 100;
-  truncated.buffer().append(reinterpret_cast<const char*>(&past), sizeof(past));
-  truncated.buffer().append("addXYZ");
-  EXPECT_EQ(request_name(truncated), "?");
+  EXPECT_EQ(unnamed.function(), "") << "its writer did not name it";
+  // A size the payload does not open with, or longer than any name, is not taken.
+  Message wrong(MessageType::kRequest, 3);
+  {
+    PayloadWriter w(wrong);
+    w(std::string("add"));
+  }
+  wrong.set_function_size(4);
+  EXPECT_EQ(wrong.function(), "");
   Message long_name(MessageType::kRequest, 5);
   {
     PayloadWriter w(long_name);
-    w(std::string(kMaxRequestName + 1, 'f'));
+    w(std::string(Message::kMaxFunctionSize + 1, 'f'));
   }
-  EXPECT_EQ(request_name(long_name), "?");
+  long_name.set_function_size(Message::kMaxFunctionSize + 1);
+  EXPECT_EQ(long_name.function(), "");
+}
+
+// A header whose name the payload does not open with is refused, not read past.
+TEST(Message, AHeaderThatNamesWhatThePayloadLacksIsRefused) {
+  Message request(MessageType::kRequest, 1);
+  {
+    PayloadWriter w(request);
+    w(std::string("add"));
+    request.set_function_size(3);
+  }
+  const std::string wire = request.seal();
+  for (uint16_t size : {uint16_t{2}, uint16_t{4}, uint16_t{500}, uint16_t{65535}}) {
+    std::string forged = wire;
+    std::memcpy(forged.data() + 16, &size, 2);
+    EXPECT_THAT(Message::parse(std::move(forged), {}),
+                StatusIs(absl::StatusCode::kDataLoss, HasSubstr("names a function of")))
+        << size;
+  }
+  std::string reply = wire;
+  reply[3] = static_cast<char>(MessageType::kResponse);
+  EXPECT_THAT(Message::parse(std::move(reply), {}), StatusIs(absl::StatusCode::kDataLoss))
+      << "only a request is named";
+  std::string cut = wire.substr(0, Message::kFunctionOffset + 2);
+  EXPECT_THAT(Message::parse(std::move(cut), {}), StatusIs(absl::StatusCode::kDataLoss));
 }
 
 // Sealing hands the buffer out whole; the message can be written and sealed again.
@@ -123,7 +152,7 @@ TEST(Message, ASealedMessageCanBeWrittenAgain) {
 }
 
 TEST(Message, RejectsBadHeaders) {
-  EXPECT_THAT(Message::parse("short", {}), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("shorter than its 16-byte header")));
+  EXPECT_THAT(Message::parse("short", {}), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("shorter than its 20-byte header")));
   std::string garbage(32, 'x');
   EXPECT_THAT(Message::parse(garbage, {}), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("not a ferry message")));
   Message m(MessageType::kRequest, 1);
