@@ -4,11 +4,15 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "base/logging.h"
+#include "tensor/emulated_cuda.h"
 
 namespace ferry {
 namespace {
@@ -25,6 +29,29 @@ RuntimeSlot& runtime_slot() {
 }
 
 }  // namespace
+
+namespace internal {
+// cuda_real.cc or cuda_none.cc, whichever this build compiled.
+std::shared_ptr<CudaRuntime> make_builtin_cuda_runtime();
+}  // namespace internal
+
+std::shared_ptr<CudaRuntime> make_default_cuda_runtime() {
+  const char* emulate = std::getenv("FERRY_EMULATE_CUDA");
+  if (emulate == nullptr || *emulate == '\0') return internal::make_builtin_cuda_runtime();
+  int devices = 0;
+  absl::StatusOr<EmulatedCudaOptions> options = EmulatedCudaOptions::from_environment();
+  if (!absl::SimpleAtoi(emulate, &devices) || devices < 0 || devices > 64) {
+    options = absl::InvalidArgumentError(
+        absl::StrCat("FERRY_EMULATE_CUDA=\"", emulate, "\": expected a device count from 0 to 64"));
+  }
+  if (!options.ok()) {
+    // A runtime with no device, whose reason names the bad variable: every CUDA use
+    // then fails saying so.
+    FERRY_LOG(ERROR) << options.status().message();
+    return std::make_shared<EmulatedCudaRuntime>(0);
+  }
+  return std::make_shared<EmulatedCudaRuntime>(devices, *options);
+}
 
 std::shared_ptr<CudaRuntime> cuda_runtime() {
   RuntimeSlot& slot = runtime_slot();

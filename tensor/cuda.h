@@ -2,19 +2,29 @@
 //
 // CudaRuntime: the one small interface through which ferry touches CUDA memory,
 // copies, streams and events. Everything above tensor/ goes through it, so the
-// staging path of DESIGN.md ("Moving CUDA tensors") can run on a real GPU, or in tests
-// on HostBackedCudaRuntime (tensor/host_backed_cuda.h), whose "CUDA devices" are
-// host memory.
+// staging path of DESIGN.md ("Moving CUDA tensors") can run on a real GPU, or without
+// one on EmulatedCudaRuntime (tensor/emulated_cuda.h), whose "CUDA devices" are host
+// memory and whose streams really run asynchronously, each on its own thread.
 //
-//   CudaRuntime& cuda = cuda_runtime();
-//   if (cuda.device_count() == 0) std::cerr << cuda.unavailable_reason();
+//   std::shared_ptr<CudaRuntime> cuda = cuda_runtime();
+//   if (cuda->device_count() == 0) std::cerr << cuda->unavailable_reason();
 //
-// Which runtime is installed: a build with CUDA uses the CUDA runtime API, where any
-// error from cudaGetDeviceCount (no driver, say) counts as zero devices; a build
-// without CUDA has zero devices. set_cuda_runtime() replaces either.
+// Which runtime is installed: with FERRY_EMULATE_CUDA=N in the environment, the
+// emulator with N devices (for running `ferry bench rpc --device cuda`, the examples
+// and scripts/gpu-check.sh on a machine without a GPU); otherwise a build with CUDA
+// uses the CUDA runtime API, where any error from cudaGetDeviceCount (no driver, say)
+// counts as zero devices, and a build without CUDA has zero devices.
+// set_cuda_runtime() replaces any of them.
+//
+// Device memory of tensors comes from a stream-ordered pool per device
+// (allocate_async/deallocate_async: cudaMallocAsync on a cudaMemPool_t that keeps its
+// memory across calls), never a cudaMalloc/cudaFree per tensor. A tensor's memory is
+// allocated and returned on its device's default stream, so whoever uses it on another
+// stream orders that stream against the default stream with events.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -36,6 +46,14 @@ struct CudaEvent {
   void* handle = nullptr;
 };
 
+// Counters of one device's stream-ordered pool (CudaRuntime::pool_stats).
+struct CudaPoolStats {
+  uint64_t allocations = 0;         // served by the pool, in all
+  uint64_t bytes = 0;               // bytes of those allocations
+  uint64_t driver_allocations = 0;  // of those, how many made the pool grow (reached the driver)
+  uint64_t driver_bytes = 0;        // bytes the pool obtained from the driver, in all
+};
+
 // Thread-safe: every method may be called from any thread. Copies are asynchronous
 // with respect to the host only where the implementation says so; a caller orders
 // work with streams and events, and waits with synchronize().
@@ -48,9 +66,18 @@ class CudaRuntime {
   // Why device_count() is 0, in words fit for an error or a test skip; empty otherwise.
   virtual std::string unavailable_reason() = 0;
 
-  // Device memory; the caller owns it and frees it with deallocate on the same device.
+  // Device memory straight from the driver (cudaMalloc); the caller owns it and frees it
+  // with deallocate on the same device. Tensors do not use it: see allocate_async.
   virtual absl::StatusOr<void*> allocate(int device, size_t bytes) = 0;
   virtual void deallocate(int device, void* ptr) = 0;
+  // Device memory from `device`'s pool, usable by work queued on `stream` after this
+  // call (cudaMallocAsync). deallocate_async returns it to the pool once `stream`
+  // passes the point of the call: work on other streams that uses it must be ordered
+  // before that point with events, or it races with the memory's next owner.
+  virtual absl::StatusOr<void*> allocate_async(int device, size_t bytes, CudaStream stream) = 0;
+  virtual void deallocate_async(int device, void* ptr, CudaStream stream) = 0;
+  // The pool's counters for `device` (zeros for a device out of range).
+  virtual CudaPoolStats pool_stats(int device) = 0;
   // Page-locked host memory for staging; freed with deallocate_pinned.
   virtual absl::StatusOr<void*> allocate_pinned(size_t bytes) = 0;
   virtual void deallocate_pinned(void* ptr) = 0;
@@ -73,6 +100,8 @@ class CudaRuntime {
   virtual absl::Status wait(CudaStream stream, CudaEvent event) = 0;
   // Blocks the calling thread until `event` has completed.
   virtual absl::Status synchronize(CudaEvent event) = 0;
+  // Whether `event` has completed, without blocking (an event never recorded has).
+  virtual absl::StatusOr<bool> query(CudaEvent event) = 0;
 };
 
 // The process's runtime. Thread-safe. Tensors keep the runtime that allocated them
@@ -80,11 +109,12 @@ class CudaRuntime {
 std::shared_ptr<CudaRuntime> cuda_runtime();
 
 // Installs `runtime` as the process's runtime and returns the previous one. Meant for
-// tests (HostBackedCudaRuntime) and for embedding a custom allocator; call it before
+// tests (EmulatedCudaRuntime) and for embedding a custom allocator; call it before
 // creating CUDA tensors that should use it.
 std::shared_ptr<CudaRuntime> set_cuda_runtime(std::shared_ptr<CudaRuntime> runtime);
 
-// The runtime built into this binary (real CUDA, or the no-device runtime).
+// The runtime built into this binary (real CUDA, or the no-device runtime), or the
+// emulator when FERRY_EMULATE_CUDA names a device count (tensor/emulated_cuda.h).
 std::shared_ptr<CudaRuntime> make_default_cuda_runtime();
 
 // OK when `device` is the CPU or a CUDA device the process's runtime has; otherwise an

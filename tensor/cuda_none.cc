@@ -14,6 +14,9 @@ class NoCudaRuntime final : public CudaRuntime {
   std::string unavailable_reason() override { return kReason; }
   absl::StatusOr<void*> allocate(int, size_t) override { return error(); }
   void deallocate(int, void*) override {}
+  absl::StatusOr<void*> allocate_async(int, size_t, CudaStream) override { return error(); }
+  void deallocate_async(int, void*, CudaStream) override {}
+  CudaPoolStats pool_stats(int) override { return {}; }
   absl::StatusOr<void*> allocate_pinned(size_t) override { return error(); }
   void deallocate_pinned(void*) override {}
   absl::Status copy_async(void*, Device, const void*, Device, size_t, CudaStream) override { return error(); }
@@ -25,6 +28,7 @@ class NoCudaRuntime final : public CudaRuntime {
   absl::Status record(CudaEvent, CudaStream) override { return error(); }
   absl::Status wait(CudaStream, CudaEvent) override { return error(); }
   absl::Status synchronize(CudaEvent) override { return error(); }
+  absl::StatusOr<bool> query(CudaEvent) override { return error(); }
 
  private:
   static absl::Status error() { return absl::FailedPreconditionError(kReason); }
@@ -32,6 +36,8 @@ class NoCudaRuntime final : public CudaRuntime {
 
 }  // namespace
 
-std::shared_ptr<CudaRuntime> make_default_cuda_runtime() { return std::make_shared<NoCudaRuntime>(); }
+namespace internal {
+std::shared_ptr<CudaRuntime> make_builtin_cuda_runtime() { return std::make_shared<NoCudaRuntime>(); }
+}  // namespace internal
 
 }  // namespace ferry

@@ -1,7 +1,12 @@
 // The runtime of a CUDA build, over the CUDA runtime API.
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
+#include <memory>
 #include <mutex>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -56,6 +61,40 @@ class RealCudaRuntime final : public CudaRuntime {
     cudaSetDevice(device);
     cudaFree(ptr);
   }
+  // Tensors' memory: cudaMallocFromPoolAsync on this device's pool, which keeps what it
+  // has reserved across calls (its release threshold is the maximum), so that after a
+  // warm-up no allocation reaches the driver. A growth of the pool's reserved memory
+  // across an allocation is counted as one that did.
+  absl::StatusOr<void*> allocate_async(int device, size_t bytes, CudaStream stream) override {
+    Pool* pool = nullptr;
+    if (absl::Status s = pool_for(device, &pool); !s.ok()) return s;
+    absl::MutexLock lock(&pool->mu);
+    FERRY_CUDA_OK(cudaSetDevice(device));
+    uint64_t before = 0, after = 0;
+    FERRY_CUDA_OK(cudaMemPoolGetAttribute(pool->pool, cudaMemPoolAttrReservedMemCurrent, &before));
+    void* ptr = nullptr;
+    FERRY_CUDA_OK(cudaMallocFromPoolAsync(&ptr, bytes == 0 ? 1 : bytes, pool->pool,
+                                          static_cast<cudaStream_t>(stream.handle)));
+    FERRY_CUDA_OK(cudaMemPoolGetAttribute(pool->pool, cudaMemPoolAttrReservedMemCurrent, &after));
+    ++pool->stats.allocations;
+    pool->stats.bytes += bytes;
+    if (after > before) {
+      ++pool->stats.driver_allocations;
+      pool->stats.driver_bytes += after - before;
+    }
+    return ptr;
+  }
+  void deallocate_async(int device, void* ptr, CudaStream stream) override {
+    cudaSetDevice(device);
+    cudaFreeAsync(ptr, static_cast<cudaStream_t>(stream.handle));
+  }
+  CudaPoolStats pool_stats(int device) override {
+    if (device < 0 || device >= device_count()) return {};
+    Pool& pool = pools_[static_cast<size_t>(device)];
+    absl::MutexLock lock(&pool.mu);
+    return pool.stats;
+  }
+
   absl::StatusOr<void*> allocate_pinned(size_t bytes) override {
     void* ptr = nullptr;
     FERRY_CUDA_OK(cudaMallocHost(&ptr, bytes == 0 ? 1 : bytes));
@@ -116,8 +155,57 @@ class RealCudaRuntime final : public CudaRuntime {
     FERRY_CUDA_OK(cudaEventSynchronize(static_cast<cudaEvent_t>(event.handle)));
     return absl::OkStatus();
   }
+  absl::StatusOr<bool> query(CudaEvent event) override {
+    cudaError_t err = cudaEventQuery(static_cast<cudaEvent_t>(event.handle));
+    if (err == cudaSuccess) return true;
+    if (err == cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    return cuda_error("cudaEventQuery", err);
+  }
 
  private:
+  struct Pool {
+    absl::Mutex mu;
+    cudaMemPool_t pool = nullptr;  // set once, under pools_once_
+    CudaPoolStats stats ABSL_GUARDED_BY(mu);
+  };
+
+  // This device's pool, created on first use for every device at once.
+  absl::Status pool_for(int device, Pool** out) {
+    int count = device_count();
+    if (device < 0 || device >= count) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cuda:", device, " out of range (this process has ", count, " CUDA devices)"));
+    }
+    std::call_once(pools_once_, [this, count] {
+      pools_ = std::make_unique<Pool[]>(static_cast<size_t>(count));
+      for (int d = 0; d < count; ++d) {
+        pools_status_ = make_pool(d, &pools_[static_cast<size_t>(d)].pool);
+        if (!pools_status_.ok()) return;
+      }
+    });
+    if (!pools_status_.ok()) return pools_status_;
+    *out = &pools_[static_cast<size_t>(device)];
+    return absl::OkStatus();
+  }
+
+  static absl::Status make_pool(int device, cudaMemPool_t* pool) {
+    cudaMemPoolProps props = {};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device;
+    FERRY_CUDA_OK(cudaSetDevice(device));
+    FERRY_CUDA_OK(cudaMemPoolCreate(pool, &props));
+    uint64_t keep_everything = UINT64_MAX;
+    FERRY_CUDA_OK(cudaMemPoolSetAttribute(*pool, cudaMemPoolAttrReleaseThreshold, &keep_everything));
+    return absl::OkStatus();
+  }
+
+  std::once_flag pools_once_;
+  std::unique_ptr<Pool[]> pools_;  // by device, written once under pools_once_
+  absl::Status pools_status_;
   std::once_flag probe_once_;
   int count_ = 0;
   std::string reason_;
@@ -125,6 +213,8 @@ class RealCudaRuntime final : public CudaRuntime {
 
 }  // namespace
 
-std::shared_ptr<CudaRuntime> make_default_cuda_runtime() { return std::make_shared<RealCudaRuntime>(); }
+namespace internal {
+std::shared_ptr<CudaRuntime> make_builtin_cuda_runtime() { return std::make_shared<RealCudaRuntime>(); }
+}  // namespace internal
 
 }  // namespace ferry

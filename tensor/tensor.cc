@@ -51,8 +51,12 @@ absl::StatusOr<std::shared_ptr<void>> allocate(size_t bytes, Device device) {
   FERRY_RETURN_IF_ERROR(check_device_available(device));
   std::shared_ptr<CudaRuntime> runtime = cuda_runtime();
   int index = device.index();
-  FERRY_ASSIGN_OR_RETURN(void* ptr, runtime->allocate(index, bytes));
-  return std::shared_ptr<void>(ptr, [runtime, index](void* p) { runtime->deallocate(index, p); });
+  // From the device's stream-ordered pool, on its default stream: the memory returns to
+  // the pool when the default stream passes the point where the last reference went.
+  // Whoever used it on another stream orders the default stream after that use.
+  const CudaStream stream{index, nullptr};
+  FERRY_ASSIGN_OR_RETURN(void* ptr, runtime->allocate_async(index, bytes, stream));
+  return std::shared_ptr<void>(ptr, [runtime, stream](void* p) { runtime->deallocate_async(stream.device, p, stream); });
 }
 
 // Copies between any two devices and waits for the copy to finish.

@@ -27,6 +27,7 @@ struct BenchRpcFlags {
   std::vector<std::string> transports = {"shm", "uv"};
   std::string backend = "tensorpipe";
   std::string device = "cpu";
+  bool emulate_cuda = false;
   int iterations = 0;  // 0: the mode's default
   int repeat = 1;
   std::string pin = "none";
@@ -47,6 +48,7 @@ void run_bench_rpc(const BenchRpcFlags& flags, ExitCode& exit_code) {
   options.process_group = flags.backend == "process_group";
   options.quick = flags.quick;
   options.device = flags.device;
+  options.emulate_cuda = flags.emulate_cuda;
   if (flags.iterations > 0) options.iterations = flags.iterations;
   options.repeat = flags.repeat;
   options.pin = flags.pin == "cores";
@@ -151,6 +153,9 @@ void add_bench_command(CLI::App& app, ExitCode& exit_code) {
                   "cpu (default), or cuda: also echo CUDA tensors cuda:0 to cuda:0 through device maps, beside a "
                   "pinned cudaMemcpy of the same bytes (host to device and back) in the same process")
       ->check(CLI::IsMember({"cpu", "cuda"}));
+  rpc->add_flag("--emulate-cuda", flags->emulate_cuda,
+                "With --device cuda: run on ferry's emulated CUDA runtime (host memory, a thread per stream) "
+                "instead of a GPU, so that the CUDA echo beside the CPU echo measures the staging path's own cost");
   rpc->add_option("--iterations", flags->iterations,
                   "Latency samples per figure (default 10000; --quick: 300); the other counts scale with it")
       ->check(CLI::Range(1, 100000000));

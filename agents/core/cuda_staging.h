@@ -1,18 +1,27 @@
 // File: agents/core/cuda_staging.h
 //
 // CudaStaging: how CUDA tensors cross a CPU-only channel (Debian's TensorPipe has no
-// CUDA channel). It is the one place a real CUDA channel would replace.
+// CUDA channel), across hosts and as the fallback on one host.
 //
-// Outgoing, each CUDA tensor is copied into a reused page-locked host buffer on its
-// device's staging stream, ordered after the device's default stream (the producer's)
-// by an event, and tagged with the device it must land on: the device map towards the
-// peer for requests, the reverse map towards the caller for replies. The caller waits
-// for the copies before the write starts; callers are user or pool threads, never a
-// transport thread.
-// Incoming, each tagged buffer is copied to its device on that device's staging
-// stream; an event recorded after the copies makes the device's default stream (the
-// consumer's) wait, and is waited for before the message is handed on, so its tensors
-// are usable when the caller's future completes. The agent runs this on its pool.
+// Outgoing, per device of a message: one event recorded on the device's default
+// stream (the producer's) holds the device's staging stream back, the tensors are
+// copied device-to-host on the staging stream into page-locked slots (tensors under
+// kSharedSlotBytes share one slot; a larger one gets a slot of its own), one event
+// recorded after the copies is waited for, and each tensor is replaced by its host
+// bytes and tagged with the device it must land on (the device map towards the peer for
+// requests, the reverse map towards the caller for replies). The device tensors stay
+// referenced until that event: their memory returns to the pool on the default stream,
+// which the staging stream does not order. The host waits once per device per message
+// because the write may start only with the bytes in host memory; callers are user or
+// pool threads, never a transport thread.
+// Incoming, per device: the tensors are allocated from the device's pool on its
+// default stream, the staging stream waits for that allocation (an event), copies the
+// received bytes host-to-device, and records an event that the default stream waits
+// on. The host does not wait: the tensors are ready on their device's default stream,
+// so work queued on the default stream (what Tensor's own operations use) sees them,
+// and a user's own stream orders itself after the default stream with an event. The
+// received host buffers are held until the copies' event has passed (retired on later
+// calls, or by the destructor).
 //
 // Devices: the agent handles exactly `devices`; streams exist for those only, and a
 // tensor on any other device, either way, is an error naming the device and the list.
@@ -23,6 +32,7 @@
 //   FERRY_RETURN_IF_ERROR(staging.land_incoming(received, targets));
 #pragma once
 
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
@@ -67,21 +77,38 @@ class CudaStaging final : public DeviceChannel {
   absl::Status land_incoming(std::vector<Tensor>& buffers, const std::vector<std::string>& targets) override;
   std::map<std::string, std::string> debug_info() const override;
 
-  // Counters: pinned buffers reused and allocated.
+  // Counters: pinned slots reused and allocated.
   uint64_t pinned_hits() const;
   uint64_t pinned_misses() const;
+
+  // Tensors smaller than this, of one message and one device, share a pinned slot.
+  static constexpr size_t kSharedSlotBytes = size_t{64} << 10;
 
   class PinnedPool;
 
  private:
+  // Host buffers of a landing, held until `copied` has passed.
+  struct Retired {
+    CudaEvent copied;
+    std::vector<Tensor> held;
+  };
+
   absl::Status check_handled(Device device, std::string_view what) const ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<CudaStream> stream_for(int device) ABSL_LOCKS_EXCLUDED(mu_);
+  // Makes `waiter` wait for what `signaller` has queued so far, with a fresh event.
+  absl::Status order_after(CudaStream waiter, CudaStream signaller);
+  // Drops the held buffers of every landing whose copies have passed.
+  void retire_passed() ABSL_LOCKS_EXCLUDED(mu_);
 
   const std::shared_ptr<CudaRuntime> runtime_;
   std::shared_ptr<PinnedPool> pinned_;
   mutable absl::Mutex mu_;
   std::vector<Device> devices_ ABSL_GUARDED_BY(mu_);
   std::map<int, CudaStream> streams_ ABSL_GUARDED_BY(mu_);  // by device index
+  std::deque<Retired> retired_ ABSL_GUARDED_BY(mu_);        // oldest first
+  uint64_t staged_tensors_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t shared_slots_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t landed_tensors_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace ferry::internal

@@ -29,6 +29,13 @@ class WatchingRuntime final : public CudaRuntime {
   std::string unavailable_reason() override { return inner_->unavailable_reason(); }
   absl::StatusOr<void*> allocate(int device, size_t bytes) override { return inner_->allocate(device, bytes); }
   void deallocate(int device, void* ptr) override { inner_->deallocate(device, ptr); }
+  absl::StatusOr<void*> allocate_async(int device, size_t bytes, CudaStream stream) override {
+    return inner_->allocate_async(device, bytes, stream);
+  }
+  void deallocate_async(int device, void* ptr, CudaStream stream) override {
+    inner_->deallocate_async(device, ptr, stream);
+  }
+  CudaPoolStats pool_stats(int device) override { return inner_->pool_stats(device); }
   absl::StatusOr<void*> allocate_pinned(size_t bytes) override {
     pinned_allocations.fetch_add(1);
     return inner_->allocate_pinned(bytes);
@@ -53,6 +60,7 @@ class WatchingRuntime final : public CudaRuntime {
     watch();
     return inner_->synchronize(event);
   }
+  absl::StatusOr<bool> query(CudaEvent event) override { return inner_->query(event); }
 
   std::atomic<int> calls{0};
   std::atomic<int> on_transport{0};

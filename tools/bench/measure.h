@@ -127,10 +127,12 @@ struct SideResult {
   // Ferry only: the same to the inline function.
   std::vector<ThroughputResult> throughput_inline;
   std::vector<EchoResult> echo;
-  // Ferry with --device cuda only: the echo of a CUDA tensor (cuda:0 to cuda:0), and a
-  // pinned cudaMemcpy of the same bytes host to device and back, at each echo size.
+  // Ferry with --device cuda only: the echo of a CUDA tensor (cuda:0 to cuda:0), a
+  // pinned cudaMemcpy of the same bytes host to device and back, and a device-to-device
+  // copy of them there and back (the floors), at each echo size.
   std::vector<EchoResult> cuda_echo;
   std::vector<EchoResult> pinned_copy;
+  std::vector<EchoResult> device_copy;
   // Ferry built with the torch component only: the echo of an at::Tensor of each echo
   // size (tools/bench/torch_echo.h), measured in turns with the ferry::Tensor echo.
   std::vector<EchoResult> torch_echo;
@@ -142,7 +144,7 @@ struct SideResult {
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(SideResult, side, transport, channels, small_call, small_call_inline,
                                    small_call_chained, tiny_tensor, throughput, throughput_inline, echo, cuda_echo,
-                                   pinned_copy, torch_echo, client_cores, transport_floor)
+                                   pinned_copy, device_copy, torch_echo, client_cores, transport_floor)
 
 // The cores the calling process may run on (its affinity mask).
 int allowed_cores();

@@ -177,26 +177,32 @@ absl::StatusOr<LatencyStats> time_calls(int warmup, int iterations, Call call) {
   return latency_stats(samples);
 }
 
-// Round trips of a pinned host buffer of `bytes` to cuda:0 and back on one stream:
-// the floor a CUDA echo's staging is measured against.
-absl::StatusOr<LatencyStats> time_pinned_copy(size_t bytes, int warmup, int iterations) {
+// Round trips of `bytes` on cuda:0, there and back on one stream, from a pinned host
+// buffer (`pinned`) or from another device buffer: the floors a CUDA echo's staging is
+// measured against.
+absl::StatusOr<LatencyStats> time_copy(size_t bytes, int warmup, int iterations, bool pinned) {
   std::shared_ptr<CudaRuntime> cuda = cuda_runtime();
-  FERRY_ASSIGN_OR_RETURN(void* host, cuda->allocate_pinned(bytes));
+  FERRY_ASSIGN_OR_RETURN(void* host, pinned ? cuda->allocate_pinned(bytes) : cuda->allocate(0, bytes));
+  const Device host_device = pinned ? Device::cpu() : Device::cuda(0);
   absl::StatusOr<void*> device = cuda->allocate(0, bytes);
   absl::StatusOr<CudaStream> stream = device.ok() ? cuda->create_stream(0) : absl::StatusOr<CudaStream>(device.status());
   auto release = [&] {
     if (stream.ok()) cuda->destroy_stream(*stream);
     if (device.ok()) cuda->deallocate(0, *device);
-    cuda->deallocate_pinned(host);
+    if (pinned) {
+      cuda->deallocate_pinned(host);
+    } else {
+      cuda->deallocate(0, host);
+    }
   };
   if (!stream.ok()) {
     release();
     return stream.status();
   }
-  std::memset(host, 7, bytes);
+  if (pinned) std::memset(host, 7, bytes);
   absl::StatusOr<LatencyStats> stats = time_calls(warmup, iterations, [&](int) -> absl::Status {
-    FERRY_RETURN_IF_ERROR(cuda->copy_async(*device, Device::cuda(0), host, Device::cpu(), bytes, *stream));
-    FERRY_RETURN_IF_ERROR(cuda->copy_async(host, Device::cpu(), *device, Device::cuda(0), bytes, *stream));
+    FERRY_RETURN_IF_ERROR(cuda->copy_async(*device, Device::cuda(0), host, host_device, bytes, *stream));
+    FERRY_RETURN_IF_ERROR(cuda->copy_async(host, host_device, *device, Device::cuda(0), bytes, *stream));
     return cuda->synchronize(*stream);
   });
   release();
@@ -345,8 +351,12 @@ absl::Status ferry_measure(const MeasurePlan& plan, bool cuda, std::chrono::mill
     FERRY_ASSIGN_OR_RETURN(LatencyStats device_rtt, time_calls(plan.echo_warmup, plan.echo_iterations[k], cuda_echo));
     out.cuda_echo.push_back(
         EchoResult{bytes, device_rtt, 2.0 * static_cast<double>(bytes) / (device_rtt.median_us * 1e3)});
-    FERRY_ASSIGN_OR_RETURN(LatencyStats copy_rtt, time_pinned_copy(bytes, plan.echo_warmup, plan.echo_iterations[k]));
-    out.pinned_copy.push_back(EchoResult{bytes, copy_rtt, 2.0 * static_cast<double>(bytes) / (copy_rtt.median_us * 1e3)});
+    for (bool pinned : {true, false}) {
+      FERRY_ASSIGN_OR_RETURN(LatencyStats copy_rtt,
+                             time_copy(bytes, plan.echo_warmup, plan.echo_iterations[k], pinned));
+      (pinned ? out.pinned_copy : out.device_copy)
+          .push_back(EchoResult{bytes, copy_rtt, 2.0 * static_cast<double>(bytes) / (copy_rtt.median_us * 1e3)});
+    }
   }
   return absl::OkStatus();
 }
@@ -557,6 +567,11 @@ absl::StatusOr<RpcBenchReport> run_rpc_bench(const RpcBenchOptions& options,
     return absl::InvalidArgumentError(absl::StrCat("unknown device \"", options.device, "\" (expected cpu or cuda)"));
   }
   const bool cuda = options.device == "cuda";
+  if (options.emulate_cuda) {
+    if (!cuda) return absl::InvalidArgumentError("--emulate-cuda needs --device cuda");
+    // The forked workers (and the probe below) make their runtime from the environment.
+    setenv("FERRY_EMULATE_CUDA", "1", 1);
+  }
   if (cuda) {
     // Asked in a child: the phases fork, and CUDA must not be initialized before that.
     if (std::string why = cuda_missing_in_child(); !why.empty()) {

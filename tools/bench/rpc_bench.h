@@ -41,6 +41,11 @@ struct RpcBenchOptions {
   // cuda:0 through device maps) at every echo size, beside a pinned cudaMemcpy of the
   // same bytes there and back. kFailedPrecondition without a CUDA device.
   std::string device = "cpu";
+  // With device "cuda": run on the emulated CUDA runtime (tensor/emulated_cuda.h, one
+  // device; FERRY_EMULATE_CUDA=1 in the workers' environment) instead of a GPU. Every
+  // copy is then a memcpy, so the CUDA echo beside the CPU echo measures what ferry's
+  // staging itself costs: allocations, copies, waits.
+  bool emulate_cuda = false;
   // Latency samples per measurement (default 10,000; quick: 300).
   std::optional<int> iterations;
   // Each measurement is run this many times (fresh processes each time); every figure

@@ -100,6 +100,23 @@ std::vector<MetricRow> metric_rows(const TransportResult& t) {
                     absl::StrCat("CUDA echo ", size, " (raw: pinned cudaMemcpy)"), "GB/s", "bandwidth", f.gb_per_s,
                     c.gb_per_s, f.round_trip.samples, f.bytes, std::nullopt});
   }
+  // And beside the CPU echo of the same size and run, and the device-to-device floor.
+  for (size_t k = 0; k < t.ferry.cuda_echo.size() && k < t.ferry.echo.size(); ++k) {
+    const EchoResult& f = t.ferry.cuda_echo[k];
+    const EchoResult& e = t.ferry.echo[k];
+    std::string size = size_label(f.bytes);
+    rows.push_back({absl::StrCat("cuda_echo_", size, "_rtt_median"), absl::StrCat("CUDA echo ", size, " RTT (raw: CPU echo)"),
+                    "us", "latency", f.round_trip.median_us, e.round_trip.median_us, f.round_trip.samples, f.bytes,
+                    std::nullopt});
+  }
+  for (size_t k = 0; k < t.ferry.device_copy.size() && k < t.ferry.pinned_copy.size(); ++k) {
+    const EchoResult& d = t.ferry.device_copy[k];
+    const EchoResult& c = t.ferry.pinned_copy[k];
+    std::string size = size_label(d.bytes);
+    rows.push_back({absl::StrCat("cuda_device_copy_", size, "_bandwidth"),
+                    absl::StrCat("device-to-device copy ", size, " (raw: pinned cudaMemcpy)"), "GB/s", "bandwidth",
+                    d.gb_per_s, c.gb_per_s, d.round_trip.samples, d.bytes, std::nullopt});
+  }
   return rows;
 }
 

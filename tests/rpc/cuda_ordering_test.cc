@@ -1,0 +1,165 @@
+// Ordering of the CUDA staging path (agents/core/cuda_staging.h) on the asynchronous
+// emulator (tensor/emulated_cuda.h): every copy waits 2 ms on its stream, pool memory
+// is poisoned when handed out, and a misuse aborts the worker, which fails the test.
+// Each case fails when one of the staging path's orderings is removed:
+// - the staging stream's wait for the default stream (the producer) before a send;
+// - the default stream's wait for the staging stream after a landing;
+// - holding a sent device tensor until its device-to-host copy has passed.
+// And the pool: after a warm-up, ten thousand echoes reach the driver for no memory.
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "rpc/rpc.h"
+#include "tensor/cuda.h"
+#include "tensor/emulated_cuda.h"
+#include "tests/testing/multi_process.h"
+#include "tests/testing/status_matchers.h"
+
+namespace ferry {
+namespace {
+
+constexpr int64_t kElements = 1024;
+
+std::shared_ptr<EmulatedCudaRuntime> emulator(std::chrono::microseconds delay) {
+  EmulatedCudaOptions options;
+  options.copy_delay = delay;
+  options.poison = true;
+  return std::make_shared<EmulatedCudaRuntime>(1, options);
+}
+
+void register_functions() {
+  (void)register_function("values", [](Tensor t) { return *t.to_vector<float>(); });
+  (void)register_function("last_values", [](std::vector<Tensor> ts) { return *ts.back().to_vector<float>(); });
+  (void)register_function("reversed", [](std::vector<Tensor> ts) {
+    return std::vector<Tensor>(ts.rbegin(), ts.rend());
+  });
+  (void)register_function("scaled", [](Tensor t) { return *t.mul(3.0); });
+  (void)register_function("echo", [](Tensor t) { return t; });
+  (void)register_function("driver_allocations", [] {
+    return static_cast<int64_t>(cuda_runtime()->pool_stats(0).driver_allocations);
+  });
+}
+
+// Both workers on `runtime`; worker0's cuda:0 maps to worker1's cuda:0.
+void start(int rank, const std::string& dir, std::shared_ptr<CudaRuntime> runtime) {
+  set_cuda_runtime(std::move(runtime));
+  register_functions();
+  TensorPipeRpcBackendOptions options;
+  options.init_method = "file://" + dir + "/store";
+  options.num_worker_threads = 2;
+  if (rank == 0) {
+    ASSERT_OK(options.set_device_map("worker1", DeviceMapSpec{{0, 0}}));
+  }
+  ASSERT_OK(init_rpc("worker" + std::to_string(rank), rank, 2, options));
+}
+
+std::vector<float> ramp(int64_t n, float from) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = from + static_cast<float>(i);
+  return v;
+}
+
+TEST(CudaOrdering, ASendWaitsForWorkQueuedOnTheDefaultStream) {
+  ferry::testing::TempDir dir;
+  ferry::testing::expect_all_succeed(ferry::testing::run_processes(2, [&](int rank) {
+    start(rank, dir.path(), emulator(std::chrono::milliseconds(2)));
+    if (rank == 0) {
+      for (int round = 0; round < 3; ++round) {
+        Tensor t = *Tensor::zeros({kElements}, DType::kFloat32, Device::cuda(0));
+        // The producer: three writes of garbage, then the values, queued on the default
+        // stream and still running when the call starts.
+        std::vector<float> garbage(kElements, -1.0f), expected = ramp(kElements, 100.0f * round);
+        const CudaStream producer{0, nullptr};
+        for (const std::vector<float>* src : {&garbage, &garbage, &garbage, &expected}) {
+          ASSERT_OK(cuda_runtime()->copy_async(t.data(), Device::cuda(0), src->data(), Device::cpu(), t.nbytes(),
+                                               producer));
+        }
+        EXPECT_EQ(rpc_sync<std::vector<float>>("worker1", "values", t), expected);
+        ASSERT_OK(cuda_runtime()->synchronize(producer));
+      }
+    }
+    ASSERT_OK(shutdown());
+  }));
+}
+
+TEST(CudaOrdering, LandedTensorsAreReadyOnTheDefaultStreamWhenTheFutureCompletes) {
+  ferry::testing::TempDir dir;
+  ferry::testing::expect_all_succeed(ferry::testing::run_processes(2, [&](int rank) {
+    start(rank, dir.path(), emulator(std::chrono::milliseconds(2)));
+    if (rank == 0) {
+      // Six tensors: the landing stream copies them one after another, so the last one
+      // lands well after the first copy a reader could queue on the default stream.
+      std::vector<Tensor> sent;
+      std::vector<std::vector<float>> values;
+      for (int k = 0; k < 6; ++k) {
+        values.push_back(ramp(kElements, 10000.0f * k));
+        sent.push_back(*Tensor::from_vector<float>(values.back()).to(Device::cuda(0)));
+      }
+      EXPECT_EQ(rpc_sync<std::vector<float>>("worker1", "last_values", sent), values.back());
+      std::vector<Tensor> back = rpc_sync<std::vector<Tensor>>("worker1", "reversed", sent);
+      ASSERT_EQ(back.size(), sent.size());
+      // Read the last landed first: the reader's copy is queued on the default stream.
+      for (size_t k = 0; k < back.size(); ++k) {
+        EXPECT_EQ(back[k].device(), Device::cuda(0));
+        EXPECT_EQ(*back[k].to_vector<float>(), values[values.size() - 1 - k]) << "tensor " << k;
+      }
+      std::map<std::string, std::string> info = current_agent()->debug_info();
+      EXPECT_EQ(info.at("staging_tensors_sent"), "12");
+      EXPECT_EQ(info.at("staging_shared_slots"), "2") << "the six small tensors of a message share one slot";
+      EXPECT_EQ(info.at("staging_tensors_landed"), "6");
+    }
+    ASSERT_OK(shutdown());
+  }));
+}
+
+TEST(CudaOrdering, ASentTensorIsHeldUntilItsCopyHasPassed) {
+  // "scaled" returns a fresh device tensor that only the reply holds. Dropped before its
+  // device-to-host copy passes, its memory returns to the pool on the default stream
+  // while the staging stream still reads it: the emulator aborts the server.
+  ferry::testing::TempDir dir;
+  ferry::testing::expect_all_succeed(ferry::testing::run_processes(2, [&](int rank) {
+    start(rank, dir.path(), emulator(std::chrono::milliseconds(2)));
+    if (rank == 0) {
+      for (int round = 0; round < 5; ++round) {
+        std::vector<float> v = ramp(kElements, static_cast<float>(round));
+        Tensor back = rpc_sync<Tensor>("worker1", "scaled", *Tensor::from_vector<float>(v).to(Device::cuda(0)));
+        std::vector<float> got = *back.to_vector<float>();
+        for (size_t i = 0; i < v.size(); i += 97) EXPECT_EQ(got[i], 3 * v[i]);
+      }
+    }
+    ASSERT_OK(shutdown());
+  }));
+}
+
+TEST(CudaOrdering, AfterAWarmUpTenThousandEchoesReachTheDriverForNoMemory) {
+  ferry::testing::TempDir dir;
+  ferry::testing::expect_all_succeed(ferry::testing::run_processes(2, [&](int rank) {
+    start(rank, dir.path(), emulator(std::chrono::microseconds(0)));
+    if (rank == 0) {
+      std::vector<float> v = ramp(kElements, 1.0f);
+      Tensor t = *Tensor::from_vector<float>(v).to(Device::cuda(0));
+      for (int i = 0; i < 50; ++i) ASSERT_EQ(rpc_sync<Tensor>("worker1", "echo", t).device(), Device::cuda(0));
+      const uint64_t mine = cuda_runtime()->pool_stats(0).driver_allocations;
+      const int64_t theirs = rpc_sync<int64_t>("worker1", "driver_allocations");
+      const std::string pinned = current_agent()->debug_info().at("pinned_buffer_misses");
+      const uint64_t served = cuda_runtime()->pool_stats(0).allocations;
+      for (int i = 0; i < 10000; ++i) {
+        Tensor back = rpc_sync<Tensor>("worker1", "echo", t);
+        if (i % 2500 == 0) {
+          EXPECT_EQ(*back.to_vector<float>(), v);
+        }
+      }
+      EXPECT_EQ(cuda_runtime()->pool_stats(0).driver_allocations, mine);
+      EXPECT_EQ(rpc_sync<int64_t>("worker1", "driver_allocations"), theirs);
+      EXPECT_GE(cuda_runtime()->pool_stats(0).allocations, served + 10000) << "every landing is served by the pool";
+      std::map<std::string, std::string> info = current_agent()->debug_info();
+      EXPECT_EQ(info.at("pinned_buffer_misses"), pinned);
+      EXPECT_EQ(info.at("cuda_pool.cuda:0.driver_allocations"), std::to_string(mine));
+    }
+    ASSERT_OK(shutdown());
+  }));
+}
+
+}  // namespace
+}  // namespace ferry
