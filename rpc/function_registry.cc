@@ -98,6 +98,31 @@ absl::Status read_call_header(PayloadReader& reader, std::string_view& name, std
   });
 }
 
+// Serves kSignatureOfFunction: the signature of the function named in its argument.
+Message signature_of(const FunctionRegistry& registry, const std::string& self, std::string_view signature,
+                     PayloadReader& reader, uint64_t id) {
+  constexpr char kOwnSignature[] = "(string) -> string";
+  if (signature != kOwnSignature) {
+    return make_error_message(
+        id, self,
+        absl::InvalidArgumentError(absl::StrCat(self, ": function \"", kSignatureOfFunction, "\" has signature ",
+                                                kOwnSignature, " but the call was made with signature ",
+                                                internal::av(signature))));
+  }
+  std::string name;
+  absl::Status read = read_guarded("arguments", [&] { reader(name); });
+  if (!read.ok()) return make_error_message(id, self, absl::InvalidArgumentError(absl::StrCat(self, ": ", read.message())));
+  std::shared_ptr<const RegisteredFunction> fn = registry.find(name);
+  if (fn == nullptr) {
+    return make_error_message(
+        id, self, absl::NotFoundError(absl::StrCat(self, ": no function named \"", name, "\" is registered")));
+  }
+  Message response(MessageType::kResponse, id);
+  PayloadWriter writer(response);
+  writer(fn->signature);
+  return response;
+}
+
 }  // namespace
 
 bool serves_inline(const FunctionRegistry& registry, const Message& request) {
@@ -117,6 +142,7 @@ Message dispatch_request(const FunctionRegistry& registry, std::string_view self
   if (!header.ok()) {
     return make_error_message(request.id(), self, absl::InvalidArgumentError(absl::StrCat(self, ": ", header.message())));
   }
+  if (name == kSignatureOfFunction) return signature_of(registry, self, signature, reader, request.id());
   absl::StatusOr<std::shared_ptr<const RegisteredFunction>> fn = find_function(registry, self, name, signature);
   if (!fn.ok()) return make_error_message(request.id(), self, fn.status());
   Message response(MessageType::kResponse, request.id());

@@ -138,6 +138,12 @@ struct RegisteredFunction {
 // register_function refuses them.
 inline constexpr char kReservedFunctionPrefix[] = "ferry::";
 
+// A function every worker serves, with signature "(string) -> string": the signature
+// of the function registered there under the name it is given (kNotFound when none
+// is). Callers without C++ types (the Python package, python/) learn from it how to
+// encode a call.
+inline constexpr char kSignatureOfFunction[] = "ferry::signature_of";
+
 // Thread-safe: registration and lookup may happen from any thread at any time.
 class FunctionRegistry {
  public:

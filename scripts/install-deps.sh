@@ -11,6 +11,7 @@ packages=(
   libdlpack-dev libtorch-dev
   clang-14 libfuzzer-14-dev
   python3 python3-matplotlib
+  python3-dev pybind11-dev python3-pytest python3-numpy python3-torch
   iproute2
 )
 
