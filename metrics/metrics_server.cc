@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -134,6 +135,7 @@ void MetricsServer::shutdown() {
 void MetricsServer::run() {
   std::vector<Client> clients;
   std::vector<pollfd> fds;
+  Clock::time_point accept_again{};
   for (;;) {
     const Clock::time_point now = Clock::now();
     // Past their deadline: a client that sent nothing whole gets a 408 if it can take
@@ -152,9 +154,17 @@ void MetricsServer::run() {
     }
     fds.clear();
     fds.push_back({wake_[0], POLLIN, 0});
-    const bool room = clients.size() < static_cast<size_t>(options_.max_connections);
-    fds.push_back({listen_fd_, static_cast<short>(room ? POLLIN : 0), 0});
+    // At the cap, a newcomer still gets in when some client has not sent a whole
+    // request yet: the oldest such one makes room (below). A client that holds a slot
+    // without asking cannot keep a scraper out.
+    const bool room = clients.size() < static_cast<size_t>(options_.max_connections) ||
+                      std::any_of(clients.begin(), clients.end(), [](const Client& c) { return !c.answered; });
+    // After accept() failed for want of descriptors or memory, the listener stays
+    // readable: it is left alone for a while rather than polled in a busy loop.
+    const bool accepting = room && now >= accept_again;
+    fds.push_back({listen_fd_, static_cast<short>(accepting ? POLLIN : 0), 0});
     Clock::time_point next = now + std::chrono::seconds(1);
+    if (room && !accepting) next = std::min(next, accept_again);
     for (const Client& c : clients) {
       fds.push_back({c.fd, static_cast<short>(c.answered ? POLLOUT : POLLIN), 0});
       next = std::min(next, c.deadline);
@@ -166,17 +176,35 @@ void MetricsServer::run() {
       break;
     }
     if (fds[0].revents != 0) break;  // shutdown()
-    if (room && (fds[1].revents & POLLIN) != 0) {
-      int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd >= 0) clients.push_back(Client{fd, {}, {}, 0, Clock::now() + options_.timeout});
-    }
-    // Clients are visited through their pollfd (index + 2); those accepted just now
-    // have none yet.
+    // Clients are visited through their pollfd (index + 2); those accepted below have
+    // none yet.
     std::vector<bool> done(clients.size(), false);
+    if (accepting && (fds[1].revents & POLLIN) != 0) {
+      int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd >= 0) {
+        if (clients.size() >= static_cast<size_t>(options_.max_connections)) {
+          // Clients are in the order they came: the first unanswered one is the oldest.
+          for (size_t i = 0; i < clients.size(); ++i) {
+            if (!clients[i].answered && !done[i]) {
+              done[i] = true;
+              ++evicted_;
+              break;
+            }
+          }
+        }
+        clients.push_back(Client{fd, {}, {}, 0, Clock::now() + options_.timeout});
+      } else if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        if (accept_failures_++ % 64 == 0) {
+          FERRY_LOG(WARNING) << "metrics server " << address_ << ": accept: " << errno_text()
+                             << "; not accepting for 100 ms";
+        }
+        accept_again = Clock::now() + std::chrono::milliseconds(100);
+      }
+    }
     for (size_t i = 0; i + 2 < fds.size(); ++i) {
       Client& c = clients[i];
       const short ev = fds[i + 2].revents;
-      if (ev == 0) continue;
+      if (ev == 0 || done[i]) continue;
       if (!c.answered) {
         char buf[2048];
         ssize_t n = recv(c.fd, buf, sizeof(buf), 0);
@@ -212,6 +240,7 @@ void MetricsServer::run() {
         if (c.sent == c.out.size() || (n < 0 && errno != EAGAIN && errno != EINTR)) done[i] = true;
       }
     }
+    done.resize(clients.size(), false);
     for (size_t i = done.size(); i-- > 0;) {
       if (!done[i]) continue;
       close(clients[i].fd);
@@ -347,6 +376,10 @@ absl::StatusOr<std::string> scrape_metrics(const std::string& address, std::chro
     ssize_t n = recv(fd, buf, sizeof(buf), 0);
     if (n > 0) {
       answer.append(buf, static_cast<size_t>(n));
+      if (answer.size() > kMaxScrapeBytes) {
+        status = absl::ResourceExhaustedError(absl::StrCat("metrics endpoint ", address, ": an answer of more than ",
+                                                           kMaxScrapeBytes, " bytes; a worker's metrics are far less"));
+      }
     } else if (n == 0) {
       break;
     } else if (errno == EAGAIN || errno == EINTR) {

@@ -19,11 +19,14 @@
 // The server answers GET /metrics with 200, any other path with 404, any other method
 // with 405, a request line or header that does not parse with 400, and one larger than
 // max_request_bytes with 431; every answer closes the connection. A connection that
-// has not sent a whole request (or not read its answer) within `timeout` is closed, and
-// at most `max_connections` are open at once (more wait in the kernel's backlog), so a
-// slow or hostile client can neither hang the server nor exhaust it.
+// has not sent a whole request (or not read its answer) within `timeout` is closed. At
+// most `max_connections` are open at once: a newcomer then takes the place of the
+// oldest client that has not sent a whole request, so clients that connect and say
+// nothing cannot keep a scraper out. A slow or hostile client can neither hang the
+// server nor exhaust it.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -68,6 +71,10 @@ class MetricsServer {
   // Closes the listening socket and every connection; joins the thread. Idempotent;
   // not from the source.
   void shutdown();
+  // Clients closed to make room for a newer one while they had not sent a whole
+  // request; and accept() calls that failed (out of descriptors or memory). Any thread.
+  uint64_t evicted() const { return evicted_.load(std::memory_order_relaxed); }
+  uint64_t accept_failures() const { return accept_failures_.load(std::memory_order_relaxed); }
 
  private:
   MetricsServer(Options options, Source source) : options_(std::move(options)), source_(std::move(source)) {}
@@ -79,6 +86,8 @@ class MetricsServer {
   int wake_[2] = {-1, -1};  // a pipe: shutdown() writes, the loop wakes
   int port_ = 0;
   std::string address_;
+  std::atomic<uint64_t> evicted_{0};
+  std::atomic<uint64_t> accept_failures_{0};
   std::thread thread_;
 };
 
@@ -113,9 +122,12 @@ absl::Status retire_metrics_endpoint(Store& store, const std::string& prefix, in
 // published. An empty list when none was.
 absl::StatusOr<std::vector<MetricsEndpoint>> find_metrics_endpoints(Store& store, const std::string& prefix);
 
+// The most a scrape reads back: a worker's metrics are a few hundred KiB at most.
+inline constexpr size_t kMaxScrapeBytes = size_t{16} << 20;
+
 // GET /metrics from `address` ("host:port"); the body of a 200 answer. kUnavailable when
-// it cannot connect or the answer does not come within `timeout`; kInternal for another
-// status, naming it.
+// it cannot connect or the answer does not come within `timeout`; kResourceExhausted
+// for an answer over kMaxScrapeBytes; kInternal for another status, naming it.
 absl::StatusOr<std::string> scrape_metrics(const std::string& address, std::chrono::milliseconds timeout);
 
 // Splits "host:port" or "[v6]:port". kInvalidArgument when it does not parse.

@@ -6,8 +6,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
-#include <fstream>
+#include <cstring>
 #include <new>
 #include <thread>
 
@@ -210,10 +211,26 @@ absl::Status TraceRecorder::flush() {
                          {"displayTimeUnit", "ms"},
                          {"otherData", {{"worker", worker_}, {"id", id_}, {"dropped_events", dropped}}}};
   const std::string tmp = path_ + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << file.dump();
-    if (!out.good()) return absl::UnavailableError(absl::StrCat("cannot write the trace file ", tmp));
+  // The directory may be shared (FERRY_TRACE=/tmp/...): a name another user made first,
+  // a link to elsewhere above all, is never written through. The file is made anew,
+  // and refused if it shows up again between the unlink and the open.
+  ::unlink(tmp.c_str());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::UnavailableError(absl::StrCat("cannot create the trace file ", tmp, ": ", std::strerror(errno)));
+  }
+  const std::string text = file.dump();
+  size_t written = 0;
+  while (written < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + written, text.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    written += static_cast<size_t>(n);
+  }
+  const int err = written == text.size() ? 0 : errno;
+  ::close(fd);
+  if (written != text.size()) {
+    return absl::UnavailableError(absl::StrCat("cannot write the trace file ", tmp, ": ", std::strerror(err)));
   }
   if (std::rename(tmp.c_str(), path_.c_str()) != 0) {
     return absl::UnavailableError(absl::StrCat("cannot write the trace file ", path_));

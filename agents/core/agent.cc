@@ -338,7 +338,7 @@ void Agent::handshake(const std::shared_ptr<Connection>& connection, const Wire&
       links_->refuse(connection, step.why, step.tell);
       return;
     case HandshakeStep::Kind::kFail:
-      if (links_->unlink(connection)) on_peer_lost(s.peer, std::move(step.failure));
+      if (links_->unlink(connection, std::move(step.reply))) on_peer_lost(s.peer, std::move(step.failure));
       return;
   }
 }

@@ -179,6 +179,9 @@ HandshakeStep Handshake::on_hello(Session& s, const Wire& wire, const ClaimCheck
 }
 
 HandshakeStep Handshake::on_proof(Session& s, const Wire& wire) const {
+  if (std::optional<std::string> reason = refusal(wire)) {
+    return refuse(s, absl::StrCat("it refused this worker's challenge: ", *reason), "");
+  }
   std::optional<std::vector<std::string>> proof = parse_auth(wire, AuthKind::kProof, 1);
   std::string expected =
       pipe_proof(token_, "ferry-pipe-client", s.nonce_c, s.nonce_s, s.peer_name, s.peer, self_name_);
@@ -207,15 +210,27 @@ HandshakeStep Handshake::on_challenge(Session& s, const Wire& wire) const {
   s.nonce_s = (*challenge)[0];
   s.acceptor_proved = auth::same_digest(
       (*challenge)[1], pipe_proof(token_, "ferry-pipe-server", s.nonce_c, s.nonce_s, self_name_, self_id_, s.peer_name));
-  // Our proof goes even when the acceptor's does not check out, so that it logs why it
-  // refuses us too; our requests follow it only when the acceptor proved the token. The
-  // stage moves first: a transport may deliver the verdict inside the proof's write.
+  if (!s.acceptor_proved) {
+    // Our proof would tell an acceptor without the token something about it: it gets a
+    // refusal in its place, so that it logs why too.
+    s.stage = Stage::kRefused;
+    out.kind = HandshakeStep::Kind::kFail;
+    out.failure = absl::UnauthenticatedError(
+        absl::StrCat("worker \"", s.peer_name, "\" could not prove it knows this worker's job token: ",
+                     "FERRY_AUTH_TOKEN differs between the workers; set the same secret on every worker"));
+    out.reply = auth_message(AuthKind::kRefused,
+                             {absl::StrCat("worker \"", self_name_, "\" found that the challenge does not prove its ",
+                                           "job token: set FERRY_AUTH_TOKEN to the same secret on every worker")});
+    return out;
+  }
+  // Our requests follow the proof. The stage moves first: a transport may deliver the
+  // verdict inside the proof's write.
   s.stage = Stage::kProved;
   out.kind = HandshakeStep::Kind::kSend;
   out.reply = auth_message(
       AuthKind::kProof,
       {pipe_proof(token_, "ferry-pipe-client", s.nonce_c, s.nonce_s, self_name_, self_id_, s.peer_name)});
-  out.flush = s.acceptor_proved;
+  out.flush = true;
   return out;
 }
 

@@ -68,7 +68,8 @@ struct HandshakeStep {
     kAdmit,   // acceptor: the opener proved (or, without a token, claimed) the id in the
               // session: admit it, write `reply` if any, then let our calls share it
     kRefuse,  // acceptor: log `why`, tell the opener `tell`, close once written
-    kFail,    // opener: the acceptor refused or failed us; the peer is lost with `failure`
+    kFail,    // opener: the acceptor refused or failed us; the peer is lost with `failure`,
+              // after `reply` (if any) tells it why
   };
   Kind kind = Kind::kNone;
   std::optional<Wire> reply;

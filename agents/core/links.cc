@@ -273,7 +273,7 @@ void Links::drop(int peer, bool left) {
   connection->close();
 }
 
-bool Links::unlink(const std::shared_ptr<Connection>& connection) {
+bool Links::unlink(const std::shared_ptr<Connection>& connection, std::optional<Wire> last) {
   Session& s = *connection->session();
   s.stage = Stage::kRefused;
   {
@@ -282,32 +282,45 @@ bool Links::unlink(const std::shared_ptr<Connection>& connection) {
     if (it == links_.end() || it->second.connection != connection) return false;
     links_.erase(it);
   }
-  connection->close();
+  if (last.has_value()) {
+    connection->write(*std::move(last));
+    connection->close_after_writes();
+  } else {
+    connection->close();
+  }
   return true;
 }
 
 // ---- Connections peers opened.
 
+bool Links::authenticating_done(const Connection* connection) {
+  for (auto it = unauthenticated_.begin(); it != unauthenticated_.end(); ++it) {
+    if (it->first == connection) {
+      unauthenticated_.erase(it);
+      return true;
+    }
+  }
+  return false;
+}
+
 void Links::accept(const std::shared_ptr<Connection>& connection) {
   auto session = std::make_shared<Session>(false, -1, "", Stage::kAwaitHello);
   connection->set_session(session);
-  size_t waiting;
+  std::shared_ptr<Connection> oldest;
   {
     Locked lock(accepted_mu_);
-    unauthenticated_.insert(connection.get());
-    waiting = unauthenticated_.size();
-  }
-  if (waiting > static_cast<size_t>(kMaxUnauthenticated)) {
-    FERRY_LOG(WARNING) << self_name_ << ": " << waiting - 1
-                       << " connections are already waiting for their hello; closing a new one";
-    count_refused();
-    {
-      Locked lock(accepted_mu_);
-      unauthenticated_.erase(connection.get());
+    unauthenticated_.emplace_back(connection.get(), connection);
+    if (unauthenticated_.size() > static_cast<size_t>(kMaxUnauthenticated)) {
+      oldest = unauthenticated_.front().second.lock();
+      unauthenticated_.pop_front();
     }
-    session->stage = Stage::kRefused;
-    connection->close();
-    return;
+  }
+  if (oldest != nullptr) {
+    FERRY_LOG(WARNING) << self_name_ << ": " << kMaxUnauthenticated
+                       << " connections are waiting for their hello; closing the oldest, from "
+                       << describe(*oldest->session());
+    count_refused();
+    oldest->close();
   }
   std::weak_ptr<Connection> weak_connection = connection;
   const std::chrono::milliseconds limit = settings_.handshake_timeout;
@@ -318,7 +331,7 @@ void Links::accept(const std::shared_ptr<Connection>& connection) {
     bool waiting;
     {
       Locked lock(accepted_mu_);
-      waiting = unauthenticated_.erase(c.get()) > 0;
+      waiting = authenticating_done(c.get());
     }
     if (!waiting) return;
     FERRY_LOG(WARNING) << self_name_ << ": closing a connection from " << describe(*c->session())
@@ -335,7 +348,7 @@ void Links::refuse(const std::shared_ptr<Connection>& connection, std::string_vi
   s.stage = Stage::kRefused;
   {
     Locked lock(accepted_mu_);
-    unauthenticated_.erase(connection.get());
+    authenticating_done(connection.get());
   }
   connection->write(auth_message(AuthKind::kRefused, {tell}));
   connection->close_after_writes();
@@ -346,7 +359,7 @@ void Links::admit(const std::shared_ptr<Connection>& connection, bool replace) {
   std::shared_ptr<Connection> replaced;
   {
     Locked lock(accepted_mu_);
-    unauthenticated_.erase(connection.get());
+    authenticating_done(connection.get());
     auto [it, fresh] = authenticated_.try_emplace(s.peer, connection);
     if (!fresh) {
       // The newer of two connections claiming one id wins: a worker opens a second only
@@ -494,7 +507,7 @@ Links::Loss Links::closed(const std::shared_ptr<Connection>& connection, const a
   bool current = false;  // the peer's one authenticated connection here
   {
     Locked lock(accepted_mu_);
-    unauthenticated_.erase(connection.get());
+    authenticating_done(connection.get());
     if (s->peer >= 0) {
       auto it = authenticated_.find(s->peer);
       if (it != authenticated_.end()) {

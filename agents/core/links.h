@@ -21,9 +21,11 @@
 #pragma once
 
 #include <chrono>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
@@ -70,13 +72,15 @@ class Links {
   // Takes `peer`'s link out and closes its connection. `left`: the peer left the group,
   // and a connection that carries its own calls too stays open for it to close.
   void drop(int peer, bool left = false);
-  // A link of ours whose handshake failed: out of the table and closed; whether it was
-  // still the peer's link (then the peer is lost).
-  bool unlink(const std::shared_ptr<Connection>& connection);
+  // A link of ours whose handshake failed: out of the table and closed, after `last`
+  // when given (a refusal telling the peer why); whether it was still the peer's link
+  // (then the peer is lost).
+  bool unlink(const std::shared_ptr<Connection>& connection, std::optional<Wire> last = std::nullopt);
 
   // ---- Connections peers opened.
-  // A new one: kept unauthenticated under the handshake deadline, or closed at once
-  // when kMaxUnauthenticated already wait.
+  // A new one: kept unauthenticated under the handshake deadline. When
+  // kMaxUnauthenticated already wait, the oldest of them is closed to make room: an
+  // idle holder of the slots, not the worker that connects next, is the one to go.
   void accept(const std::shared_ptr<Connection>& connection);
   // Refuses it: logs `why`, tells the peer `tell`, closes once that is written.
   void refuse(const std::shared_ptr<Connection>& connection, std::string_view why, std::string_view tell);
@@ -136,7 +140,11 @@ class Links {
   mutable RankedMutex links_mu_{LockRank::kLinks};
   absl::flat_hash_map<int, Link> links_ ABSL_GUARDED_BY(links_mu_);
   mutable RankedMutex accepted_mu_{LockRank::kAccepted};
-  absl::flat_hash_set<Connection*> unauthenticated_ ABSL_GUARDED_BY(accepted_mu_);
+  // Accepted connections still in their handshake, oldest first (at most
+  // kMaxUnauthenticated + 1, so a linear erase is cheap).
+  std::deque<std::pair<const Connection*, std::weak_ptr<Connection>>> unauthenticated_ ABSL_GUARDED_BY(accepted_mu_);
+  // Takes `connection` out of unauthenticated_: whether it was there.
+  bool authenticating_done(const Connection* connection) ABSL_EXCLUSIVE_LOCKS_REQUIRED(accepted_mu_);
   absl::flat_hash_map<int, std::weak_ptr<Connection>> authenticated_ ABSL_GUARDED_BY(accepted_mu_);
 
   std::atomic<uint64_t> handshakes_refused_{0};

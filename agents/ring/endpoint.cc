@@ -193,10 +193,14 @@ bool Endpoint::step() {
           add_pipe(c.pipe);
           break;
         case Command::kGone:
-          // What the peer wrote before it went is still in the ring: deliver it first.
-          // Bounded, because a peer that closed its socket may still write the ring.
+          // What the peer wrote before it went is still in the ring: deliver it first,
+          // once. A peer that closed its socket can still move its head, so the drain
+          // ends after one ring's worth (all it could have left unread), or when the
+          // transport stops, and the other rings wait no longer than that.
           if (e) {
-            for (int i = 0; i < 1 << 20 && !c.pipe->reported.load() && c.pipe->receive(*this, e); ++i) {
+            const uint64_t until = c.pipe->received_bytes() + c.pipe->ring_bytes();
+            while (!stopping.load(std::memory_order_relaxed) && !c.pipe->reported.load() &&
+                   c.pipe->received_bytes() < until && c.pipe->receive(*this, e)) {
             }
           }
           report(c.pipe, std::move(c.why));
@@ -432,6 +436,10 @@ void Endpoint::accept_hello(uint64_t id, int fd) {
     ::close(fd);
   };
   if (n <= 0) return refuse("");
+  // Before anything the peer sent is looked at or mapped.
+  if (!any_user) {
+    if (absl::Status same = check_peer_user(fd); !same.ok()) return refuse(std::string(same.message()));
+  }
   if (n != sizeof(Packet) || hello.magic != kMagic || hello.kind != kHello || fds.size() != 2) {
     return refuse("not a ring hello");
   }

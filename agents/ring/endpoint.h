@@ -53,6 +53,7 @@ struct Endpoint : std::enable_shared_from_this<Endpoint> {
   size_t ring_bytes = 0;
   size_t in_place_bytes = 0;
   bool two_way = true;  // accepted connections carry this worker's calls too
+  bool any_user = false;  // peers of other users get past the hello (RingOptions::any_user)
   std::string socket_name;
   std::string address;
   std::weak_ptr<TransportEvents> events;

@@ -35,6 +35,12 @@ struct RingOptions {
   // (Connection::carries_calls_to), so that two workers calling each other share one
   // connection instead of opening two. Unset: FERRY_RING_TWO_WAY (0 or 1), else yes.
   std::optional<bool> two_way = std::nullopt;
+  // Whether processes of other users may connect (and be connected to). The ring's
+  // socket lives in the network namespace, where any local user can reach it, and a
+  // connection maps shared memory: by default only this worker's own user and root
+  // get past the ring's hello. Set it for a job that spans users; the job token then
+  // decides who is let in. Unset: FERRY_RING_ANY_USER (0 or 1), else no.
+  std::optional<bool> any_user = std::nullopt;
 };
 
 // Checks `options` as given (before defaults): kInvalidArgument saying what was wrong.

@@ -121,6 +121,9 @@ class Pipe final : public Connection, public std::enable_shared_from_this<Pipe> 
     return moved;
   }
 
+  // Bytes this side has taken off the peer's ring, and that ring's size.
+  uint64_t received_bytes() const { return rx_.taken(); }
+  uint64_t ring_bytes() const { return rx_.capacity(); }
   bool has_work() const { return (!paused() && rx_.has_data()) || tx_pending_.load(std::memory_order_relaxed); }
 
   // Data thread: reads what the ring holds, delivering whole messages. True when it

@@ -142,6 +142,9 @@ class Consumer {
     return n <= capacity_;
   }
   bool has_data() const { return header_->head.load(std::memory_order_relaxed) != tail_; }
+  // Bytes taken since the ring began, and the ring's size.
+  uint64_t taken() const { return tail_; }
+  uint64_t capacity() const { return capacity_; }
   // Copies `n` readable bytes out; released to the producer by release().
   void take(void* dst, uint64_t n) {
     uint64_t at = tail_ & mask_;

@@ -62,6 +62,7 @@ RingTransport::RingTransport(std::string name, RingOptions options) : endpoint_(
   e.in_place_bytes = pick(options.in_place_bytes, "FERRY_RING_IN_PLACE_KB", 64);
   e.reader = std::make_unique<ring::SplitReader>(pick(options.split_bytes, "FERRY_RING_SPLIT_KB", 8192));
   e.two_way = options.two_way.value_or(env_int("FERRY_RING_TWO_WAY", 1, 0, 1) != 0);
+  e.any_user = options.any_user.value_or(env_int("FERRY_RING_ANY_USER", 0, 0, 1) != 0);
   if (options.news_from != 0) e.news_from = options.news_from;
   std::random_device rd;
   e.probe = (uint64_t{rd()} << 32) | rd() | 1;
@@ -163,6 +164,14 @@ std::shared_ptr<Connection> RingTransport::connect(std::shared_ptr<Session> sess
     ::close(segment->first);
     return fail(absl::UnavailableError(absl::StrCat("cannot reach worker \"", peer_name, "\" at ring @",
                                                     record.socket, ": ", ring::errno_text(err))));
+  }
+  if (!e.any_user) {
+    if (absl::Status same = ring::check_peer_user(fd); !same.ok()) {
+      ::close(fd);
+      ::close(segment->first);
+      return fail(absl::Status(same.code(), absl::StrCat("worker \"", peer_name, "\"'s ring socket @", record.socket,
+                                                         " is held by another user: ", same.message())));
+    }
   }
   ring::Packet hello;
   hello.kind = ring::kHello;

@@ -117,6 +117,20 @@ pid_t socket_peer_pid(int fd) {
   return cred.pid;
 }
 
+absl::Status check_peer_user(int fd) {
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || len != sizeof(cred)) {
+    return absl::UnavailableError(absl::StrCat("no credentials for the socket's peer: ", errno_text(errno)));
+  }
+  const uid_t self = geteuid();
+  if (cred.uid == self || cred.uid == 0) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat("process ", cred.pid, " runs as user id ", cred.uid,
+                                                  "; this worker accepts only its own user id (", self,
+                                                  ") and root unless RingOptions::any_user (FERRY_RING_ANY_USER=1) "
+                                                  "is set"));
+}
+
 socklen_t abstract_address(std::string_view name, sockaddr_un& addr) {
   addr = sockaddr_un{};
   addr.sun_family = AF_UNIX;

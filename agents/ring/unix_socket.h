@@ -79,6 +79,13 @@ void close_all(std::vector<int>& fds);
 // here. What a peer says its pid is only names the process it wants read.
 pid_t socket_peer_pid(int fd);
 
+// Whether the process at the other end of `fd` runs as this process's effective user
+// or as root (SO_PEERCRED's uid, fixed when it connected or listened). Anything else
+// is another local user, which the ring turns away unless told to accept any user.
+// kPermissionDenied naming both uids when not; kUnavailable when the kernel gives no
+// credentials.
+absl::Status check_peer_user(int fd);
+
 // Fills `addr` with the abstract socket address `name` (private to this network
 // namespace, no file) and returns its length for bind() or connect(); 0 when the
 // name does not fit.

@@ -11,6 +11,7 @@
 #include <tensorpipe/tensorpipe.h>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "agents/core/buffer_pool.h"
 #include "agents/core/transport.h"
 #include "base/future.h"
@@ -18,6 +19,24 @@
 #include "base/status.h"
 
 namespace ferry::internal {
+
+// Whether a TensorPipe descriptor is one that ferry's write_wire makes: no payloads,
+// and tensors from and to CPU memory. kInvalidArgument naming what else it holds.
+inline absl::Status describes_ferry_wire(const tensorpipe::Descriptor& descriptor) {
+  if (!descriptor.payloads.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("a TensorPipe message with ", descriptor.payloads.size(),
+                                                   " payload(s); ferry sends its metadata and tensors only"));
+  }
+  for (const tensorpipe::Descriptor::Tensor& t : descriptor.tensors) {
+    const bool from_cpu = t.sourceDevice.type == tensorpipe::kCpuDeviceType;
+    const bool to_cpu = !t.targetDevice.has_value() || t.targetDevice->type == tensorpipe::kCpuDeviceType;
+    if (!from_cpu || !to_cpu) {
+      return absl::InvalidArgumentError(absl::StrCat("a TensorPipe tensor from device ", t.sourceDevice.toString(),
+                                                     "; ferry's TensorPipe transport carries CPU tensors only"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 // Reads one whole message from `pipe`: the descriptor, then, if admit(metadata bytes,
 // tensor lengths) allows it, the tensors into buffers allocated once each.
@@ -32,6 +51,15 @@ void read_wire(const std::shared_ptr<tensorpipe::Pipe>& pipe, const std::shared_
     AgentThreadScope agent_thread;
     if (error) {
       done(absl::StatusOr<Wire>(absl::UnavailableError(error.what())));
+      return;
+    }
+    // TensorPipe throws, on its loop thread, when an allocation does not match its
+    // descriptor, and a throw there ends the process. ferry sends no payloads and only
+    // CPU tensors, so anything else is a peer that is not ferry, and it is refused
+    // before any read is armed for it, authenticated or not.
+    if (absl::Status matches = describes_ferry_wire(descriptor); !matches.ok()) {
+      pipe->close();
+      done(absl::StatusOr<Wire>(std::move(matches)));
       return;
     }
     std::vector<uint64_t> lengths;

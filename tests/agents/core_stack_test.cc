@@ -48,21 +48,36 @@ TEST(Handshake, SameTokenOpensBothSidesInThreeMessages) {
   EXPECT_EQ(s.opener->stage, Stage::kOpen);
 }
 
-TEST(Handshake, WrongTokenIsRefusedAndTheOpenerSendsNoRequests) {
+// An acceptor whose challenge does not prove the token gets no proof from the opener
+// (it would be material for guessing the token), but a refusal saying why, and both
+// sides fail the connection.
+TEST(Handshake, WrongTokenFailsTheOpenerBeforeItSendsItsProof) {
   Sides s("secret", "other");
+  HandshakeStep challenge = s.acceptor_side.step(s.acceptor, s.opener_side.hello(*s.opener), any_claim);
+  HandshakeStep failed = s.opener_side.step(*s.opener, *challenge.reply, any_claim);
+  ASSERT_EQ(failed.kind, Kind::kFail);
+  EXPECT_EQ(s.opener->stage, Stage::kRefused);
+  EXPECT_EQ(failed.failure.code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_NE(failed.failure.message().find("could not prove"), std::string::npos) << failed.failure;
+  ASSERT_TRUE(failed.reply.has_value());
+  EXPECT_TRUE(refusal(*failed.reply).has_value())
+      << "the opener's proof went to an acceptor that did not prove the token";
+  HandshakeStep refused = s.acceptor_side.step(s.acceptor, *failed.reply, any_claim);
+  ASSERT_EQ(refused.kind, Kind::kRefuse);
+  EXPECT_EQ(s.acceptor.stage, Stage::kRefused);
+  EXPECT_NE(refused.why.find("FERRY_AUTH_TOKEN"), std::string::npos) << refused.why;
+}
+
+// The acceptor's refusal of the opener's proof (a token the opener has and the acceptor
+// does not share, seen from the opener that proved nothing wrong) fails the opener.
+TEST(Handshake, ARefusedProofFailsTheOpenerSayingWhy) {
+  Sides s("secret", "secret");
   HandshakeStep challenge = s.acceptor_side.step(s.acceptor, s.opener_side.hello(*s.opener), any_claim);
   HandshakeStep proof = s.opener_side.step(*s.opener, *challenge.reply, any_claim);
   ASSERT_EQ(proof.kind, Kind::kSend);
-  EXPECT_FALSE(proof.flush) << "the acceptor could not prove our token";
-  HandshakeStep refused = s.acceptor_side.step(s.acceptor, *proof.reply, any_claim);
-  ASSERT_EQ(refused.kind, Kind::kRefuse);
-  EXPECT_EQ(s.acceptor.stage, Stage::kRefused);
-  EXPECT_NE(refused.tell.find("FERRY_AUTH_TOKEN"), std::string::npos) << refused.tell;
-  HandshakeStep failed =
-      s.opener_side.step(*s.opener, auth_message(AuthKind::kRefused, {refused.tell}), any_claim);
+  HandshakeStep failed = s.opener_side.step(*s.opener, auth_message(AuthKind::kRefused, {"no"}), any_claim);
   ASSERT_EQ(failed.kind, Kind::kFail);
-  EXPECT_EQ(failed.failure.code(), absl::StatusCode::kUnauthenticated);
-  EXPECT_NE(failed.failure.message().find("refused this worker's pipe"), std::string::npos) << failed.failure;
+  EXPECT_NE(failed.failure.message().find("refused this worker's pipe: no"), std::string::npos) << failed.failure;
 }
 
 TEST(Handshake, WithoutTokensTheHelloAdmitsAtOnce) {

@@ -2,12 +2,14 @@
 // its socket, where it reaches, in-place reads. (How init_rpc chooses it:
 // tests/backends/transport_registry_test.cc.)
 #include <fcntl.h>
+#include <grp.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -18,6 +20,8 @@
 #include <new>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
+#include <future>
 #include <string>
 #include <thread>
 #include <vector>
@@ -231,6 +235,55 @@ TEST(RingTransport, AHostileRingIsClosedSayingWhy) {
     close(bell_fd);
     munmap(segment, segment_bytes);
   }
+}
+
+// A peer that closed its socket can go on moving its ring's head. Here every word of
+// its ring is an acknowledgement frame, so that any head it sets is readable without
+// writing anything new. The drain of what it left must end after one ring's worth:
+// meanwhile the worker's other rings are not served, and close() waits for it.
+TEST(RingTransport, APeerThatMovesItsHeadAfterClosingCannotHoldTheWorker) {
+  Side victim(make_ring_transport("victim"));
+  constexpr size_t kRing = 4096;
+  const size_t segment_bytes = internal::ring::kHeaderBytes + 2 * kRing;
+  int segment_fd = memfd_of(segment_bytes, true);
+  int bell_fd = memfd_of(internal::ring::kBellBytes, true);
+  void* segment = mmap(nullptr, segment_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, segment_fd, 0);
+  ASSERT_NE(segment, MAP_FAILED);
+  auto* header = new (segment) internal::ring::SegmentHeader();
+  auto* words = reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(segment) + internal::ring::kHeaderBytes);
+  for (size_t i = 0; i < kRing / 4; i += 2) {
+    words[i] = internal::ring::kAck;
+    words[i + 1] = 0;
+  }
+  int fd = say_hello(victim.address, segment_fd, bell_fd, kRing);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(victim.events->wait_for([&] { return !victim.events->accepted_.empty(); }));
+  Side other(make_ring_transport("other"));
+  std::shared_ptr<Connection> honest = other.transport->connect(nullptr, "victim", victim.address);
+  honest->write(text("before"));
+  ASSERT_TRUE(victim.events->wait_for([&] { return victim.events->received_.size() == 1; }));
+  std::atomic<bool> stop{false};
+  std::thread mover([&] {
+    while (!stop.load(std::memory_order_relaxed)) {
+      header->forward.head.store(header->forward.tail.load(std::memory_order_acquire) + kRing,
+                                 std::memory_order_release);
+    }
+  });
+  close(fd);
+  // The honest peer is served, the closed one reported, and the worker closes, all
+  // while the mover still moves.
+  honest->write(text("during"));
+  EXPECT_TRUE(victim.events->wait_for([&] { return victim.events->received_.size() == 2; }, seconds(5)))
+      << "the drain of a closed peer's ring held up the others";
+  EXPECT_TRUE(victim.events->wait_for([&] { return !victim.events->closed_.empty(); }, seconds(5)));
+  auto closing = std::async(std::launch::async, [&] { victim.transport->close(); });
+  EXPECT_EQ(closing.wait_for(seconds(5)), std::future_status::ready) << "close() waited on the drain";
+  stop.store(true);
+  mover.join();
+  closing.wait();
+  close(segment_fd);
+  close(bell_fd);
+  munmap(segment, segment_bytes);
 }
 
 TEST(RingTransport, ReachesOnlyItsOwnHostAndNetworkNamespace) {
@@ -741,6 +794,86 @@ TEST(RingTransport, ItsThreadsAreNamed) {
   EXPECT_TRUE(eventually([&] {
     return threads_named("ferry-ring-data") == data_before + 1 && threads_named("ferry-ring-ctl") == control_before + 1;
   }));
+}
+
+// Runs `body` in a child process as user nobody (uid and gid 65534, no groups) and
+// returns its exit code; -1 when it could not become nobody or did not exit.
+int as_nobody(const std::function<int()>& body) {
+  pid_t child = fork();
+  if (child == 0) {
+    if (setgroups(0, nullptr) != 0 || setgid(65534) != 0 || setuid(65534) != 0) _exit(100);
+    _exit(body());
+  }
+  int status = 0;
+  if (waitpid(child, &status, 0) != child || !WIFEXITED(status)) return -1;
+  return WEXITSTATUS(status);
+}
+
+// The ring's socket is reachable by every local user of the network namespace, and a
+// connection maps shared memory both ways. Another user's hello is refused before
+// anything it sent is mapped, unless the worker accepts any user.
+TEST(RingTransport, AnotherUsersHelloIsRefusedUnlessAnyUserIsAccepted) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root, to run a peer as another user";
+  Side victim(make_ring_transport("victim"));
+  Side open(make_ring_transport("open", RingOptions{.any_user = true}));
+  // 0: the socket was closed without a reply; 1: a reply came.
+  auto hello_from_nobody = [](const std::string& address) {
+    return as_nobody([&] {
+      int segment_fd = memfd_of(4096 + 2 * 4096, true);
+      int bell_fd = memfd_of(4096, true);
+      int fd = say_hello(address, segment_fd, bell_fd, 4096);
+      if (fd < 0) return 2;
+      char reply[64];
+      timeval tv{5, 0};
+      setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+      const ssize_t n = recv(fd, reply, sizeof(reply), 0);
+      return n == 0 ? 0 : n > 0 ? 1 : 3;
+    });
+  };
+  EXPECT_EQ(hello_from_nobody(victim.address), 0) << "another user's hello got a reply";
+  EXPECT_EQ(info(*victim.transport, "ring_refused"), "1");
+  EXPECT_EQ(info(*victim.transport, "ring_accepted"), "0");
+  EXPECT_EQ(hello_from_nobody(open.address), 1) << "any_user should let another user's hello through";
+  EXPECT_EQ(info(*open.transport, "ring_accepted"), "1");
+}
+
+// Nor does a worker connect to a ring socket that another user holds: the name is in
+// the network namespace, where anyone could have bound it.
+TEST(RingTransport, AWorkerDoesNotConnectToAnotherUsersRing) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root, to run a listener as another user";
+  int to_parent[2];
+  int to_child[2];
+  ASSERT_EQ(pipe(to_parent), 0);
+  ASSERT_EQ(pipe(to_child), 0);
+  pid_t child = fork();
+  if (child == 0) {
+    close(to_parent[0]);
+    close(to_child[1]);
+    if (setgroups(0, nullptr) != 0 || setgid(65534) != 0 || setuid(65534) != 0) _exit(100);
+    Side other(make_ring_transport("other"));
+    const std::string& a = other.address;
+    if (write(to_parent[1], a.data(), a.size()) != static_cast<ssize_t>(a.size())) _exit(101);
+    close(to_parent[1]);
+    char byte;
+    (void)!read(to_child[0], &byte, 1);  // until the parent is done
+    _exit(0);
+  }
+  close(to_parent[1]);
+  close(to_child[0]);
+  std::string address;
+  char buf[4096];
+  for (ssize_t n; (n = read(to_parent[0], buf, sizeof(buf))) > 0;) address.append(buf, static_cast<size_t>(n));
+  close(to_parent[0]);
+  ASSERT_FALSE(address.empty()) << "the child made no ring";
+  Side caller(make_ring_transport("caller"));
+  std::shared_ptr<Connection> out = caller.transport->connect(nullptr, "other", address);
+  ASSERT_TRUE(caller.events->wait_for([&] { return !caller.events->closed_.empty(); }, seconds(10)));
+  EXPECT_THAT(caller.events->closed_[0].second,
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("held by another user")));
+  close(to_child[1]);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
 }
 
 TEST(RingTransport, OptionsAreChecked) {

@@ -197,3 +197,45 @@ TEST(TensorPipeAgent, AMessageOverTheLimitClosesThatPipeBeforeAllocating) {
 
 }  // namespace
 }  // namespace ferry
+
+namespace ferry {
+namespace {
+
+// A raw TensorPipe client, with no token, whose first message carries what ferry
+// never sends: TensorPipe payloads. TensorPipe throws on its loop thread when the
+// reader's allocation does not match, which used to end the worker (rc 134).
+TEST(TensorPipeAgent, APayloadFromARawClientClosesOnlyThatPipe) {
+  ferry::testing::expect_all_succeed(ferry::testing::run_processes(1, [](int) {
+    auto agents = start_group(1);
+    ASSERT_EQ(agents.size(), 1u);
+    std::string url = TensorPipeAgent::addresses(*agents[0]).at("uv");
+    auto context = std::make_shared<tensorpipe::Context>();
+    context->registerTransport(0, "uv", tensorpipe::transport::uv::create());
+    context->registerChannel(0, "basic", tensorpipe::channel::basic::create());
+    std::shared_ptr<tensorpipe::Pipe> pipe = context->connect(url);
+    std::vector<uint8_t> bytes(64, 7);
+    tensorpipe::Message m;
+    m.metadata = Message(MessageType::kRequest, 1).seal();
+    tensorpipe::Message::Payload payload;
+    payload.data = bytes.data();
+    payload.length = bytes.size();
+    m.payloads.push_back(std::move(payload));
+    pipe->write(std::move(m), [](const tensorpipe::Error&) {});
+    auto closed = std::make_shared<std::promise<bool>>();
+    read_until_closed(pipe, closed);
+    auto verdict = closed->get_future();
+    ASSERT_EQ(verdict.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+    EXPECT_TRUE(verdict.get()) << "the agent should close a pipe that sends payloads";
+    Message ok(MessageType::kRequest, 0);
+    ok.buffer() += "after";
+    absl::StatusOr<Message> reply = agents[0]->send(0, std::move(ok)).result();
+    ASSERT_OK(reply.status());
+    EXPECT_EQ(reply->payload(), "after from a0 via a0");
+    context->close();
+    context->join();
+    agents[0]->shutdown();
+  }));
+}
+
+}  // namespace
+}  // namespace ferry

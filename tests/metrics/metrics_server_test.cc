@@ -7,11 +7,17 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "agents/tensorpipe/factory.h"
 #include "gtest/gtest.h"
@@ -99,6 +105,112 @@ TEST(MetricsServer, AnswersOnlyGetMetricsAndSurvivesBadClients) {
   EXPECT_EQ(body->substr(0, 8), "x_total ");
   (*server)->shutdown();
   EXPECT_FALSE(scrape_metrics((*server)->address(), std::chrono::seconds(2)).ok());
+}
+
+// Clients that connect and say nothing, as many as the server takes, do not keep a
+// scraper out: the newcomer takes the oldest silent one's place, long before the
+// silent ones time out.
+TEST(MetricsServer, SilentClientsAtTheCapMakeRoomForAScraper) {
+  MetricsServer::Options options;
+  options.timeout = std::chrono::seconds(30);
+  options.max_connections = 4;
+  auto server = MetricsServer::start(options, [] { return std::string("x_total 1\n"); });
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::vector<int> silent;
+  for (int i = 0; i < 6; ++i) silent.push_back(connect_to((*server)->port()));
+  for (int round = 0; round < 3; ++round) {
+    absl::StatusOr<std::string> body = scrape_metrics((*server)->address(), std::chrono::seconds(5));
+    ASSERT_TRUE(body.ok()) << body.status();
+    EXPECT_EQ(*body, "x_total 1\n");
+  }
+  EXPECT_GE((*server)->evicted(), 3u);
+  for (int fd : silent) close(fd);
+}
+
+// A worker out of descriptors cannot accept: the listener stays readable, and the
+// server must not poll it in a busy loop meanwhile.
+TEST(MetricsServer, AcceptFailingForWantOfDescriptorsDoesNotSpin) {
+  ferry::testing::expect_all_succeed(ferry::testing::run_processes(1, [](int) {
+    auto server = MetricsServer::start(MetricsServer::Options{}, [] { return std::string("x 1\n"); });
+    ASSERT_TRUE(server.ok()) << server.status();
+    // The server thread's CPU time (clock ticks), from its /proc stat file, opened now:
+    // there will be no descriptor left to open it later.
+    std::ifstream stat;
+    for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+      std::ifstream comm(task.path() / "comm");
+      std::string name;
+      std::getline(comm, name);
+      if (name == "ferry-metrics") stat.open(task.path() / "stat");
+    }
+    ASSERT_TRUE(stat.is_open()) << "no ferry-metrics thread";
+    auto server_ticks = [&stat] {
+      stat.clear();
+      stat.seekg(0);
+      std::string line;
+      std::getline(stat, line);
+      std::istringstream fields(line.substr(line.rfind(')') + 2));
+      std::string f;
+      long ticks = 0;
+      for (int i = 3; fields >> f; ++i) {
+        if (i == 14 || i == 15) ticks += std::stol(f);  // utime, stime
+      }
+      return ticks;
+    };
+    // Every descriptor taken but one, which the client's socket then takes.
+    rlimit few{256, 256};
+    ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &few), 0);
+    std::vector<int> held;
+    for (int fd; (fd = dup(2)) >= 0;) held.push_back(fd);
+    ASSERT_FALSE(held.empty());
+    close(held.back());
+    held.pop_back();
+    const int client = connect_to((*server)->port());
+    ASSERT_GE(client, 0);
+    const auto deadline = Clock::now() + std::chrono::seconds(10);
+    while ((*server)->accept_failures() == 0 && Clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_GE((*server)->accept_failures(), 1u) << "accept() never failed";
+    const long before = server_ticks();
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    const long spent = server_ticks() - before;
+    EXPECT_LT(spent, 10) << "the server thread spent " << spent << " ticks of 50 polling a listener it cannot accept on";
+    for (int fd : held) close(fd);
+    // With descriptors back, the waiting client is served.
+    const std::string request = "GET /metrics HTTP/1.1\r\n\r\n";
+    ASSERT_EQ(send(client, request.data(), request.size(), MSG_NOSIGNAL), static_cast<ssize_t>(request.size()));
+    std::string answer;
+    char buf[256];
+    for (ssize_t n; (n = recv(client, buf, sizeof(buf), 0)) > 0;) answer.append(buf, static_cast<size_t>(n));
+    EXPECT_EQ(status_line(answer), "HTTP/1.1 200 OK");
+    close(client);
+  }));
+}
+
+// A scrape reads at most kMaxScrapeBytes back, whatever the other end sends.
+TEST(MetricsServer, AScrapeOfAnEndlessAnswerIsRefused) {
+  int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(listen(listener, 1), 0);
+  socklen_t len = sizeof(a);
+  ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  const int port = ntohs(a.sin_port);
+  std::thread flood([listener] {
+    int fd = accept(listener, nullptr, nullptr);
+    const std::string head = "HTTP/1.1 200 OK\r\n\r\n";
+    (void)!send(fd, head.data(), head.size(), MSG_NOSIGNAL);
+    const std::string chunk(1 << 20, 'x');
+    while (send(fd, chunk.data(), chunk.size(), MSG_NOSIGNAL) > 0) {
+    }
+    close(fd);
+  });
+  absl::StatusOr<std::string> body = scrape_metrics("127.0.0.1:" + std::to_string(port), std::chrono::seconds(20));
+  EXPECT_EQ(body.status().code(), absl::StatusCode::kResourceExhausted) << body.status();
+  flood.join();
+  close(listener);
 }
 
 TEST(MetricsServer, RefusesWhatItCannotBind) {

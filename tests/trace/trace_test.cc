@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -108,6 +109,23 @@ TEST(TraceRecorder, AnUnwritableDirectoryIsAnErrorNamingTheFile) {
   absl::Status s = trace.flush();
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("/nonexistent/dir/w0.trace.json"), std::string::npos) << s;
+}
+
+// In a shared directory another user can make the name the trace is written under
+// first: a link to a file of the worker's is never written through.
+TEST(TraceRecorder, ALinkPlantedWhereTheFileIsMadeIsNotFollowed) {
+  ferry::testing::TempDir dir;
+  const std::string victim = dir.path() + "/precious";
+  { std::ofstream(victim) << "keep me"; }
+  std::filesystem::create_symlink(victim, dir.path() + "/w0.trace.json.tmp");
+  TraceRecorder trace(dir.path(), "w0", 0, 4);
+  trace.call(1, "w1", "add", 7, Clock::now(), Clock::now());
+  ASSERT_TRUE(trace.flush().ok());
+  std::ifstream in(victim);
+  std::string kept((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(kept, "keep me") << "the trace was written through the planted link";
+  EXPECT_FALSE(read(trace.path()).is_discarded());
+  EXPECT_FALSE(std::filesystem::is_symlink(trace.path()));
 }
 
 }  // namespace
