@@ -28,7 +28,7 @@ class Stage:
         self.module = module
         self.saved = {}
         self.lock = threading.Lock()
-        self.optimizer = torch.optim.SGD(self.module.parameters(), lr=0.05)
+        self.optimizer = torch.optim.SGD(self.module.parameters(), lr=0.2)
 
     def forward(self, mb, x):
         if isinstance(x, rpc.RRef):
@@ -65,11 +65,11 @@ def train(steps, micro_batches):
     s1 = rpc.remote("worker1", make_stage1)
     s2 = rpc.remote("worker2", make_stage2)
     gen = torch.Generator().manual_seed(0)
-    w = torch.randn(IN, OUT, generator=gen)
+    w = torch.randn(IN, OUT, generator=gen) / IN**0.5
     losses = []
     for _ in range(steps):
         x = torch.randn(BATCH, IN, generator=gen)
-        y = torch.sin(x @ w)
+        y = torch.tanh(x @ w)
         outs = []
         for mb, xb in enumerate(x.chunk(micro_batches)):
             h = s1.remote().forward(mb, xb)            # stays on worker1
