@@ -48,6 +48,7 @@ namespace ferry {
 namespace {
 
 using std::chrono::seconds;
+using ::ferry::testing::Recorder;
 using ::ferry::testing::Side;
 using ::ferry::testing::StatusIs;
 using ::ferry::testing::text;
@@ -237,10 +238,11 @@ TEST(RingTransport, AHostileRingIsClosedSayingWhy) {
   }
 }
 
-// A peer that closed its socket can go on moving its ring's head. Here every word of
-// its ring is an acknowledgement frame, so that any head it sets is readable without
-// writing anything new. The drain of what it left must end after one ring's worth:
-// meanwhile the worker's other rings are not served, and close() waits for it.
+// A peer that closed its socket can go on moving its ring's head. Here its ring is full
+// of small messages, laid out so that any head it sets is readable without writing
+// anything new, and each message takes the worker a millisecond to handle. The drain
+// of what it left must end after one ring's worth: meanwhile the worker's other rings
+// are not served, and close() waits for it.
 TEST(RingTransport, APeerThatMovesItsHeadAfterClosingCannotHoldTheWorker) {
   Side victim(make_ring_transport("victim"));
   constexpr size_t kRing = 4096;
@@ -250,18 +252,29 @@ TEST(RingTransport, APeerThatMovesItsHeadAfterClosingCannotHoldTheWorker) {
   void* segment = mmap(nullptr, segment_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, segment_fd, 0);
   ASSERT_NE(segment, MAP_FAILED);
   auto* header = new (segment) internal::ring::SegmentHeader();
-  auto* words = reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(segment) + internal::ring::kHeaderBytes);
-  for (size_t i = 0; i < kRing / 4; i += 2) {
-    words[i] = internal::ring::kAck;
-    words[i + 1] = 0;
+  // 128 frames of 32 bytes: a header and 8 bytes of metadata each.
+  uint8_t* ring = static_cast<uint8_t*>(segment) + internal::ring::kHeaderBytes;
+  for (size_t at = 0; at < kRing; at += 32) {
+    const internal::ring::Fixed frame{internal::ring::kMessage, 0, 8, 0};
+    std::memcpy(ring + at, &frame, sizeof(frame));
+    std::memcpy(ring + at + sizeof(frame), "flooding", 8);
   }
+  victim.events->set_after_message([](Connection&, const Wire& wire) {
+    if (wire.metadata == "flooding") std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  });
   int fd = say_hello(victim.address, segment_fd, bell_fd, kRing);
   ASSERT_GE(fd, 0);
   ASSERT_TRUE(victim.events->wait_for([&] { return !victim.events->accepted_.empty(); }));
+  auto got = [&](const std::string& text) {
+    for (const Recorder::Received& r : victim.events->received_) {
+      if (r.wire.metadata == text) return true;
+    }
+    return false;
+  };
   Side other(make_ring_transport("other"));
   std::shared_ptr<Connection> honest = other.transport->connect(nullptr, "victim", victim.address);
   honest->write(text("before"));
-  ASSERT_TRUE(victim.events->wait_for([&] { return victim.events->received_.size() == 1; }));
+  ASSERT_TRUE(victim.events->wait_for([&] { return got("before"); }));
   std::atomic<bool> stop{false};
   std::thread mover([&] {
     while (!stop.load(std::memory_order_relaxed)) {
@@ -273,11 +286,11 @@ TEST(RingTransport, APeerThatMovesItsHeadAfterClosingCannotHoldTheWorker) {
   // The honest peer is served, the closed one reported, and the worker closes, all
   // while the mover still moves.
   honest->write(text("during"));
-  EXPECT_TRUE(victim.events->wait_for([&] { return victim.events->received_.size() == 2; }, seconds(5)))
+  EXPECT_TRUE(victim.events->wait_for([&] { return got("during"); }, seconds(10)))
       << "the drain of a closed peer's ring held up the others";
-  EXPECT_TRUE(victim.events->wait_for([&] { return !victim.events->closed_.empty(); }, seconds(5)));
+  EXPECT_TRUE(victim.events->wait_for([&] { return !victim.events->closed_.empty(); }, seconds(10)));
   auto closing = std::async(std::launch::async, [&] { victim.transport->close(); });
-  EXPECT_EQ(closing.wait_for(seconds(5)), std::future_status::ready) << "close() waited on the drain";
+  EXPECT_EQ(closing.wait_for(seconds(10)), std::future_status::ready) << "close() waited on the drain";
   stop.store(true);
   mover.join();
   closing.wait();
