@@ -180,7 +180,7 @@ HandshakeStep Handshake::on_hello(Session& s, const Wire& wire, const ClaimCheck
 
 HandshakeStep Handshake::on_proof(Session& s, const Wire& wire) const {
   if (std::optional<std::string> reason = refusal(wire)) {
-    return refuse(s, absl::StrCat("it refused this worker's challenge: ", *reason), "");
+    return refuse(s, absl::StrCat("wrong job token (it refused this worker's challenge: ", *reason, ")"), "");
   }
   std::optional<std::vector<std::string>> proof = parse_auth(wire, AuthKind::kProof, 1);
   std::string expected =

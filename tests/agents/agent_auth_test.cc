@@ -121,6 +121,14 @@ void expect_mismatch_refused(const std::string& token0, const std::string& token
     ASSERT_TRUE(agent.ok()) << agent.status();
     auto reply = call(**agent, 1 - rank, "hi");
     EXPECT_THAT(reply.status(), StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr(rank == 0 ? error0 : error1)));
+    // The peer's refusal of our challenge (a mismatch found by the opener) comes after
+    // its call failed: wait for it before shutting down.
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (read_file(log_path).find(rank == 0 ? log0 : log1) == std::string::npos &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::fflush(stderr);
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
     finish(*store, rank, 2);
     (*agent)->shutdown();
     std::fflush(stderr);
