@@ -305,16 +305,16 @@ class EmulatedCudaRuntime::Impl {
         auto it = pool.idle.lower_bound(need);
         if (it != pool.idle.end() && it->first <= 2 * need) break;
         for (auto& [addr, b] : blocks_) {
-          if (b.state == State::kFreeQueued && b.freed_on == *st && b.size >= need && b.size <= 2 * need &&
-              b.free_ticket != 0) {
+          if (b.state == State::kFreeQueued && b.freed_on == *st && b.size >= need && b.size <= 2 * need) {
             freeing = b.freed_on;
+            // 0: the free is being queued right now; what the stream has so far covers it.
             ticket = b.free_ticket;
             break;
           }
         }
       }
       if (!freeing) break;
-      freeing->wait_passed(ticket);
+      freeing->wait_passed(ticket != 0 ? ticket : freeing->last_ticket());
     }
     {
       absl::MutexLock lock(&mu_);

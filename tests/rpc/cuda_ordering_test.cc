@@ -139,6 +139,13 @@ TEST(CudaOrdering, AfterAWarmUpTenThousandEchoesReachTheDriverForNoMemory) {
     if (rank == 0) {
       std::vector<float> v = ramp(kElements, 1.0f);
       Tensor t = *Tensor::from_vector<float>(v).to(Device::cuda(0));
+      // The warm-up: calls in flight together grow the pools past what one call at a
+      // time holds (a server may still hold the last request while the next lands).
+      for (int round = 0; round < 10; ++round) {
+        std::vector<Future<Tensor>> flying;
+        for (int k = 0; k < 8; ++k) flying.push_back(rpc_async<Tensor>("worker1", "echo", t));
+        for (Future<Tensor>& f : flying) ASSERT_EQ(f.wait().device(), Device::cuda(0));
+      }
       for (int i = 0; i < 50; ++i) ASSERT_EQ(rpc_sync<Tensor>("worker1", "echo", t).device(), Device::cuda(0));
       const uint64_t mine = cuda_runtime()->pool_stats(0).driver_allocations;
       const int64_t theirs = rpc_sync<int64_t>("worker1", "driver_allocations");

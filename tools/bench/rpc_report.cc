@@ -215,6 +215,8 @@ nlohmann::ordered_json report_json(const RpcBenchReport& report) {
                      {"echo_warmup", plan.echo_warmup},
                      {"repeat", report.options.repeat}};
   j["pinned"] = report.options.pin;
+  j["device"] = report.options.device;
+  if (report.options.device == "cuda") j["emulated_cuda"] = report.options.emulate_cuda;
   j["seconds"] = report.seconds;
 
   ordered_json transports = ordered_json::object();
