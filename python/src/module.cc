@@ -107,6 +107,23 @@ void wait_interruptibly(const Future<T>& future, std::optional<double> timeout_s
   }
 }
 
+// The GIL, taken on one of ferry's threads. The thread's Python thread state is made
+// once and kept (pybind11 would make and free one on every acquire, which costs more
+// than a small call's Python code).
+class ThreadGil {
+ public:
+  ThreadGil() {
+    thread_local bool kept = false;
+    if (!kept) {
+      gil_.inc_ref();
+      kept = true;
+    }
+  }
+
+ private:
+  py::gil_scoped_acquire gil_;
+};
+
 // A Python object kept alive from C++ on any thread: dropping it takes the GIL (or
 // leaks it when the interpreter is gone).
 struct PyRef {
@@ -114,7 +131,7 @@ struct PyRef {
   explicit PyRef(py::object o) : object(o.release().ptr()) {}
   ~PyRef() {
     if (object == nullptr || finalizing()) return;
-    py::gil_scoped_acquire gil;
+    ThreadGil gil;
     Py_DECREF(object);
   }
   PyRef(const PyRef&) = delete;
@@ -331,7 +348,7 @@ void save_pybox(PayloadWriter& w, const void* object) {
   if (finalizing()) throw cereal::Exception("the Python interpreter is shutting down");
   PyPayload p;
   {
-    py::gil_scoped_acquire gil;
+    ThreadGil gil;
     try {
       p = payload_from_tuple(hooks().pickle_value(box->value.get(), box->is_exception));
     } catch (py::error_already_set& e) {
@@ -351,7 +368,7 @@ RegisteredFunction python_function() {
     if (finalizing()) return absl::UnavailableError("the Python interpreter is shutting down");
     PyPayload out;
     {
-      py::gil_scoped_acquire gil;
+      ThreadGil gil;
       try {
         py::cpp_function defer([]() {
           DeferredReply d = defer_reply(std::nullopt);
@@ -374,7 +391,7 @@ RegisteredFunction python_function() {
     PyPayload request;
     FERRY_RETURN_IF_ERROR(read_guarded("arguments", [&] { reader(request); }));
     if (finalizing()) return absl::UnavailableError("the Python interpreter is shutting down");
-    py::gil_scoped_acquire gil;
+    ThreadGil gil;
     try {
       py::tuple r = hooks().make_value(py::bytes(request.pickle), tensors_to_list(request.tensors),
                                        rrefs_to_list(request.rrefs));
@@ -397,7 +414,7 @@ RegisteredFunction python_typed_function(std::shared_ptr<PyRef> fn, Signature si
   auto shared = std::make_shared<Signature>(std::move(sig));
   f.invoke = [fn, shared](PayloadReader& reader, Message& response) -> absl::Status {
     if (finalizing()) return absl::UnavailableError("the Python interpreter is shutting down");
-    py::gil_scoped_acquire gil;
+    ThreadGil gil;
     try {
       py::tuple args(shared->args.size());
       FERRY_RETURN_IF_ERROR(read_guarded("arguments", [&] {
@@ -507,7 +524,7 @@ class PendingCall {
     auto ref = std::make_shared<PyRef>(std::move(fn));
     auto run = [ref](const absl::StatusOr<Message>&) {
       if (finalizing()) return;
-      py::gil_scoped_acquire gil;
+      ThreadGil gil;
       try {
         ref->get()();
       } catch (py::error_already_set& e) {
@@ -633,7 +650,7 @@ py::object remote_cpp(const std::string& to, const std::string& fn, py::tuple ar
     py::gil_scoped_release release;
     state = internal::rref_remote(to, sig->result.text, fn, sig->text, [&](PayloadWriter& w) {
       // Encoded once above already: this cannot raise.
-      py::gil_scoped_acquire gil;
+      ThreadGil gil;
       encode_args(w, *sig, fn, args);
     });
   }

@@ -278,13 +278,14 @@ def test_rref_lifetime_owner_frees_when_last_user_drops():
 
 def test_async_execution():
     f = rpc.rpc_async("w1", workers.add_later, args=("k1", 40))
-    time.sleep(0.1)
+    harness.wait_until(lambda: rpc.rpc_sync("w1", workers.pending_count) == 1, 10, "add_later ran on w1")
     assert not f.done()  # the reply waits for the future on w1
     assert rpc.rpc_sync("w1", workers.release_later, args=("k1", 2))
     assert f.wait() == 42
     assert rpc.rpc_sync("w1", workers.chained_add, args=("w2", 1, 2)) == 30
     # Many held at once with a pool of 8 threads: none of them blocks a thread.
     futs = [rpc.rpc_async("w2", workers.add_later, args=(f"m{i}", i)) for i in range(20)]
+    harness.wait_until(lambda: rpc.rpc_sync("w2", workers.pending_count) == 20, 10, "20 replies held on w2")
     for i in range(20):
         rpc.rpc_sync("w2", workers.release_later, args=(f"m{i}", 1))
     assert [f.wait() for f in futs] == [i + 1 for i in range(20)]

@@ -123,6 +123,11 @@ def add_later(key, x):
     return fut
 
 
+def pending_count():
+    with _pending_lock:
+        return len(_pending)
+
+
 def release_later(key, y):
     with _pending_lock:
         fut, x = _pending.pop(key)
