@@ -14,7 +14,7 @@ library folders and fails (exit 1, printing file:line, the include and why) on
   - a library folder missing from the table, or README.md's "## Layout" table listing the
     layers in another order than this one.
 
-tests/, examples/, bench/, fuzz/ and tools/ are not checked: they sit on top and may include
+tests/, examples/, bench/, fuzz/, tools/ and python/ are not checked: they sit on top and may include
 anything. An include that names no file of the tree (absl/..., gloo/...) is not ferry's.
 
   python3 scripts/check_layers.py              # the tree this script is in
@@ -55,7 +55,7 @@ LAYERS = [
 
 # Top-level folders that are not libraries: ON_TOP sits above every layer (a library never
 # includes it), the rest holds no C++.
-ON_TOP = {"tests", "examples", "bench", "fuzz", "tools"}
+ON_TOP = {"tests", "examples", "bench", "fuzz", "tools", "python"}
 UNCHECKED = ON_TOP | {"docs", "cmake", "scripts"}
 SOURCE = re.compile(r"\.(h|hh|hpp|c|cc|cpp|cu|cuh|inc)$")
 INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"')

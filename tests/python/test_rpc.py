@@ -2,7 +2,9 @@
 static group of three, with two Python workers ("w1", "w2") started by harness.py."""
 
 import gc
+import os
 import pickle
+import signal
 import threading
 import time
 
@@ -289,3 +291,17 @@ def test_async_execution():
     for i in range(20):
         rpc.rpc_sync("w2", workers.release_later, args=(f"m{i}", 1))
     assert [f.wait() for f in futs] == [i + 1 for i in range(20)]
+
+
+def test_ctrl_c_interrupts_a_wait():
+    # SIGINT while blocked in rpc_sync (and in Future.wait) raises KeyboardInterrupt in
+    # the waiting thread soon after, not when the call ends.
+    for wait in (lambda: rpc.rpc_sync("w1", workers.sleep_then, args=(3, None)),
+                 lambda: rpc.rpc_async("w2", workers.sleep_then, args=(3, None)).wait()):
+        timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
+        timer.start()
+        start = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            wait()
+        timer.join()
+        assert time.monotonic() - start < 2
