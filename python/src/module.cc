@@ -139,6 +139,17 @@ struct PyRef {
   py::object get() const { return py::reinterpret_borrow<py::object>(object); }
 };
 
+// Runs `fn` with the GIL released if this thread holds it (and Python still runs).
+template <typename Fn>
+void without_gil(Fn&& fn) {
+  if (!finalizing() && PyGILState_Check()) {
+    py::gil_scoped_release release;
+    fn();
+  } else {
+    fn();
+  }
+}
+
 // ---- tensors
 
 absl::StatusOr<DType> numpy_dtype(const py::dtype& dt) {
@@ -287,6 +298,11 @@ class PyRRef {
  public:
   PyRRef(std::shared_ptr<internal::RRefState> state, std::string type, std::optional<TypeNode> node)
       : state_(std::move(state)), type_(std::move(type)), node_(std::move(node)) {}
+  PyRRef(const PyRRef&) = default;
+  PyRRef& operator=(const PyRRef&) = default;
+  // Dropping the last reference tells the owner (a message): never with the GIL held,
+  // as a ferry thread may wait for the GIL while holding what sending needs.
+  ~PyRRef() { without_gil([this] { state_.reset(); }); }
 
   const std::shared_ptr<internal::RRefState>& state() const { return state_; }
   const std::string& type() const { return type_; }
@@ -508,6 +524,10 @@ SignatureCache& signatures() {
 class PendingCall {
  public:
   PendingCall(Future<Message> reply, std::shared_ptr<const Signature> sig) : reply_(std::move(reply)), sig_(std::move(sig)) {}
+  PendingCall(const PendingCall&) = default;
+  PendingCall& operator=(const PendingCall&) = default;
+  // The reply may hold the last references to RRefs the arguments carried (see ~PyRRef).
+  ~PendingCall() { without_gil([this] { reply_ = Future<Message>(); }); }
   static PendingCall failed(absl::Status status) { return PendingCall(make_ready_future<Message>(std::move(status)), nullptr); }
 
   bool done() const { return reply_.is_ready(); }
