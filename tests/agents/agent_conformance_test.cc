@@ -25,30 +25,14 @@
 #include "serialization/error.h"
 #include "store/file_store.h"
 #include "tests/testing/multi_process.h"
+#include "tests/testing/sanitizers.h"
 #include "tests/testing/status_matchers.h"
-
-// Sanitizers multiply memory and time: the flood is smaller there and its memory is
-// not measured.
-#if defined(__has_feature)
-#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
-#define FERRY_TEST_SANITIZED 1
-#endif
-#endif
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define FERRY_TEST_SANITIZED 1
-#endif
-#if defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define FERRY_TEST_THREAD_SANITIZED 1
-#endif
-#endif
-#if defined(__SANITIZE_THREAD__)
-#define FERRY_TEST_THREAD_SANITIZED 1
-#endif
 
 namespace ferry {
 namespace {
 
+// Sanitizers multiply memory and time: the flood is smaller there and its memory is
+// not measured.
 #ifdef FERRY_TEST_SANITIZED
 constexpr bool kSanitized = true;
 #else

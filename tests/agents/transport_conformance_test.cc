@@ -23,6 +23,7 @@
 #include "agents/tensorpipe/transport.h"
 #include "gtest/gtest.h"
 #include "store/hash_store.h"
+#include "tests/testing/sanitizers.h"
 #include "tests/testing/status_matchers.h"
 
 namespace ferry {
@@ -205,11 +206,6 @@ TEST_P(TransportConformance, ClosingWhileSendingIsSafe) {
 // The agents' handshake timeout. Under TSan on a 2-core host a worker can stall past
 // 300 ms (TensorPipe's polling reactors beside another test) and its own peer then
 // gives up on its hello.
-#if defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define FERRY_TEST_THREAD_SANITIZED 1
-#endif
-#endif
 #ifdef FERRY_TEST_THREAD_SANITIZED
 constexpr milliseconds kHandshakeTimeout = milliseconds(1000);
 #else
