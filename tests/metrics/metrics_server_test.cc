@@ -140,12 +140,16 @@ TEST(MetricsServer, AcceptFailingForWantOfDescriptorsDoesNotSpin) {
     ASSERT_TRUE(server.ok()) << server.status();
     // The server thread's CPU time (clock ticks), from its /proc stat file, opened now:
     // there will be no descriptor left to open it later.
+    // The thread names itself once it runs, which on a busy host is not at once.
     std::ifstream stat;
-    for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
-      std::ifstream comm(task.path() / "comm");
-      std::string name;
-      std::getline(comm, name);
-      if (name == "ferry-metrics") stat.open(task.path() / "stat");
+    for (const auto until = Clock::now() + std::chrono::seconds(10); !stat.is_open() && Clock::now() < until;) {
+      for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+        std::ifstream comm(task.path() / "comm");
+        std::string name;
+        std::getline(comm, name);
+        if (name == "ferry-metrics") stat.open(task.path() / "stat");
+      }
+      if (!stat.is_open()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     ASSERT_TRUE(stat.is_open()) << "no ferry-metrics thread";
     auto server_ticks = [&stat] {
