@@ -114,6 +114,30 @@ int say_hello(const std::string& address, int segment_fd, int bell_fd, uint64_t 
   return fd;
 }
 
+// A raw peer's side of a ring: its segment (mapped here, its header made) and its bell,
+// as memfds to hand over in a hello.
+struct RawRing {
+  const size_t segment_bytes;
+  const int segment_fd;
+  const int bell_fd;
+  void* segment;
+  internal::ring::SegmentHeader* header;
+  uint8_t* forward;  // the ring this peer writes, which the worker reads
+
+  explicit RawRing(size_t ring_bytes)
+      : segment_bytes(internal::ring::kHeaderBytes + 2 * ring_bytes),
+        segment_fd(memfd_of(segment_bytes, true)),
+        bell_fd(memfd_of(internal::ring::kBellBytes, true)),
+        segment(mmap(nullptr, segment_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, segment_fd, 0)),
+        header(segment == MAP_FAILED ? nullptr : new (segment) internal::ring::SegmentHeader()),
+        forward(static_cast<uint8_t*>(segment) + internal::ring::kHeaderBytes) {}
+  ~RawRing() {
+    close(segment_fd);
+    close(bell_fd);
+    if (segment != MAP_FAILED) munmap(segment, segment_bytes);
+  }
+};
+
 std::string info(const Transport& t, const std::string& key) { return t.debug_info().at(key); }
 
 // Every hello that breaks the protocol is refused with its socket closed, and the
@@ -198,16 +222,13 @@ TEST(RingTransport, AHostileRingIsClosedSayingWhy) {
     SCOPED_TRACE(c.what);
     Side victim(make_ring_transport("victim"));
     constexpr size_t kRing = 4096;
-    const size_t segment_bytes = internal::ring::kHeaderBytes + 2 * kRing;
-    int segment_fd = memfd_of(segment_bytes, true);
-    int bell_fd = memfd_of(internal::ring::kBellBytes, true);
-    void* segment = mmap(nullptr, segment_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, segment_fd, 0);
-    ASSERT_NE(segment, MAP_FAILED);
-    auto* header = new (segment) internal::ring::SegmentHeader();
-    int fd = say_hello(victim.address, segment_fd, bell_fd, kRing);
+    RawRing peer(kRing);
+    ASSERT_NE(peer.segment, MAP_FAILED);
+    auto* header = peer.header;
+    int fd = say_hello(victim.address, peer.segment_fd, peer.bell_fd, kRing);
     ASSERT_GE(fd, 0);
     ASSERT_TRUE(victim.events->wait_for([&] { return !victim.events->accepted_.empty(); }));
-    uint8_t* forward = static_cast<uint8_t*>(segment) + internal::ring::kHeaderBytes;
+    uint8_t* forward = peer.forward;
     if (c.corrupt_head) {
       header->forward.head.store(3 * kRing);
     } else {
@@ -232,9 +253,6 @@ TEST(RingTransport, AHostileRingIsClosedSayingWhy) {
     }
     EXPECT_EQ(n, 0);  // the victim closed our socket
     close(fd);
-    close(segment_fd);
-    close(bell_fd);
-    munmap(segment, segment_bytes);
   }
 }
 
@@ -246,14 +264,11 @@ TEST(RingTransport, AHostileRingIsClosedSayingWhy) {
 TEST(RingTransport, APeerThatMovesItsHeadAfterClosingCannotHoldTheWorker) {
   Side victim(make_ring_transport("victim"));
   constexpr size_t kRing = 4096;
-  const size_t segment_bytes = internal::ring::kHeaderBytes + 2 * kRing;
-  int segment_fd = memfd_of(segment_bytes, true);
-  int bell_fd = memfd_of(internal::ring::kBellBytes, true);
-  void* segment = mmap(nullptr, segment_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, segment_fd, 0);
-  ASSERT_NE(segment, MAP_FAILED);
-  auto* header = new (segment) internal::ring::SegmentHeader();
+  RawRing peer(kRing);
+  ASSERT_NE(peer.segment, MAP_FAILED);
+  auto* header = peer.header;
   // 128 frames of 32 bytes: a header and 8 bytes of metadata each.
-  uint8_t* ring = static_cast<uint8_t*>(segment) + internal::ring::kHeaderBytes;
+  uint8_t* ring = peer.forward;
   for (size_t at = 0; at < kRing; at += 32) {
     const internal::ring::Fixed frame{internal::ring::kMessage, 0, 8, 0};
     std::memcpy(ring + at, &frame, sizeof(frame));
@@ -262,7 +277,7 @@ TEST(RingTransport, APeerThatMovesItsHeadAfterClosingCannotHoldTheWorker) {
   victim.events->set_after_message([](Connection&, const Wire& wire) {
     if (wire.metadata == "flooding") std::this_thread::sleep_for(std::chrono::milliseconds(1));
   });
-  int fd = say_hello(victim.address, segment_fd, bell_fd, kRing);
+  int fd = say_hello(victim.address, peer.segment_fd, peer.bell_fd, kRing);
   ASSERT_GE(fd, 0);
   ASSERT_TRUE(victim.events->wait_for([&] { return !victim.events->accepted_.empty(); }));
   auto got = [&](const std::string& text) {
@@ -294,9 +309,6 @@ TEST(RingTransport, APeerThatMovesItsHeadAfterClosingCannotHoldTheWorker) {
   stop.store(true);
   mover.join();
   closing.wait();
-  close(segment_fd);
-  close(bell_fd);
-  munmap(segment, segment_bytes);
 }
 
 TEST(RingTransport, ReachesOnlyItsOwnHostAndNetworkNamespace) {

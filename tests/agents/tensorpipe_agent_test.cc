@@ -4,6 +4,9 @@
 
 #include <functional>
 #include <future>
+#include <memory>
+#include <optional>
+#include <string>
 #include <thread>
 
 #include <tensorpipe/tensorpipe.h>
@@ -125,24 +128,43 @@ void read_until_closed(const std::shared_ptr<tensorpipe::Pipe>& pipe, std::share
   });
 }
 
+// A plain TensorPipe client (uv, basic channel) with a pipe to `url`: what any host that
+// reaches a worker's port can open, with no token.
+struct RawClient {
+  std::shared_ptr<tensorpipe::Context> context = std::make_shared<tensorpipe::Context>();
+  std::shared_ptr<tensorpipe::Pipe> pipe;
+
+  explicit RawClient(const std::string& url) {
+    context->registerTransport(0, "uv", tensorpipe::transport::uv::create());
+    context->registerChannel(0, "basic", tensorpipe::channel::basic::create());
+    pipe = context->connect(url);
+  }
+  // Whether the worker closed the pipe without sending tensors first; nullopt when
+  // neither happened within 10 s.
+  std::optional<bool> closed_by_peer() {
+    auto closed = std::make_shared<std::promise<bool>>();
+    read_until_closed(pipe, closed);
+    auto verdict = closed->get_future();
+    if (verdict.wait_for(std::chrono::seconds(10)) != std::future_status::ready) return std::nullopt;
+    return verdict.get();
+  }
+  void close() {
+    context->close();
+    context->join();
+  }
+};
+
 TEST(TensorPipeAgent, GarbageFromARawClientClosesOnlyThatPipe) {
   auto agents = start_group(1);
   ASSERT_EQ(agents.size(), 1u);
-  std::string url = TensorPipeAgent::addresses(*agents[0]).at("uv");
-
-  auto context = std::make_shared<tensorpipe::Context>();
-  context->registerTransport(0, "uv", tensorpipe::transport::uv::create());
-  context->registerChannel(0, "basic", tensorpipe::channel::basic::create());
-  std::shared_ptr<tensorpipe::Pipe> pipe = context->connect(url);
+  RawClient client(TensorPipeAgent::addresses(*agents[0]).at("uv"));
   tensorpipe::Message garbage;
   garbage.metadata = "this is not a ferry message at all";
-  auto closed = std::make_shared<std::promise<bool>>();
-  pipe->write(std::move(garbage), [](const tensorpipe::Error&) {});
+  client.pipe->write(std::move(garbage), [](const tensorpipe::Error&) {});
   // The agent answers with a refusal, then closes the pipe.
-  read_until_closed(pipe, closed);
-  auto verdict = closed->get_future();
-  ASSERT_EQ(verdict.wait_for(std::chrono::seconds(10)), std::future_status::ready);
-  EXPECT_TRUE(verdict.get()) << "the agent should close a pipe that sends garbage";
+  std::optional<bool> closed = client.closed_by_peer();
+  ASSERT_TRUE(closed.has_value());
+  EXPECT_TRUE(*closed) << "the agent should close a pipe that sends garbage";
 
   // The agent still serves everyone else.
   Message m(MessageType::kRequest, 0);
@@ -150,8 +172,7 @@ TEST(TensorPipeAgent, GarbageFromARawClientClosesOnlyThatPipe) {
   absl::StatusOr<Message> reply = agents[0]->send(0, std::move(m)).result();
   ASSERT_OK(reply.status());
   EXPECT_EQ(reply->payload(), "still from a0 via a0");
-  context->close();
-  context->join();
+  client.close();
   agents[0]->shutdown();
 }
 
@@ -167,11 +188,7 @@ TEST(TensorPipeAgent, AMessageOverTheLimitClosesThatPipeBeforeAllocating) {
     setenv("FERRY_MAX_MESSAGE_BYTES", "1048576", 1);
     auto agents = start_group(1);
     ASSERT_EQ(agents.size(), 1u);
-    std::string url = TensorPipeAgent::addresses(*agents[0]).at("uv");
-    auto context = std::make_shared<tensorpipe::Context>();
-    context->registerTransport(0, "uv", tensorpipe::transport::uv::create());
-    context->registerChannel(0, "basic", tensorpipe::channel::basic::create());
-    std::shared_ptr<tensorpipe::Pipe> pipe = context->connect(url);
+    RawClient client(TensorPipeAgent::addresses(*agents[0]).at("uv"));
     std::vector<uint8_t> big(2 << 20, 7);  // 2 MiB against a 1 MiB limit
     tensorpipe::Message m;
     m.metadata = Message(MessageType::kRequest, 1).seal();
@@ -179,18 +196,15 @@ TEST(TensorPipeAgent, AMessageOverTheLimitClosesThatPipeBeforeAllocating) {
     tensor.buffer = tensorpipe::CpuBuffer{big.data()};
     tensor.length = big.size();
     m.tensors.push_back(std::move(tensor));
-    pipe->write(std::move(m), [](const tensorpipe::Error&) {});
-    auto closed = std::make_shared<std::promise<bool>>();
-    read_until_closed(pipe, closed);
-    auto verdict = closed->get_future();
-    ASSERT_EQ(verdict.wait_for(std::chrono::seconds(10)), std::future_status::ready);
-    EXPECT_TRUE(verdict.get()) << "the agent should close a pipe that announces too many bytes";
+    client.pipe->write(std::move(m), [](const tensorpipe::Error&) {});
+    std::optional<bool> closed = client.closed_by_peer();
+    ASSERT_TRUE(closed.has_value());
+    EXPECT_TRUE(*closed) << "the agent should close a pipe that announces too many bytes";
     // Everyone else is still served.
     Message ok(MessageType::kRequest, 0);
     ok.buffer() += "small";
     EXPECT_OK(agents[0]->send(0, std::move(ok)).status());
-    context->close();
-    context->join();
+    client.close();
     agents[0]->shutdown();
   }));
 }
@@ -208,11 +222,7 @@ TEST(TensorPipeAgent, APayloadFromARawClientClosesOnlyThatPipe) {
   ferry::testing::expect_all_succeed(ferry::testing::run_processes(1, [](int) {
     auto agents = start_group(1);
     ASSERT_EQ(agents.size(), 1u);
-    std::string url = TensorPipeAgent::addresses(*agents[0]).at("uv");
-    auto context = std::make_shared<tensorpipe::Context>();
-    context->registerTransport(0, "uv", tensorpipe::transport::uv::create());
-    context->registerChannel(0, "basic", tensorpipe::channel::basic::create());
-    std::shared_ptr<tensorpipe::Pipe> pipe = context->connect(url);
+    RawClient client(TensorPipeAgent::addresses(*agents[0]).at("uv"));
     std::vector<uint8_t> bytes(64, 7);
     tensorpipe::Message m;
     m.metadata = Message(MessageType::kRequest, 1).seal();
@@ -220,19 +230,16 @@ TEST(TensorPipeAgent, APayloadFromARawClientClosesOnlyThatPipe) {
     payload.data = bytes.data();
     payload.length = bytes.size();
     m.payloads.push_back(std::move(payload));
-    pipe->write(std::move(m), [](const tensorpipe::Error&) {});
-    auto closed = std::make_shared<std::promise<bool>>();
-    read_until_closed(pipe, closed);
-    auto verdict = closed->get_future();
-    ASSERT_EQ(verdict.wait_for(std::chrono::seconds(10)), std::future_status::ready);
-    EXPECT_TRUE(verdict.get()) << "the agent should close a pipe that sends payloads";
+    client.pipe->write(std::move(m), [](const tensorpipe::Error&) {});
+    std::optional<bool> closed = client.closed_by_peer();
+    ASSERT_TRUE(closed.has_value());
+    EXPECT_TRUE(*closed) << "the agent should close a pipe that sends payloads";
     Message ok(MessageType::kRequest, 0);
     ok.buffer() += "after";
     absl::StatusOr<Message> reply = agents[0]->send(0, std::move(ok)).result();
     ASSERT_OK(reply.status());
     EXPECT_EQ(reply->payload(), "after from a0 via a0");
-    context->close();
-    context->join();
+    client.close();
     agents[0]->shutdown();
   }));
 }
