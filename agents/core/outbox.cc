@@ -63,14 +63,15 @@ Future<Message> Outbox::send(const Member& member, Message message, std::optiona
     if (!staged.ok()) return make_ready_future<Message>(std::move(staged));
   }
   const std::chrono::milliseconds limit = timeout.value_or(default_timeout_);
+  const std::string_view function = call_name(message);  // a view into the buffer, read before seal()
   CallTable::Started call = calls_.start(
       to, peer->info.name, limit,
-      stats_.call_started(peer->info.name, call_name(message), wire_bytes(message.buffer().size(), wire.tensors)));
+      stats_.call_started(peer->info.name, function, wire_bytes(message.buffer().size(), wire.tensors)));
   message.set_id(call.id);
   // The server drops a request whose caller gave up before it ran.
   message.set_timeout(limit);
   const bool counted = message.type() == MessageType::kRequest;
-  if (trace_) observe_trace(call.future, *trace_, *peer, call_name(message), call.id);
+  if (trace_) observe_trace(call.future, *trace_, *peer, function, call.id);
   wire.metadata = message.seal();
   links_.send(*peer, std::move(wire), counted ? call.id : 0);
   // Lost (or stopped) while this call was being registered: the loss may have swept
