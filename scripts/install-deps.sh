@@ -13,6 +13,7 @@ packages=(
   python3 python3-matplotlib
   python3-dev pybind11-dev python3-pytest python3-numpy python3-torch
   iproute2
+  etcd-server etcd-client
 )
 
 missing=()
@@ -36,4 +37,15 @@ echo "install-deps: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -q
 $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+# etcd-server's package starts a system etcd on 127.0.0.1:2379 where the machine lets
+# services start. ferry's tests start clusters of their own on free ports and want no
+# stray server: stop it and keep it from starting again.
+if [[ " ${missing[*]} " == *" etcd-server "* ]]; then
+  if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet etcd 2>/dev/null; then
+    $sudo systemctl disable --now etcd || true
+  elif [ -x /etc/init.d/etcd ]; then
+    $sudo /etc/init.d/etcd stop >/dev/null 2>&1 || true
+    $sudo update-rc.d etcd disable >/dev/null 2>&1 || true
+  fi
+fi
 echo "install-deps: done"
