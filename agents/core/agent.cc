@@ -421,18 +421,9 @@ void Agent::on_peer_lost(int peer, absl::Status why) {
   const bool first = barrier_->record_loss(peer, why);
   calls_->fail_peer(peer, why);
   if (!first) return;
-  internal::JoinBarrier::Verdict verdict = barrier_->decide(info);
-  if (verdict.tell) {
-    notify(info, *verdict.tell);
-  } else if (verdict.account) {
-    // Accounted in the store, not on a transport thread.
-    pool_->post([this, owner = std::weak_ptr<void>(weak_from_this()), account = std::move(verdict.account)] {
-      std::shared_ptr<void> alive = owner.lock();
-      if (alive == nullptr) return;
-      absl::Status accounted = account();
-      if (!accounted.ok()) FERRY_LOG(WARNING) << self_.name << ": accounting a lost peer: " << accounted;
-    });
-  }
+  // While a join round waits, the waiting thread accounts the loss in the store (most
+  // such peers turn out to have left: they saw the round end first).
+  if (std::optional<MembershipChange> tell = barrier_->decide(info)) notify(info, *tell);
 }
 
 // ---- Listeners.

@@ -1,6 +1,7 @@
 #include "agents/core/join_barrier.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -13,6 +14,8 @@ using Clock = std::chrono::steady_clock;
 
 // When the first worker to arrive first probes the workers that have not.
 constexpr std::chrono::milliseconds kFirstProbe{300};
+// How often a waiting worker wakes to account the losses it saw meanwhile.
+constexpr std::chrono::milliseconds kAccountEvery{1000};
 
 std::chrono::milliseconds left_until(Clock::time_point deadline) {
   return std::max(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()),
@@ -50,24 +53,14 @@ void JoinBarrier::forget(int id) {
   lost_.erase(id);
 }
 
-JoinBarrier::Verdict JoinBarrier::decide(const WorkerInfo& lost) {
+std::optional<MembershipChange> JoinBarrier::decide(const WorkerInfo& lost) {
   Locked lock(mu_);
   // Decided under the lock end_wait() holds when it turns departing_ on: judged before,
   // a peer that left just as this worker's round ended would be reported lost.
-  Verdict verdict;
-  if (!waiting_.load()) {
-    verdict.tell = departing_.load() ? MembershipChange::kLeft : MembershipChange::kLost;
-    return verdict;
-  }
-  // Waiting in a round: the loss is accounted in the store, and whether it left or was
-  // lost shows once everyone is accounted for.
+  if (!waiting_.load()) return departing_.load() ? MembershipChange::kLeft : MembershipChange::kLost;
   deferred_.push_back(lost);
-  if (!round_prefix_.empty()) {
-    verdict.account = [this, prefix = round_prefix_, n = round_size_, id = lost.id] {
-      return account(prefix, id, /*arrived=*/false, n).status();
-    };
-  }
-  return verdict;
+  unaccounted_.push_back(lost.id);
+  return std::nullopt;
 }
 
 absl::StatusOr<int64_t> JoinBarrier::account(const std::string& prefix, int id, bool arrived, int n) {
@@ -75,7 +68,15 @@ absl::StatusOr<int64_t> JoinBarrier::account(const std::string& prefix, int id, 
   // the key holds afterwards).
   const Bytes mine = to_bytes(arrived ? std::string("arrived") : absl::StrCat("lost:", self_.id));
   FERRY_ASSIGN_OR_RETURN(Bytes holds, store_.compare_set(absl::StrCat(prefix, "fate/", id), {}, mine));
-  if (holds != mine) return 0;  // accounted for already
+  if (holds != mine) {
+    if (!arrived) return 0;  // accounted for already
+    // Another worker recorded this one lost before it arrived (a false loss, or a
+    // hostile token holder): it was counted as lost, so counting it again as arrived,
+    // or as leaving, would end the round or its leaving one worker early.
+    return absl::UnavailableError(absl::StrCat(self_.name, ": arrived at join round ", prefix,
+                                               " after another worker had recorded it as lost (", to_string(holds),
+                                               "); it leaves without the rest of the group"));
+  }
   // "arrived" counts before "accounted", so it is final once "done" is set.
   int64_t order = 0;
   if (arrived) {
@@ -99,9 +100,8 @@ absl::Status JoinBarrier::wait(const Round& round, Clock::time_point deadline, c
   std::vector<int> lost;
   {
     Locked lock(mu_);
-    round_prefix_ = prefix;
-    round_size_ = n;
     for (const auto& [id, why] : lost_) lost.push_back(id);
+    unaccounted_.clear();
   }
   for (int id : lost) FERRY_RETURN_IF_ERROR(account(prefix, id, /*arrived=*/false, n).status());
   // A large group does not check every key from every worker: the first to arrive
@@ -113,19 +113,33 @@ absl::Status JoinBarrier::wait(const Round& round, Clock::time_point deadline, c
     std::chrono::milliseconds slice = std::max(
         std::chrono::milliseconds(1),
         std::chrono::duration_cast<std::chrono::milliseconds>(std::min(next_probe, deadline) - Clock::now()));
+    slice = std::min(slice, kAccountEvery);
     absl::Status all = store_.wait({prefix + "done"}, slice);
     if (all.ok()) return absl::OkStatus();
     if (all.code() != absl::StatusCode::kDeadlineExceeded || Clock::now() >= deadline) {
       return absl::Status(all.code(), absl::StrCat(self_.name, ": waiting for every worker to join: ", all.message()));
     }
+    {
+      Locked lock(mu_);
+      lost = std::exchange(unaccounted_, {});
+    }
+    for (int id : lost) FERRY_RETURN_IF_ERROR(account(prefix, id, /*arrived=*/false, n).status());
     if (Clock::now() < next_probe) continue;
     std::shared_ptr<const Membership::Table> table = members_.snapshot();
+    int settled = 1;  // this worker's own fate
     for (const auto& [id, member] : table->by_id) {
       if (id == self_.id) continue;
       absl::StatusOr<bool> accounted = store_.check({absl::StrCat(prefix, "fate/", id)});
-      if (!accounted.ok() || *accounted) continue;
+      if (!accounted.ok()) continue;
+      if (*accounted) {
+        ++settled;
+        continue;
+      }
       probe(id);
     }
+    // A worker that died between claiming a fate and counting it leaves "accounted"
+    // short for good: the fates themselves say the round is over.
+    if (settled >= n) FERRY_RETURN_IF_ERROR(store_.set(prefix + "done", to_bytes("1")));
     next_probe = Clock::now() + period;
   }
 }
@@ -136,17 +150,23 @@ std::vector<std::pair<WorkerInfo, MembershipChange>> JoinBarrier::end_wait(const
   {
     Locked lock(mu_);
     waiting_.store(false);
-    round_prefix_.clear();
     // Everyone arrived or was lost: whoever goes now leaves.
     if (waited.ok()) departing_.store(true);
     deferred.swap(deferred_);
   }
   std::vector<std::pair<WorkerInfo, MembershipChange>> told;
-  for (WorkerInfo& w : deferred) {
-    absl::StatusOr<Bytes> fate =
-        store_.get(absl::StrCat(round.prefix, "fate/", w.id), std::chrono::milliseconds(0));
-    bool left = waited.ok() && fate.ok() && to_string(*fate) == "arrived";
-    told.emplace_back(std::move(w), left ? MembershipChange::kLeft : MembershipChange::kLost);
+  if (deferred.empty()) return told;
+  // Once the round is done every worker's fate is set: one read for all of them.
+  std::vector<Bytes> fates;
+  if (waited.ok()) {
+    std::vector<std::string> keys;
+    for (const WorkerInfo& w : deferred) keys.push_back(absl::StrCat(round.prefix, "fate/", w.id));
+    absl::StatusOr<std::vector<Bytes>> read = store_.multi_get(keys, std::chrono::milliseconds(0));
+    if (read.ok()) fates = *std::move(read);
+  }
+  for (size_t i = 0; i < deferred.size(); ++i) {
+    const bool left = i < fates.size() && to_string(fates[i]) == "arrived";
+    told.emplace_back(std::move(deferred[i]), left ? MembershipChange::kLeft : MembershipChange::kLost);
   }
   return told;
 }
@@ -158,6 +178,9 @@ absl::Status JoinBarrier::leave(const Round& round, int64_t arrived, Clock::time
   const int n = round.size;
   // Worker 0 usually hosts the store: it leaves last, so nobody loses the store while
   // still reading "done".
+  // Whatever a worker reads from the store it reads before it counts itself gone: the
+  // last count lets worker 0 go, and with it the store.
+  absl::Status lost = arrived == n ? absl::OkStatus() : lost_in(round, arrived, deadline);
   FERRY_ASSIGN_OR_RETURN(int64_t gone, store_.add(prefix + "left", 1));
   if (gone == arrived) FERRY_RETURN_IF_ERROR(store_.set(prefix + "all_left", to_bytes("1")));
   if (self_.id == 0) {
@@ -167,7 +190,12 @@ absl::Status JoinBarrier::leave(const Round& round, int64_t arrived, Clock::time
                                                     left.message()));
     }
   }
-  if (arrived == n) return absl::OkStatus();
+  return lost;
+}
+
+absl::Status JoinBarrier::lost_in(const Round& round, int64_t arrived, Clock::time_point deadline) {
+  const std::string& prefix = round.prefix;
+  const int n = round.size;
   // Some worker was lost: say which, wherever it was seen.
   std::shared_ptr<const Membership::Table> table = members_.snapshot();
   std::vector<WorkerInfo> members;

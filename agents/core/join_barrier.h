@@ -50,12 +50,11 @@ class JoinBarrier {
   // Once a round saw everyone arrive: a peer that goes now left.
   bool departing() const { return departing_.load(); }
   // What to tell of a member first recorded lost: kLeft or kLost now, or nothing yet
-  // (a round is waiting: the loss is accounted with `account` and told when it ends).
-  struct Verdict {
-    std::optional<MembershipChange> tell;
-    std::function<absl::Status()> account;  // run it on a pool thread, not a transport one
-  };
-  Verdict decide(const WorkerInfo& lost);
+  // while a round waits. Then the waiting thread accounts the loss in the store at its
+  // next wake, unless the round ends first, and end_wait() tells it. Peers that saw the
+  // round end leave while slower workers still wait: accounting those on other threads
+  // opened a second store connection per worker, all at once.
+  std::optional<MembershipChange> decide(const WorkerInfo& lost);
 
   // ---- join().
   struct Round {
@@ -66,7 +65,8 @@ class JoinBarrier {
   Round begin(int size);
   // Arrives and waits until every worker is accounted for. A worker that never arrives
   // and that nobody has a connection to is probed (`probe(id)`, which pings it): soon
-  // by the first to arrive, later by the others too.
+  // by the first to arrive, later by the others too. kUnavailable when another worker
+  // had recorded this one lost before it arrived: it is not part of the round.
   absl::Status wait(const Round& round, std::chrono::steady_clock::time_point deadline,
                     const std::function<void(int)>& probe);
   // Ends the wait: the losses deferred while it ran, and whether each left (it arrived)
@@ -79,9 +79,12 @@ class JoinBarrier {
   absl::Status leave(const Round& round, int64_t arrived, std::chrono::steady_clock::time_point deadline);
 
  private:
+  // Which workers of the round were lost, as the error leave() returns.
+  absl::Status lost_in(const Round& round, int64_t arrived, std::chrono::steady_clock::time_point deadline);
   // Claims the fate of worker `id` ("arrived" for itself, else "lost") once per round;
   // the claim that accounts for the last worker sets "done". The order of this worker's
-  // arrival (1: first) for its own claim, else 0.
+  // arrival (1: first) for its own claim, else 0; kUnavailable when its own claim finds
+  // it already recorded lost.
   absl::StatusOr<int64_t> account(const std::string& prefix, int id, bool arrived, int n);
 
   const WorkerInfo self_;
@@ -93,8 +96,7 @@ class JoinBarrier {
   mutable RankedMutex mu_{LockRank::kFates};
   absl::flat_hash_map<int, absl::Status> lost_ ABSL_GUARDED_BY(mu_);
   std::vector<WorkerInfo> deferred_ ABSL_GUARDED_BY(mu_);
-  std::string round_prefix_ ABSL_GUARDED_BY(mu_);  // the waiting round's keys
-  int round_size_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<int> unaccounted_ ABSL_GUARDED_BY(mu_);  // deferred losses the round has not counted
   std::atomic<bool> any_lost_{false};
   std::atomic<bool> waiting_{false};
   // Set under mu_ as a wait ends, so that decide() never calls lost a peer that left

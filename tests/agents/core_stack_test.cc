@@ -3,12 +3,18 @@
 // call's destination resolved once.
 #include <gtest/gtest.h>
 
+#include <future>
+#include <thread>
+#include <mutex>
+
 #include "absl/strings/str_cat.h"
 
 #include "agents/core/handshake.h"
+#include "agents/core/join_barrier.h"
 #include "agents/core/lock_order.h"
 #include "agents/core/session.h"
 #include "agents/inproc/factory.h"
+#include "base/status.h"
 #include "store/hash_store.h"
 
 namespace ferry::internal {
@@ -152,6 +158,195 @@ TEST(LockOrderDeathTest, TakingALowerRankWhileHoldingAHigherAbortsNamingBoth) {
       "lock order violated: taking kLinks while holding kSession");
 }
 #endif
+
+
+// ---- The join barrier's accounting in the store.
+
+struct Group {
+  HashStore store;
+  Membership members;
+  explicit Group(int n) {
+    for (int i = 0; i < n; ++i) EXPECT_TRUE(members.add({WorkerInfo{absl::StrCat("w", i), i}, ""}).ok());
+  }
+  std::unique_ptr<JoinBarrier> barrier(int id) {
+    return std::make_unique<JoinBarrier>(WorkerInfo{absl::StrCat("w", id), id}, store, members, "job/",
+                                         std::chrono::milliseconds(50));
+  }
+};
+
+const auto kNoProbe = [](int) {};
+
+std::chrono::steady_clock::time_point in(std::chrono::milliseconds ms) { return std::chrono::steady_clock::now() + ms; }
+
+TEST(JoinBarrier, AWorkerThatDiedBetweenItsClaimAndItsCountDoesNotHoldTheRoundToItsDeadline) {
+  Group g(2);
+  // Worker 1 claimed its fate and counted its arrival, then died before counting itself
+  // accounted.
+  ASSERT_TRUE(g.store.compare_set("job/join/0/fate/1", {}, to_bytes("arrived")).ok());
+  ASSERT_TRUE(g.store.add("job/join/0/arrived", 1).ok());
+  std::unique_ptr<JoinBarrier> w0 = g.barrier(0);
+  JoinBarrier::Round round = w0->begin(2);
+  const auto start = std::chrono::steady_clock::now();
+  absl::Status waited = w0->wait(round, in(std::chrono::seconds(20)), kNoProbe);
+  EXPECT_TRUE(waited.ok()) << waited;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+}
+
+TEST(JoinBarrier, AWorkerRecordedLostBeforeItArrivesIsToldSoAndDoesNotCountAsLeaving) {
+  Group g(2);
+  std::unique_ptr<JoinBarrier> w0 = g.barrier(0);
+  std::unique_ptr<JoinBarrier> w1 = g.barrier(1);
+  JoinBarrier::Round r0 = w0->begin(2);
+  JoinBarrier::Round r1 = w1->begin(2);
+  // Worker 0 (or a token holder in its name) records worker 1 lost before it arrives.
+  (void)w0->record_loss(1, absl::UnavailableError("w1 is gone"));
+  auto first = std::async(std::launch::async, [&] { return w0->wait(r0, in(std::chrono::seconds(20)), kNoProbe); });
+  // Worker 0's own claim, then its claim of worker 1's loss, settle the round.
+  ASSERT_TRUE(g.store.wait({"job/join/0/done"}, std::chrono::seconds(10)).ok());
+  absl::Status late = w1->wait(r1, in(std::chrono::seconds(20)), kNoProbe);
+  EXPECT_EQ(late.code(), absl::StatusCode::kUnavailable) << late;
+  EXPECT_NE(late.message().find("recorded it as lost"), std::string::npos) << late;
+  ASSERT_TRUE(first.get().ok());
+  absl::StatusOr<int64_t> arrived = w0->arrived(r0);
+  ASSERT_TRUE(arrived.ok());
+  EXPECT_EQ(*arrived, 1);
+  // Worker 0 leaves alone and names worker 1; worker 1 did not count itself as leaving.
+  absl::Status left = w0->leave(r0, *arrived, in(std::chrono::seconds(5)));
+  EXPECT_EQ(left.code(), absl::StatusCode::kUnavailable) << left;
+  EXPECT_NE(left.message().find("\"w1\" (id 1)"), std::string::npos) << left;
+  absl::StatusOr<int64_t> gone = g.store.add("job/join/0/left", 0);
+  ASSERT_TRUE(gone.ok());
+  EXPECT_EQ(*gone, 1);
+}
+
+TEST(JoinBarrier, APeerSeenGoingWhileThisWorkerWaitsButThatArrivedIsToldAsLeft) {
+  // Peers that saw the round end leave while slower workers still wait. The waiting
+  // worker does not rush to account them lost: the round ends first, and they left.
+  Group g(3);
+  auto barrier = [&](int id) {
+    return std::make_unique<JoinBarrier>(WorkerInfo{absl::StrCat("w", id), id}, g.store, g.members, "job/",
+                                         std::chrono::seconds(2));
+  };
+  std::unique_ptr<JoinBarrier> w0 = barrier(0);
+  std::unique_ptr<JoinBarrier> w1 = barrier(1);
+  std::unique_ptr<JoinBarrier> w2 = barrier(2);
+  JoinBarrier::Round r0 = w0->begin(3);
+  JoinBarrier::Round r1 = w1->begin(3);
+  JoinBarrier::Round r2 = w2->begin(3);
+  auto third = std::async(std::launch::async, [&] { return w2->wait(r2, in(std::chrono::seconds(20)), kNoProbe); });
+  auto first = std::async(std::launch::async, [&] { return w0->wait(r0, in(std::chrono::seconds(20)), kNoProbe); });
+  while (*g.store.add("job/join/0/arrived", 0) < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_TRUE(w0->record_loss(1, absl::UnavailableError("w1 closed its connection")));
+  EXPECT_EQ(w0->decide(WorkerInfo{"w1", 1}), std::nullopt);
+  EXPECT_TRUE(w1->wait(r1, in(std::chrono::seconds(20)), kNoProbe).ok());
+  absl::Status waited = first.get();
+  ASSERT_TRUE(waited.ok()) << waited;
+  ASSERT_TRUE(third.get().ok());
+  std::vector<std::pair<WorkerInfo, MembershipChange>> told = w0->end_wait(r0, waited);
+  ASSERT_EQ(told.size(), 1u);
+  EXPECT_EQ(told[0].first.id, 1);
+  EXPECT_EQ(told[0].second, MembershipChange::kLeft);
+}
+
+TEST(JoinBarrier, APeerLostWhileThisWorkerWaitsIsAccountedAndTheRoundEnds) {
+  Group g(2);
+  std::unique_ptr<JoinBarrier> w0 = g.barrier(0);
+  JoinBarrier::Round r0 = w0->begin(2);
+  auto first = std::async(std::launch::async, [&] { return w0->wait(r0, in(std::chrono::seconds(20)), kNoProbe); });
+  while (*g.store.add("job/join/0/arrived", 0) < 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_TRUE(w0->record_loss(1, absl::UnavailableError("w1 was killed")));
+  EXPECT_EQ(w0->decide(WorkerInfo{"w1", 1}), std::nullopt);
+  absl::Status waited = first.get();
+  ASSERT_TRUE(waited.ok()) << waited;
+  std::vector<std::pair<WorkerInfo, MembershipChange>> told = w0->end_wait(r0, waited);
+  ASSERT_EQ(told.size(), 1u);
+  EXPECT_EQ(told[0].second, MembershipChange::kLost);
+  EXPECT_EQ(to_string(*g.store.get("job/join/0/fate/1", std::chrono::milliseconds(0))), "lost:0");
+}
+
+// Counts, per worker, the store reads made after the worker counted itself as left.
+class WatchedStore final : public Store {
+ public:
+  absl::Status set(std::string_view key, const Bytes& value) override { return inner_.set(key, value); }
+  absl::StatusOr<Bytes> get(std::string_view key, std::optional<std::chrono::milliseconds> timeout) override {
+    noted();
+    return inner_.get(key, timeout);
+  }
+  absl::StatusOr<int64_t> add(std::string_view key, int64_t delta) override {
+    absl::StatusOr<int64_t> added = inner_.add(key, delta);
+    if (std::string(key).ends_with("/left") && delta == 1 && added.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      left_ = *added;
+    }
+    return added;
+  }
+  absl::StatusOr<Bytes> compare_set(std::string_view key, const Bytes& expected, const Bytes& desired) override {
+    return inner_.compare_set(key, expected, desired);
+  }
+  absl::StatusOr<bool> check(const std::vector<std::string>& keys) override { return inner_.check(keys); }
+  absl::Status wait(const std::vector<std::string>& keys, std::optional<std::chrono::milliseconds> timeout) override {
+    return inner_.wait(keys, timeout);
+  }
+  absl::StatusOr<bool> delete_key(std::string_view key) override { return inner_.delete_key(key); }
+  absl::StatusOr<int64_t> num_keys() override { return inner_.num_keys(); }
+  absl::StatusOr<std::vector<Bytes>> multi_get(const std::vector<std::string>& keys,
+                                               std::optional<std::chrono::milliseconds> timeout) override {
+    noted();
+    return inner_.multi_get(keys, timeout);
+  }
+  absl::Status multi_set(const std::vector<std::string>& keys, const std::vector<Bytes>& values) override {
+    return inner_.multi_set(keys, values);
+  }
+  int reads_after_everyone_left() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return late_reads_;
+  }
+  void everyone_is(int n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    everyone_ = n;
+  }
+
+ private:
+  void noted() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (everyone_ > 0 && left_ >= everyone_) ++late_reads_;
+  }
+  HashStore inner_;
+  std::mutex mu_;
+  int64_t left_ = 0;
+  int everyone_ = 0;
+  int late_reads_ = 0;
+};
+
+TEST(JoinBarrier, NoWorkerReadsTheStoreAfterTheLastOneCountedItselfGone) {
+  // Three workers, one lost: the two that arrive name it, and neither reads the store
+  // once both counted themselves gone (worker 0 may then take the store down).
+  WatchedStore store;
+  Membership members;
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(members.add({WorkerInfo{absl::StrCat("w", i), i}, ""}).ok());
+  auto barrier = [&](int id) {
+    return std::make_unique<JoinBarrier>(WorkerInfo{absl::StrCat("w", id), id}, store, members, "job/",
+                                         std::chrono::milliseconds(50));
+  };
+  std::unique_ptr<JoinBarrier> w0 = barrier(0);
+  std::unique_ptr<JoinBarrier> w1 = barrier(1);
+  (void)w0->record_loss(2, absl::UnavailableError("w2 is gone"));
+  store.everyone_is(2);
+  auto run = [&](JoinBarrier& w) {
+    JoinBarrier::Round round = w.begin(3);
+    FERRY_RETURN_IF_ERROR(w.wait(round, in(std::chrono::seconds(20)), kNoProbe));
+    FERRY_ASSIGN_OR_RETURN(int64_t arrived, w.arrived(round));
+    return w.leave(round, arrived, in(std::chrono::seconds(20)));
+  };
+  auto one = std::async(std::launch::async, [&] { return run(*w1); });
+  absl::Status zero = run(*w0);
+  absl::Status other = one.get();
+  for (const absl::Status& s : {zero, other}) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+    EXPECT_NE(s.message().find("\"w2\" (id 2)"), std::string::npos) << s;
+  }
+  EXPECT_EQ(store.reads_after_everyone_left(), 0);
+}
 
 }  // namespace
 }  // namespace ferry::internal
