@@ -2,6 +2,7 @@
 // include none of them.
 #include "agents/core/registry.h"
 #include "agents/ring/factory.h"
+#include "agents/tcp/factory.h"
 #include "agents/tensorpipe/factory.h"
 #include "backends/backend_registry.h"
 #include "backends/process_group/process_group_backend.h"
@@ -13,6 +14,7 @@ void register_builtin_transports() {
   static const bool done = [] {
     // Only a user registering one of these names first can make these fail; the user's wins.
     (void)register_transport(ring_transport_entry());
+    (void)register_transport(tcp_transport_entry());
     (void)register_transport(tensorpipe_transport_entry());
     return true;
   }();

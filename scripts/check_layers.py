@@ -38,7 +38,7 @@ import tempfile
 LAYERS = [
     (["rpc"], "the public API: init_rpc, rpc_sync/rpc_async, shutdown, the function registry, RRefs"),
     (["backends"], "the backend registry and the built-in backends (options + init handler)"),
-    (["agents/*"], "transport adapters (ring, tensorpipe, process_group, inproc): peers"),
+    (["agents/*"], "transport adapters (ring, tcp, tensorpipe, process_group, inproc): peers"),
     (["agents/core"], "the agent core: links, handshake, server, liveness, join barrier, transport registry"),
     (["agents"], "agents/*.h: the RpcAgent interface"),
     (["stats", "metrics", "trace"], "call statistics, the metrics endpoint (its record in the store), call traces"),

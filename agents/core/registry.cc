@@ -96,6 +96,12 @@ absl::Status check_entry(const TransportEntry& entry) {
           absl::StrCat(who, ": same-host name \"", name, "\" is not one of its names"));
     }
   }
+  for (const std::string& name : entry.other_host_names) {
+    if (!contains(entry.names, name)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(who, ": other-host name \"", name, "\" is not one of its names"));
+    }
+  }
   if (!entry.reaches) return absl::InvalidArgumentError(absl::StrCat(who, ": no reaches function"));
   if (!entry.make) return absl::InvalidArgumentError(absl::StrCat(who, ": no maker"));
   return absl::OkStatus();
@@ -131,14 +137,17 @@ absl::StatusOr<Choice> choose(const Entries& entries, const std::optional<std::v
   Choice choice;
   if (!asked) {
     bool same_host_served = false;
+    bool other_hosts_served = false;
     for (const auto& e : entries) {
       if (!e->by_default) continue;
       Chosen c{e, {}};
       for (const std::string& name : e->names) {
         if (same_host_served && contains(e->same_host_names, name)) continue;
+        if (other_hosts_served && contains(e->other_host_names, name)) continue;
         c.names.push_back(name);
       }
       if (!e->same_host_names.empty()) same_host_served = true;
+      if (!e->other_host_names.empty()) other_hosts_served = true;
       if (!c.names.empty()) choice.parts.push_back(std::move(c));
     }
     if (choice.parts.empty()) {

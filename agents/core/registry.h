@@ -26,13 +26,15 @@
 // Which transports are chosen: the list given, else FERRY_TRANSPORTS (comma-separated),
 // else the defaults: every entry registered `by_default`, in rank order, except that
 // only the first of them that serves this host's peers (its `same_host_names`) keeps
-// such names (the ring before TensorPipe's shm).
+// such names (the ring before TensorPipe's shm), and only the first that serves other
+// hosts' peers (its `other_host_names`) keeps those (tcp before TensorPipe's uv).
 //
 // Thread-safe: one process-wide registry; registering while an agent is being made is
 // allowed (the made agent sees the registry as it was when make_transport read it).
 // Entries are never removed.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -64,6 +66,9 @@ struct TransportArgs {
   std::string store_host;
   // How many workers of the group run on this host, this one included.
   int local_workers = 1;
+  // The agent's heartbeat (AgentOptions::heartbeat; 0: unknown), for a transport that
+  // sets its sockets' keepalive from it.
+  std::chrono::milliseconds heartbeat{0};
   // The channels the user listed, for a transport that picks among channels of its
   // own (TensorPipe's xth, cma, mpt_uv, basic); unset: its defaults. Others ignore it.
   std::optional<std::vector<std::string>> channels;
@@ -87,7 +92,7 @@ struct TransportEntry {
   // empty. A name is letters, digits, '_' and '-'.
   std::vector<std::string> names = {};
   // Its place among the others: lower ranks are built first and asked first whether
-  // they reach a peer. The built-ins: ring 100, TensorPipe (shm, ibv, uv) 200.
+  // they reach a peer. The built-ins: ring 100, tcp 150, TensorPipe (shm, ibv, uv) 200.
   int rank = 0;
   // Whether it is among the defaults (when the user lists no transports).
   bool by_default = false;
@@ -95,6 +100,10 @@ struct TransportEntry {
   // left out when an entry of lower rank already brought one (one same-host transport
   // by default).
   std::vector<std::string> same_host_names = {};
+  // Those of `names` that reach workers on other hosts: in the defaults, they are left
+  // out when an entry of lower rank already brought one (one network transport by
+  // default).
+  std::vector<std::string> other_host_names = {};
   // Required.
   TransportReaches reaches = nullptr;
   TransportMaker make = nullptr;

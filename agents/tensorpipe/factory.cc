@@ -48,6 +48,7 @@ TransportEntry tensorpipe_transport_entry() {
   entry.rank = 200;
   entry.by_default = true;
   entry.same_host_names = {kShm};
+  entry.other_host_names = {"ibv", "uv"};
   entry.reaches = [](const std::string& record) {
     const std::map<std::string, std::string> urls = internal::decode_address(record);
     for (const std::string& t : internal::tensorpipe_transport_names()) {

@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "agents/core/dynamic_group.h"
 #include "agents/core/registry.h"
+#include "agents/tensorpipe/factory.h"
 #include "backends/init_failures.h"
 #include "backends/kwargs.h"
 #include "backends/static_group.h"
@@ -52,6 +53,7 @@ TransportArgs transport_args(const BackendInitArgs& args, const Options& options
   t.auth_token = agent.auth_token;
   t.store_host = args.store ? internal::store_host_of(*args.store) : std::string();
   t.local_workers = local_workers;
+  t.heartbeat = agent.heartbeat;
   t.channels = options.channels;
   return t;
 }
@@ -98,7 +100,15 @@ absl::Status TensorPipeRpcBackendOptions::validate() const {
   register_builtin_transports();
   TransportArgs args;
   args.channels = channels;
-  return check_transports(transports, args);
+  FERRY_RETURN_IF_ERROR(check_transports(transports, args));
+  // Channels are TensorPipe's: named ones are checked even when no TensorPipe transport
+  // is chosen (the defaults are the ring and tcp), so that a typo is still an error.
+  if (channels) {
+    TensorPipeAgentOptions tensorpipe;
+    tensorpipe.channels = channels;
+    FERRY_RETURN_IF_ERROR(tensorpipe.validate());
+  }
+  return absl::OkStatus();
 }
 
 AgentBackendOptions::Alias<std::chrono::milliseconds> TensorPipeRpcBackendOptions::heartbeat_alias() const {

@@ -18,6 +18,7 @@
 #include "agents/core/handshake.h"
 #include "agents/inproc/factory.h"
 #include "agents/ring/factory.h"
+#include "agents/tcp/factory.h"
 #include "tests/agents/transport_events.h"
 #include "agents/tensorpipe/factory.h"
 #include "agents/tensorpipe/transport.h"
@@ -66,6 +67,11 @@ std::vector<TransportKind> kinds() {
           // only rings with news read.
           {"ring_small", [](const std::string& worker) {
              return make_ring_transport(worker, RingOptions{.ring_bytes = 4096, .in_place_bytes = 1, .news_from = 1});
+           }},
+          {"tcp", [](const std::string& worker) {
+             TcpOptions options;
+             options.host = "127.0.0.1";
+             return make_tcp_transport(worker, options);
            }}};
 }
 

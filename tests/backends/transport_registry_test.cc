@@ -140,7 +140,8 @@ TEST(TransportRegistry, TheBuiltInsAreRegisteredInRankOrder) {
   EXPECT_TRUE(transport_registered("uv"));
   EXPECT_FALSE(transport_registered("carrier-pigeon"));
   const auto at = [&](const std::string& n) { return std::find(names.begin(), names.end(), n) - names.begin(); };
-  EXPECT_LT(at("ring"), at("shm"));
+  EXPECT_LT(at("ring"), at("tcp"));
+  EXPECT_LT(at("tcp"), at("shm"));
   EXPECT_LT(at("shm"), at("ibv"));
   EXPECT_LT(at("ibv"), at("uv"));
 }
@@ -205,13 +206,22 @@ TEST(TransportRegistry, AnUnknownNameIsRefusedNamingTheRegisteredOnes) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unknown channel \"telepathy\"")));
 }
 
-// The defaults: the ring for this host's peers and TensorPipe's network transports for
-// the rest, without shm (the ring serves its peers); the list given, in rank order.
-TEST(TransportRegistry, TheDefaultsAreTheRingThenTensorPipeWithoutShm) {
+// The defaults: the ring for this host's peers and tcp for the rest, without
+// TensorPipe's shm (the ring serves its peers) or its network transports (tcp serves
+// theirs); the list given, in rank order.
+TEST(TransportRegistry, TheDefaultsAreTheRingThenTcp) {
   register_builtin_transports();
   unsetenv("FERRY_TRANSPORTS");
-  EXPECT_THAT(chosen(std::nullopt), ElementsAre("ring", "ibv", "uv"));
+  EXPECT_THAT(chosen(std::nullopt), ElementsAre("ring", "tcp"));
   EXPECT_THAT(chosen(std::vector<std::string>{"uv", "ring", "shm"}), ElementsAre("ring", "shm", "uv"));
+  EXPECT_THAT(chosen(std::vector<std::string>{"uv", "tcp"}), ElementsAre("tcp", "uv"));
+}
+
+TEST(TransportRegistry, AnOtherHostNameMustBeOneOfTheEntrysNames) {
+  TransportEntry bad = unused_entry({"odd-net"});
+  bad.other_host_names = {"not-its-name"};
+  EXPECT_THAT(register_transport(std::move(bad)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("other-host name \"not-its-name\"")));
 }
 
 TEST(TransportRegistry, FerryTransportsForcesTheChoice) {
@@ -237,26 +247,27 @@ TEST(TransportRegistry, FerryTransportsForcesTheChoice) {
 }
 
 // By default a worker reaches a peer on its host by the ring, and one that listens
-// only on TCP by TensorPipe's uv: the first transport whose entry reaches its record.
+// only on TCP by tcp: the first transport whose entry reaches its record.
 TEST(TransportRegistry, EachPeerIsReachedByTheFirstTransportThatReachesIt) {
   register_builtin_transports();
   unsetenv("FERRY_TRANSPORTS");
   auto store = std::make_shared<HashStore>();
   auto a = start_agent(store, "a", 0, std::nullopt);
   auto b = start_agent(store, "b", 1, std::nullopt);
-  auto c = start_agent(store, "c", 2, std::vector<std::string>{"uv"});
+  auto c = start_agent(store, "c", 2, std::vector<std::string>{"tcp"});
   ASSERT_OK(a.status());
   ASSERT_OK(b.status());
   ASSERT_OK(c.status());
   EXPECT_THAT((*a)->debug_info().at("transports"), StartsWith("ring,"));
   EXPECT_THAT((*a)->debug_info().at("transports"), ::testing::Not(HasSubstr("shm")));
-  EXPECT_EQ((*c)->debug_info().at("transports"), "uv");
+  EXPECT_EQ((*c)->debug_info().at("transports"), "tcp");
   std::vector<PeerAddress> members;
   for (auto* agent : {&*a, &*b, &*c}) members.push_back(PeerAddress{(*agent)->self(), (*agent)->address()});
   for (auto* agent : {&*a, &*b, &*c}) ASSERT_OK((*agent)->set_members(members));
   ASSERT_OK((*a)->send(1, Message(MessageType::kRequest, 0), 20s).result().status());
   ASSERT_OK((*a)->send(2, Message(MessageType::kRequest, 0), 20s).result().status());
   EXPECT_EQ((*a)->debug_info().at("ring_opened"), "1");  // to b; c is reached over TCP
+  EXPECT_EQ((*a)->debug_info().at("tcp_opened"), "1");
   for (auto* agent : {&*a, &*b, &*c}) (*agent)->shutdown();
 }
 
@@ -289,7 +300,7 @@ TEST(TransportRegistry, InitRpcRefusesAnUnknownTransport) {
     options.transports = std::vector<std::string>{"carrier-pigeon"};
     EXPECT_THAT(init_rpc("worker0", 0, 1, options),
                 StatusIs(absl::StatusCode::kInvalidArgument,
-                         HasSubstr("unknown transport \"carrier-pigeon\" (registered: ring, shm, ibv, uv")));
+                         HasSubstr("unknown transport \"carrier-pigeon\" (registered: ring, tcp, shm, ibv, uv")));
   }));
 }
 
