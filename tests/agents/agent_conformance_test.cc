@@ -19,6 +19,7 @@
 #include "agents/core/dynamic_group.h"
 #include "agents/inproc/factory.h"
 #include "agents/ring/factory.h"
+#include "agents/tcp/factory.h"
 #include "agents/process_group/factory.h"
 #include "agents/tensorpipe/factory.h"
 #include "gtest/gtest.h"
@@ -169,8 +170,31 @@ AgentKind ring_kind(int cap = 1024, milliseconds heartbeat = kHeartbeat, bool tw
   };
 }
 
+AgentKind tcp_kind(int cap = 1024, milliseconds heartbeat = kHeartbeat, bool two_way = true) {
+  TcpAgentOptions options;
+  options.tcp.host = "127.0.0.1";
+  options.tcp.two_way = two_way;
+  options.agent.max_requests_in_flight = cap;
+  options.agent.rpc_timeout = seconds(30);
+  options.agent.heartbeat = heartbeat;
+  options.init_timeout = seconds(20);
+  return AgentKind{
+      "tcp",
+      [options](std::shared_ptr<Store> store, std::string name, int rank, int n, RequestHandler handler) {
+        return TcpAgent::create(store, name, rank, n, options, handler);
+      },
+      [options](std::shared_ptr<Store> store, std::string name, int rank, int /*n*/, RequestHandler handler) {
+        return TcpAgent::start(store, name, rank, options, handler);
+      },
+      false,
+      // As for the ring: a connection carrying calls both ways is never paused.
+      [](int c, milliseconds h) { return tcp_kind(c, h, /*two_way=*/false); },
+  };
+}
+
 std::vector<AgentKind> kinds() {
-  return {tensorpipe_kind("uv"), tensorpipe_kind("shm"), process_group_kind(), inproc_kind(), ring_kind()};
+  return {tensorpipe_kind("uv"), tensorpipe_kind("shm"), process_group_kind(), inproc_kind(), ring_kind(),
+          tcp_kind()};
 }
 
 // Waits up to `wait` for each of `calls`: every one must end, and none with an error

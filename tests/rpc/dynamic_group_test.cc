@@ -44,8 +44,9 @@ void register_functions() {
   });
 }
 
-// `transports` empty: the defaults (TensorPipe's); {"ring"}: ferry's ring, whose
-// connections carry calls both ways (a leaver's calls may ride a member's connection).
+// `transports` empty: the defaults (the ring on one host); {"ring"} or {"tcp"}: that
+// transport alone, whose connections carry calls both ways (a leaver's calls may ride
+// a member's connection).
 TensorPipeRpcBackendOptions options_for(const std::string& dir, const std::vector<std::string>& transports = {}) {
   TensorPipeRpcBackendOptions options;
   if (!transports.empty()) options.transports = transports;
@@ -186,6 +187,10 @@ TEST(DynamicGroup, CallsInFlightToAndFromALeaverFinishAndLaterCallsSayItLeft) {
 
 TEST(DynamicGroup, CallsInFlightToAndFromALeaverFinishAndLaterCallsSayItLeftOverTheRing) {
   calls_in_flight_to_and_from_a_leaver({"ring"});
+}
+
+TEST(DynamicGroup, CallsInFlightToAndFromALeaverFinishAndLaterCallsSayItLeftOverTcp) {
+  calls_in_flight_to_and_from_a_leaver({"tcp"});
 }
 
 // Calls every current member in a loop until `stop`: small calls with a tensor, and

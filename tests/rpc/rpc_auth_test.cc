@@ -44,6 +44,26 @@ TEST(RpcAuth, TensorPipeThreeWorkersWithTheEnvironmentsToken) {
   }, std::chrono::seconds(120)));
 }
 
+// The job token's handshake over ferry's tcp transport: the token is checked on every
+// connection, whichever side opened it (tcp's connections carry calls both ways).
+TEST(RpcAuth, TcpThreeWorkersWithTheEnvironmentsToken) {
+  int port = free_port();
+  ferry::testing::expect_all_succeed(ferry::testing::run_processes(3, [&](int rank) {
+    setenv("FERRY_AUTH_TOKEN", "job-secret", 1);
+    TensorPipeRpcBackendOptions options;
+    options.init_method = "tcp://127.0.0.1:" + std::to_string(port);
+    options.num_worker_threads = 2;
+    options.transports = std::vector<std::string>{"tcp"};
+    ASSERT_OK(init_rpc(name_of(rank), rank, 3, options));
+    std::map<std::string, std::string> info = current_agent()->debug_info();
+    EXPECT_EQ(info["auth"], "job token");
+    EXPECT_EQ(info["transports"], "tcp");
+    calls_among_all(rank, 3);
+    EXPECT_EQ(current_agent()->debug_info()["handshakes_refused"], "0");
+    ASSERT_OK(shutdown());
+  }, std::chrono::seconds(120)));
+}
+
 TEST(RpcAuth, RankWithAnotherTokenIsRefusedAtTheStore) {
   int port = free_port();
   ferry::testing::expect_all_succeed(ferry::testing::run_processes(2, [&](int rank) {

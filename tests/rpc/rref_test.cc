@@ -154,9 +154,11 @@ void register_functions() {
 // does not ignore SIGPIPE yet (Call.KilledPeerFailsPendingCallsPromptly dies of it now
 // and then). Drop this once the agent does.
 void start(const std::string& dir, int rank, int world,
-           std::chrono::milliseconds heartbeat = AgentBackendOptions::kDefaultHeartbeat) {
+           std::chrono::milliseconds heartbeat = AgentBackendOptions::kDefaultHeartbeat,
+           std::optional<std::vector<std::string>> transports = std::nullopt) {
   register_functions();
   TensorPipeRpcBackendOptions options;
+  options.transports = std::move(transports);
   options.init_method = "file://" + dir + "/store";
   options.num_worker_threads = 4;
   options.rpc_timeout = std::chrono::seconds(30);
@@ -324,6 +326,38 @@ TEST(RRef, ToHereAfterTheOwnerDiedFailsNamingIt) {
         } else {
           // Serve until killed by the call to "die".
           std::this_thread::sleep_for(std::chrono::seconds(60));
+        }
+      },
+      std::chrono::seconds(90));
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_TRUE(results[0].exited && results[0].exit_code == 0) << results[0].describe();
+  EXPECT_EQ(results[1].term_signal, SIGKILL) << results[1].describe();
+}
+
+// Over ferry's tcp transport (the default across hosts): an RRef made, called,
+// passed back to its owner in an argument and fetched, then its owner's death failing
+// the holder's fetch, naming the owner.
+TEST(RRef, RemoteCallsAndAnOwnersDeathOverTcp) {
+  ferry::testing::TempDir dir;
+  auto results = ferry::testing::run_processes(
+      2,
+      [&](int rank) {
+        start(dir.path(), rank, 2, AgentBackendOptions::kDefaultHeartbeat, std::vector<std::string>{"tcp"});
+        EXPECT_EQ(current_agent()->debug_info().at("transports"), "tcp");
+        if (rank == 0) {
+          RRef<Tracked> t = remote("worker1", fns.make, 10);
+          EXPECT_EQ(t.rpc_sync(fns.add_to, 5), 15);
+          RRef<Tracked> plus = remote("worker1", fns.copy_plus, t, 1);
+          EXPECT_EQ(plus.to_here().value, 16);
+          EXPECT_EQ(t.to_here().value, 15);
+          EXPECT_THAT(rpc_async("worker1", fns.die).result(), StatusIs(absl::StatusCode::kUnavailable));
+          EXPECT_THAT(t.to_here_async().status(),
+                      StatusIs(absl::StatusCode::kUnavailable, HasSubstr("owned by \"worker1\"")));
+          t = RRef<Tracked>();
+          plus = RRef<Tracked>();
+          EXPECT_OK(shutdown(/*graceful=*/false));
+        } else {
+          std::this_thread::sleep_for(std::chrono::seconds(60));  // until killed by "die"
         }
       },
       std::chrono::seconds(90));
