@@ -111,7 +111,7 @@ void add_bench_init(CLI::App& bench, ExitCode& exit_code) {
   init->add_option("--transports", flags->options.transports,
                    "Transports the workers may use, comma-separated (default: the agent's defaults)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"ring", "shm", "uv"}));
+      ->check(CLI::IsMember({"ring", "tcp", "shm", "uv"}));
   init->add_flag("--calls", flags->options.calls,
                  "Between init and shutdown, every worker calls a no-op function on every worker, itself included");
   init->add_option("--idle-ms", flags->options.idle_ms,
@@ -142,9 +142,11 @@ void add_bench_command(CLI::App& app, ExitCode& exit_code) {
   auto flags = std::make_shared<BenchRpcFlags>();
   rpc->add_flag("--quick", flags->quick, "Short run for CI: a few hundred calls, echo sizes up to 1 MiB");
   rpc->add_flag("--json", flags->json, "Print one JSON object instead of the table");
-  rpc->add_option("--transports", flags->transports, "Transports to measure, comma-separated: ring, shm, uv (default: shm,uv; ring is compared with raw TensorPipe shm)")
+  rpc->add_option("--transports", flags->transports,
+                  "Transports to measure, comma-separated: ring, tcp, shm, uv (default: shm,uv; ring is compared with "
+                  "raw TensorPipe shm, tcp with raw TensorPipe uv and a plain TCP socket)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"ring", "shm", "uv"}));
+      ->check(CLI::IsMember({"ring", "tcp", "shm", "uv"}));
   rpc->add_option("--backend", flags->backend,
                   "tensorpipe (default), or process_group: also measure the PROCESS_GROUP backend (Gloo over TCP) "
                   "in the same run, beside raw TensorPipe over uv")

@@ -549,9 +549,9 @@ absl::Status validate(const InitBenchOptions& o) {
         absl::StrCat("--workers must be between 1 and ", kMaxInitBenchWorkers, ", got ", o.workers));
   }
   for (const std::string& t : o.transports) {
-    if (t != "ring" && t != "shm" && t != "uv") {
+    if (t != "ring" && t != "tcp" && t != "shm" && t != "uv") {
       return absl::InvalidArgumentError(
-          absl::StrCat("--transports: unknown transport \"", t, "\"; expected ring, shm or uv"));
+          absl::StrCat("--transports: unknown transport \"", t, "\"; expected ring, tcp, shm or uv"));
     }
   }
   if (o.idle_ms < 0 || o.idle_ms > 600000) {

@@ -139,12 +139,15 @@ struct SideResult {
   // The cores the measuring process could run on (1 when the bench pinned it).
   int client_cores = 0;
   // Ferry on the ring only: the ring's own round trip with no agent above it
-  // (tools/bench/ring_floor.h).
+  // (tools/bench/ring_floor.h). Ferry on tcp: a plain TCP socket's 8-byte ping-pong
+  // (tools/bench/socket_floor.h).
   LatencyStats transport_floor;
+  // Ferry on tcp only: a plain TCP socket's echo of each echo size.
+  std::vector<EchoResult> socket_echo;
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(SideResult, side, transport, channels, small_call, small_call_inline,
                                    small_call_chained, tiny_tensor, throughput, throughput_inline, echo, cuda_echo,
-                                   pinned_copy, device_copy, torch_echo, client_cores, transport_floor)
+                                   pinned_copy, device_copy, torch_echo, client_cores, transport_floor, socket_echo)
 
 // The cores the calling process may run on (its affinity mask).
 int allowed_cores();

@@ -29,6 +29,7 @@
 #include "tools/bench/children.h"
 #include "tools/bench/raw_tensorpipe.h"
 #include "tools/bench/ring_floor.h"
+#include "tools/bench/socket_floor.h"
 #include "tools/bench/report.h"
 #include "tools/bench/torch_echo.h"
 
@@ -122,9 +123,10 @@ absl::Status init_bench_rpc(const char* name, int rank, const std::string& trans
 
 
 // The raw TensorPipe endpoint `transport` is compared with: the ring with TensorPipe's
-// shm, today's best same-host path.
+// shm, today's best same-host path; tcp with TensorPipe's uv, the network path it
+// replaces.
 RawEndpoint raw_endpoint_for(const std::string& transport) {
-  if (transport == kProcessGroup) return RawEndpoint{"uv", channels_for("uv")};
+  if (transport == kProcessGroup || transport == "tcp") return RawEndpoint{"uv", channels_for("uv")};
   if (transport == "ring") return RawEndpoint{"shm", channels_for("shm")};
   return RawEndpoint{transport, channels_for(transport)};
 }
@@ -369,6 +371,11 @@ absl::StatusOr<SideResult> run_ferry_client(const std::string& transport, const 
     // Before the agent starts, so that nothing else runs meanwhile.
     FERRY_ASSIGN_OR_RETURN(out.transport_floor, ring_floor(plan.warmup, plan.iterations, timeout));
   }
+  if (transport == "tcp") {
+    FERRY_ASSIGN_OR_RETURN(SocketFloor floor, socket_floor(plan, timeout));
+    out.transport_floor = floor.ping_pong;
+    out.socket_echo = std::move(floor.echo);
+  }
   FERRY_RETURN_IF_ERROR(init_bench_rpc(kClientName, 0, transport, store_path, cuda));
   out.side = "ferry";
   out.client_cores = allowed_cores();
@@ -558,8 +565,8 @@ absl::StatusOr<RpcBenchReport> run_rpc_bench(const RpcBenchOptions& options,
                                              const std::function<void(const std::string&)>& progress) {
   if (options.transports.empty()) return absl::InvalidArgumentError("no transport to measure");
   for (const std::string& t : options.transports) {
-    if (t != "ring" && t != "shm" && t != "uv") {
-      return absl::InvalidArgumentError(absl::StrCat("unknown transport \"", t, "\" (expected ring, shm or uv)"));
+    if (t != "ring" && t != "tcp" && t != "shm" && t != "uv") {
+      return absl::InvalidArgumentError(absl::StrCat("unknown transport \"", t, "\" (expected ring, tcp, shm or uv)"));
     }
   }
   if (options.repeat < 1) return absl::InvalidArgumentError("repeat must be at least 1");

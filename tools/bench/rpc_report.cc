@@ -53,7 +53,13 @@ std::vector<MetricRow> metric_rows(const TransportResult& t) {
   latency("small_call_chained", "small call, callback-chained", t.ferry.small_call_chained,
           t.raw.small_call_chained, kSmallCallBytes);
   latency("tiny_tensor", "tiny tensor (4 x f32)", t.ferry.tiny_tensor, t.raw.tiny_tensor, kTinyTensorBytes);
-  if (t.ferry.transport_floor.samples > 0) {
+  if (t.ferry.transport_floor.samples > 0 && t.transport == "tcp") {
+    // The socket's floor in the raw column: what ferry's call costs above the socket.
+    latency("small_call_vs_socket", "small call (pooled; raw: TCP socket ping-pong)", t.ferry.small_call,
+            t.ferry.transport_floor, kSmallCallBytes);
+    latency("socket_floor", "TCP socket ping-pong (raw: chained)", t.ferry.transport_floor,
+            t.raw.small_call_chained, kSmallCallBytes);
+  } else if (t.ferry.transport_floor.samples > 0) {
     // Beside raw TensorPipe's callback-driven ping-pong: both with no hand-off.
     latency("ring_floor", "ring alone (raw: chained)", t.ferry.transport_floor,
             t.raw.small_call_chained, kSmallCallBytes);
@@ -81,6 +87,15 @@ std::vector<MetricRow> metric_rows(const TransportResult& t) {
                     std::nullopt});
     rows.push_back({absl::StrCat("echo_", size, "_bandwidth"), absl::StrCat("echo ", size, " bandwidth (both ways)"),
                     "GB/s", "bandwidth", f.gb_per_s, r.gb_per_s, f.round_trip.samples, f.bytes, std::nullopt});
+  }
+  // On tcp, beside a plain TCP socket's echo of the same size, measured in the same run.
+  for (size_t k = 0; k < t.ferry.socket_echo.size() && k < t.ferry.echo.size(); ++k) {
+    const EchoResult& f = t.ferry.echo[k];
+    const EchoResult& s = t.ferry.socket_echo[k];
+    std::string size = size_label(f.bytes);
+    rows.push_back({absl::StrCat("echo_", size, "_bandwidth_vs_socket"),
+                    absl::StrCat("echo ", size, " bandwidth (raw: TCP socket echo)"), "GB/s", "bandwidth",
+                    f.gb_per_s, s.gb_per_s, f.round_trip.samples, f.bytes, std::nullopt});
   }
   // With the torch component, the "raw" figure is the ferry::Tensor echo of the same size.
   for (size_t k = 0; k < t.ferry.torch_echo.size() && k < t.ferry.echo.size(); ++k) {
@@ -179,6 +194,15 @@ std::vector<TargetResult> evaluate_targets(const RpcBenchReport& report) {
       add(absl::StrCat("echo_bandwidth_", size_label(f.bytes)),
           absl::StrCat("echo bandwidth at ", size_label(f.bytes), " >= 0.9x raw TensorPipe's"),
           f.gb_per_s / t.raw.echo[k].gb_per_s, 0.9, false, f.bytes);
+    }
+    // ferry's tcp against the socket under it (issue 43): a 64 MiB echo at 0.9x a plain
+    // socket's.
+    for (size_t k = 0; k < t.ferry.socket_echo.size() && k < t.ferry.echo.size(); ++k) {
+      const EchoResult& f = t.ferry.echo[k];
+      if (k + 1 != t.ferry.echo.size()) continue;  // the largest size
+      add(absl::StrCat("echo_vs_socket_", size_label(f.bytes)),
+          absl::StrCat("echo bandwidth at ", size_label(f.bytes), " >= 0.9x a plain TCP socket's"),
+          f.gb_per_s / t.ferry.socket_echo[k].gb_per_s, 0.9, false, f.bytes);
     }
     // An at::Tensor costs what a ferry::Tensor of the same size costs (issue 29): at
     // the smallest echo, where wrapping would show, and the largest, where a copy would.
