@@ -306,21 +306,31 @@ int run_parent(const std::string& self, const Settings& s) {
         m.resume_at = {};
       }
     }
-    std::vector<Member*> unharmed;
+    // Victims: members running now. At least two never harmed stay so, to judge by;
+    // members harmed before may be harmed again (a stopped one killed later), so the
+    // harmed ones do not fill the group for good.
+    std::vector<Member*> running, fresh;
     int alive = 0;
     for (Member& m : members) {
       if (m.killed) continue;
       ++alive;
-      if (!m.harmed) unharmed.push_back(&m);
+      if (m.resume_at != Clock::time_point{}) continue;
+      running.push_back(&m);
+      if (!m.harmed) fresh.push_back(&m);
     }
-    const int action = static_cast<int>(random() % 3);
-    if ((action == 2 || unharmed.size() <= 2) && alive < max_members) {
+    std::vector<Member*> victims;
+    for (Member* m : running) {
+      if (m->harmed || fresh.size() > 2) victims.push_back(m);
+    }
+    // A full group makes room: the next harm is a kill.
+    const int action = alive >= max_members ? 0 : static_cast<int>(random() % 3);
+    if ((action == 2 || victims.empty()) && alive < max_members) {
       start_member();
       ++joins;
       continue;
     }
-    if (unharmed.size() <= 2) continue;
-    Member& victim = *unharmed[random() % unharmed.size()];
+    if (victims.empty()) continue;
+    Member& victim = *victims[random() % victims.size()];
     // Marked before the signal: any failure of a call to it comes after.
     if (!store.set(key("harmed", victim.name), ferry::to_bytes("1")).ok()) {
       std::fprintf(stderr, "faults: BREACH: the store stopped answering\n");
@@ -417,9 +427,11 @@ int run_parent(const std::string& self, const Settings& s) {
     std::fprintf(stderr, "faults: BREACH: the store stopped answering: %s\n", alive_store.status().ToString().c_str());
     ++breaches;
   }
-  std::printf("faults: %d s, %d members in all (%d started during the run, %d of them failed to join), %d harmed: "
-              "%d killed, %d stopped\n",
-              s.seconds, static_cast<int>(members.size()), joins, join_failures, kills + stops, kills, stops);
+  int harmed = 0;
+  for (const Member& m : members) harmed += m.harmed ? 1 : 0;
+  std::printf("faults: %d s, %d members in all (%d started during the run, %d of them failed to join), %d harmed "
+              "(%d kills, %d stops)\n",
+              s.seconds, static_cast<int>(members.size()), joins, join_failures, harmed, kills, stops);
   std::printf("faults: %lld calls, %lld ok, failed:", static_cast<long long>(calls), static_cast<long long>(ok));
   for (const auto& [code, n] : failed_by_code) std::printf(" %s %lld", code.c_str(), static_cast<long long>(n));
   std::printf("\nfaults: %s (%d breaches)\n", breaches == 0 ? "PASSED" : "FAILED", breaches);
