@@ -1,8 +1,9 @@
-// The built-in rendezvous handlers: the URL schemes file, tcp and env, each making a
+// The built-in rendezvous handlers: the URL schemes file, tcp, env and etcd, each making a
 // store and reading rank and world size from the URL or the environment, and the
-// store-based elastic backend.
+// store-based elastic backends (over a TCPStore, "store", or an EtcdStore, "etcd").
 #include "rendezvous/builtin.h"
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "absl/strings/numbers.h"
@@ -11,6 +12,9 @@
 #include "rendezvous/store_handler.h"
 #include "store/file_store.h"
 #include "store/tcp_store.h"
+#ifdef FERRY_HAVE_ETCD
+#include "store/etcd/etcd_store.h"
+#endif
 
 namespace ferry::internal {
 namespace {
@@ -152,14 +156,85 @@ absl::StatusOr<RendezvousResult> env_handler(const RendezvousUrl& url, std::chro
   return tcp_store_result(error, master_addr, port, rank, world_size, timeout);
 }
 
+// etcd://HOST:PORT,HOST:PORT/JOBPREFIX?rank=R&world_size=N[&run_id=ID]: an EtcdStore
+// whose keys live under JOBPREFIX (and /ID). No rank hosts anything: the store is the
+// etcd cluster, which outlives every worker.
+absl::StatusOr<RendezvousResult> etcd_handler(const RendezvousUrl& url, std::chrono::milliseconds timeout) {
+  UrlError error("etcd", url.text);
+#ifndef FERRY_HAVE_ETCD
+  (void)timeout;
+  return absl::FailedPreconditionError(absl::StrCat(
+      "etcd:// rendezvous: this build of ferry has no EtcdStore (it was configured with FERRY_WITH_ETCD=OFF); "
+      "configure it with -DFERRY_WITH_ETCD=ON (the default) and rebuild, or use tcp:// or env:// (url \"",
+      url.text, "\")"));
+#else
+  if (url.authority.empty()) return error("endpoints missing (expected etcd://host1:2379,host2:2379/jobprefix)");
+  std::string prefix = url.path.starts_with("/") ? url.path.substr(1) : url.path;
+  while (prefix.ends_with("/")) prefix.pop_back();
+  if (prefix.empty()) return error("job prefix missing (expected etcd://host1:2379,host2:2379/jobprefix)");
+  int rank = 0, world_size = 0;
+  FERRY_RETURN_IF_ERROR(rank_and_world_size(error, url, &rank, &world_size));
+  if (auto run = url.query.find("run_id"); run != url.query.end()) {
+    if (run->second.empty() || run->second.size() > 255) return error("run_id must be 1 to 255 characters");
+    prefix = absl::StrCat(prefix, "/", run->second);
+  }
+  EtcdStoreOptions options;
+  options.endpoints = url.authority;
+  options.prefix = prefix;
+  options.timeout = timeout;
+  options.request_timeout = std::min(options.request_timeout, timeout);
+  absl::StatusOr<std::unique_ptr<EtcdStore>> store = EtcdStore::create(options);
+  if (!store.ok()) {
+    if (store.status().code() == absl::StatusCode::kInvalidArgument) return error(std::string(store.status().message()));
+    return store.status();
+  }
+  return RendezvousResult{std::shared_ptr<Store>(*std::move(store)), rank, world_size};
+#endif
+}
+
+// The elastic "etcd" backend: the store-based rendezvous over an EtcdStore at
+// params.endpoint() ("host1:2379,host2:2379"); the rounds live under ferry/rdzv/RUN_ID.
+absl::StatusOr<std::unique_ptr<RendezvousHandler>> etcd_elastic_handler(const RendezvousParameters& params) {
+#ifndef FERRY_HAVE_ETCD
+  (void)params;
+  return absl::FailedPreconditionError(
+      "rendezvous backend etcd: this build of ferry has no EtcdStore (it was configured with FERRY_WITH_ETCD=OFF); "
+      "configure it with -DFERRY_WITH_ETCD=ON (the default) and rebuild, or use --rdzv-backend store");
+#else
+  StoreRendezvousOptions options;
+  options.run_id = params.run_id();
+  options.min_nodes = params.min_nodes();
+  options.max_nodes = params.max_nodes();
+  FERRY_ASSIGN_OR_RETURN(options.join_timeout, params.get_as_seconds("join_timeout", options.join_timeout));
+  FERRY_ASSIGN_OR_RETURN(options.last_call_timeout,
+                         params.get_as_seconds("last_call_timeout", options.last_call_timeout));
+  FERRY_ASSIGN_OR_RETURN(options.shutdown_timeout, params.get_as_seconds("shutdown_timeout", options.shutdown_timeout));
+  options.endpoint = params.endpoint();
+  options.backend = "etcd";
+  EtcdStoreOptions store_options;
+  store_options.endpoints = params.endpoint();
+  store_options.timeout = options.join_timeout;
+  absl::StatusOr<std::unique_ptr<EtcdStore>> store = EtcdStore::create(store_options);
+  if (!store.ok()) {
+    if (store.status().code() == absl::StatusCode::kInvalidArgument) return store.status();
+    return rendezvous_connection_error(absl::StrCat("rendezvous of run '", params.run_id(),
+                                                    "': cannot reach etcd: ", store.status().message()));
+  }
+  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<StoreRendezvousHandler> handler,
+                         StoreRendezvousHandler::create(std::shared_ptr<Store>(*std::move(store)), std::move(options)));
+  return std::unique_ptr<RendezvousHandler>(std::move(handler));
+#endif
+}
+
 }  // namespace
 
 std::vector<std::pair<std::string, UrlRendezvousHandler>> builtin_url_handlers() {
-  return {{"file", file_handler}, {"tcp", tcp_handler}, {"env", env_handler}};
+  return {{"file", file_handler}, {"tcp", tcp_handler}, {"env", env_handler}, {"etcd", etcd_handler}};
 }
 
 std::vector<std::pair<std::string, RendezvousHandlerCreator>> builtin_elastic_handlers() {
-  return {{StoreRendezvousHandler::kBackend, &StoreRendezvousHandler::from_parameters}};
+  return {{StoreRendezvousHandler::kBackend, &StoreRendezvousHandler::from_parameters},
+          {"etcd", &etcd_elastic_handler}};
 }
 
 }  // namespace ferry::internal

@@ -9,6 +9,12 @@
 //   env://[?rank=R&world_size=N]           a TCPStore at MASTER_ADDR:MASTER_PORT; rank and
 //                                          world size from RANK and WORLD_SIZE unless the
 //                                          query gives them
+//   etcd://HOST:PORT,HOST:PORT/JOBPREFIX?rank=R&world_size=N
+//                                          an EtcdStore (store/etcd/etcd_store.h) over
+//                                          those etcd members, keys under JOBPREFIX
+//                                          (&run_id=ID adds /ID); no rank hosts the store.
+//                                          Refused, saying how to build it, in a build
+//                                          without EtcdStore (FERRY_WITH_ETCD=OFF)
 //
 //   FERRY_ASSIGN_OR_RETURN(ferry::RendezvousResult r,
 //                          ferry::rendezvous("tcp://10.0.0.1:29500?rank=1&world_size=4"));
@@ -72,7 +78,7 @@ absl::Status register_rendezvous_handler(std::string_view scheme, UrlRendezvousH
 // Whether `scheme` has a handler. Thread-safe.
 bool rendezvous_handler_registered(std::string_view scheme);
 
-// Registers the file, tcp and env handlers. Idempotent and thread-safe; rendezvous()
+// Registers the file, tcp, env and etcd handlers. Idempotent and thread-safe; rendezvous()
 // and register_rendezvous_handler() call it first, so callers rarely need to. (Explicit
 // rather than static initializers, which the linker drops from a static library.)
 void register_builtin_rendezvous_handlers();

@@ -58,6 +58,9 @@ struct StoreRendezvousOptions {
   std::chrono::milliseconds shutdown_timeout = std::chrono::seconds(300);
   // For messages: where the store is ("127.0.0.1:29400").
   std::string endpoint;
+  // What get_backend() says: the registered name this handler was made for ("store",
+  // or "etcd" for the same rounds kept in an EtcdStore).
+  std::string backend = "store";
 };
 
 // The store-based dynamic handler. Thread safety as RendezvousHandler says: one thread
@@ -85,7 +88,7 @@ class StoreRendezvousHandler final : public RendezvousHandler {
 
   ~StoreRendezvousHandler() override;
 
-  std::string get_backend() const override { return kBackend; }
+  std::string get_backend() const override { return options_.backend; }
   absl::StatusOr<RendezvousInfo> next_rendezvous() override;
   absl::StatusOr<bool> is_closed() override;
   absl::Status set_closed() override;

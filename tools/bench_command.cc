@@ -112,6 +112,9 @@ void add_bench_init(CLI::App& bench, ExitCode& exit_code) {
                    "Transports the workers may use, comma-separated (default: the agent's defaults)")
       ->delimiter(',')
       ->check(CLI::IsMember({"ring", "tcp", "shm", "uv"}));
+  init->add_option("--init-method", flags->options.init_method,
+                   "Where the workers rendezvous: a URL base such as etcd://HOST:PORT,HOST:PORT/PREFIX (each run adds "
+                   "its own run_id); default tcp://127.0.0.1 on a free port, rank 0 hosting the store");
   init->add_flag("--calls", flags->options.calls,
                  "Between init and shutdown, every worker calls a no-op function on every worker, itself included");
   init->add_option("--idle-ms", flags->options.idle_ms,

@@ -7,11 +7,16 @@
 //   ferry store add  --addr 10.0.0.1:29500 KEY DELTA
 //   ferry store wait --addr 10.0.0.1:29500 KEY... [--timeout-ms 5000]
 //   ferry store keys --addr 10.0.0.1:29500
+//   ferry store list --addr etcd://10.0.0.1:2379,10.0.0.2:2379/job7 [KEY_PREFIX]
+//
+// --addr etcd://ENDPOINTS/PREFIX reads and writes the keys of an EtcdStore (the job
+// prefix an etcd:// init method names) instead; `list` prints its keys and values.
 //
 // Exit codes as every subcommand: 0 done, 1 the operation failed (timeout, unreachable
 // server), 2 bad usage.
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -20,9 +25,13 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "base/net.h"
 #include "store/tcp_store.h"
 #include "tools/commands.h"
+#ifdef FERRY_HAVE_ETCD
+#include "store/etcd/etcd_store.h"
+#endif
 
 namespace ferry::tools {
 namespace {
@@ -50,8 +59,42 @@ void fail(const char* op, const absl::Status& status) {
   std::fprintf(stderr, "ferry store %s: %s\n", op, status.ToString().c_str());
 }
 
+// An EtcdStore for --addr etcd://ENDPOINTS/PREFIX, or why not.
+absl::StatusOr<std::unique_ptr<Store>> connect_etcd(const std::string& addr, std::chrono::milliseconds timeout) {
+#ifndef FERRY_HAVE_ETCD
+  (void)timeout;
+  return absl::FailedPreconditionError(absl::StrCat("--addr ", addr,
+                                                    ": this build of ferry has no EtcdStore (configured with "
+                                                    "FERRY_WITH_ETCD=OFF); configure it with -DFERRY_WITH_ETCD=ON"));
+#else
+  std::string rest = addr.substr(7);
+  size_t slash = rest.find('/');
+  if (slash == std::string::npos || slash + 1 >= rest.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--addr ", addr, ": expected etcd://host1:2379,host2:2379/jobprefix (the prefix is missing)"));
+  }
+  EtcdStoreOptions options;
+  options.endpoints = rest.substr(0, slash);
+  options.prefix = rest.substr(slash + 1);
+  options.timeout = timeout;
+  options.request_timeout = std::max(timeout, std::chrono::milliseconds(1000));
+  auto store = EtcdStore::create(options);
+  if (!store.ok()) return store.status();
+  return std::unique_ptr<Store>(*std::move(store));
+#endif
+}
+
 // Connects per the options, or reports why not and sets the exit code.
-std::unique_ptr<TCPStore> connect(const char* op, const ClientOptions& options, ExitCode& exit_code) {
+std::unique_ptr<Store> connect(const char* op, const ClientOptions& options, ExitCode& exit_code) {
+  if (options.addr.starts_with("etcd://")) {
+    auto store = connect_etcd(options.addr, std::chrono::milliseconds(std::max<int64_t>(options.timeout_ms, 0)));
+    if (!store.ok()) {
+      fail(op, store.status());
+      exit_code.set(store.status().code() == absl::StatusCode::kInvalidArgument ? kExitUsage : kExitFailed);
+      return nullptr;
+    }
+    return *std::move(store);
+  }
   std::string host;
   uint16_t port = 0;
   if (!split_addr(options.addr, &host, &port)) {
@@ -77,7 +120,7 @@ std::unique_ptr<TCPStore> connect(const char* op, const ClientOptions& options, 
 
 CLI::App* add_client_command(CLI::App* parent, const char* name, const char* help, ClientOptions& options) {
   CLI::App* cmd = parent->add_subcommand(name, help);
-  cmd->add_option("--addr", options.addr, "The store server, HOST:PORT")->required();
+  cmd->add_option("--addr", options.addr, "The store server, HOST:PORT, or etcd://HOST:PORT,.../PREFIX")->required();
   cmd->add_option("--timeout-ms", options.timeout_ms, "How long to wait, connecting included (ms)")
       ->capture_default_str();
   return cmd;
@@ -225,6 +268,35 @@ void add_store_command(CLI::App& app, ExitCode& exit_code) {
         return;
       }
       std::printf("%lld\n", static_cast<long long>(*n));
+    });
+  }
+
+  // list [KEY_PREFIX]: etcd only (a TCPStore cannot enumerate its keys)
+  {
+    auto options = std::make_shared<ClientOptions>();
+    auto key_prefix = std::make_shared<std::string>();
+    CLI::App* cmd = add_client_command(store, "list", "Print every key (under KEY_PREFIX) and its value, etcd:// only",
+                                       *options);
+    cmd->add_option("key_prefix", *key_prefix, "KEY_PREFIX");
+    cmd->callback([options, key_prefix, &exit_code] {
+      if (!options->addr.starts_with("etcd://")) {
+        std::fprintf(stderr, "ferry store list: a TCPStore cannot list its keys; --addr must be etcd://HOSTS/PREFIX\n");
+        exit_code.set(kExitUsage);
+        return;
+      }
+      auto s = connect("list", *options, exit_code);
+      if (!s) return;
+#ifdef FERRY_HAVE_ETCD
+      auto listed = static_cast<EtcdStore&>(*s).list(*key_prefix);
+      if (!listed.ok()) {
+        fail("list", listed.status());
+        exit_code.set(kExitFailed);
+        return;
+      }
+      for (const auto& [key, value] : *listed) {
+        std::printf("%s = %s\n", key.c_str(), to_string(value).c_str());
+      }
+#endif
     });
   }
 }

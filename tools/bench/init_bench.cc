@@ -176,12 +176,12 @@ absl::Status make_calls(int rank, int workers) {
   return absl::OkStatus();
 }
 
-absl::Status run_worker(const InitBenchOptions& o, int rank, uint16_t port, Shared& shared,
+absl::Status run_worker(const InitBenchOptions& o, int rank, const std::string& init_method, Shared& shared,
                         const std::string& result_path) {
   auto mark = [&shared, rank](Phase p) { shared.phase[rank].store(p, std::memory_order_relaxed); };
   FERRY_RETURN_IF_ERROR(register_function(kEcho, [](int64_t x) { return x; }));
   TensorPipeRpcBackendOptions options;
-  options.init_method = absl::StrCat("tcp://127.0.0.1:", port);
+  options.init_method = init_method;
   if (!o.transports.empty()) options.transports = o.transports;
   // Longer than the parent's bound on the run, so that a hang is reported by the
   // parent, which knows every worker's phase.
@@ -248,9 +248,9 @@ absl::Status run_worker(const InitBenchOptions& o, int rank, uint16_t port, Shar
 }
 
 // Runs one worker in this (forked) child and never returns (see run_child).
-[[noreturn]] void run_worker_child(const InitBenchOptions& o, int rank, uint16_t port, Shared& shared,
+[[noreturn]] void run_worker_child(const InitBenchOptions& o, int rank, const std::string& init_method, Shared& shared,
                                    const std::string& dir) {
-  run_child([&] { return run_worker(o, rank, port, shared, absl::StrCat(dir, "/rank", rank, ".json")); },
+  run_child([&] { return run_worker(o, rank, init_method, shared, absl::StrCat(dir, "/rank", rank, ".json")); },
             absl::StrCat(dir, "/rank", rank, ".error"));
 }
 
@@ -356,6 +356,11 @@ absl::StatusOr<InitRunFigures> run_once(const InitBenchOptions& o, int run) {
   FERRY_RETURN_IF_ERROR(res.prepare(o.workers));
   // Rank 0 binds it next (racy in principle); the rendezvous URL cannot say "pick one".
   FERRY_ASSIGN_OR_RETURN(uint16_t port, ferry::internal::free_port());
+  std::string init_method = absl::StrCat("tcp://127.0.0.1:", port);
+  if (!o.init_method.empty()) {
+    init_method = absl::StrCat(o.init_method, o.init_method.find('?') == std::string::npos ? "?" : "&",
+                               "run_id=bench-", getpid(), "-", run);
+  }
 
   std::fflush(stdout);
   std::fflush(stderr);
@@ -373,7 +378,7 @@ absl::StatusOr<InitRunFigures> run_once(const InitBenchOptions& o, int run) {
       // A worker never outlives the bench (the parent killed, say).
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (getppid() != parent) _exit(1);
-      run_worker_child(o, rank, port, res.shared(), res.dir());
+      run_worker_child(o, rank, init_method, res.shared(), res.dir());
     }
     res.alive()[pid] = rank;
   }
@@ -599,6 +604,7 @@ nlohmann::ordered_json init_report_json(const InitBenchReport& report) {
   j["benchmark"] = "ferry bench init";
   j["workers"] = o.workers;
   j["transports"] = o.transports.empty() ? ordered_json("default") : ordered_json(o.transports);
+  j["init_method"] = o.init_method.empty() ? "tcp://127.0.0.1 (rank 0 hosts)" : o.init_method;
   j["calls"] = o.calls;
   j["idle_ms"] = o.idle_ms;
   j["repeat"] = o.repeat;
@@ -616,8 +622,9 @@ std::string init_report_table(const InitBenchReport& report) {
   const InitBenchOptions& o = report.options;
   ordered_json f = figures_json(report);
   std::string out = absl::StrFormat(
-      "ferry bench init: %d workers, transports %s, %s, idle %d ms, %d run(s)%s; %d cores, load %s -> %s\n\n",
-      o.workers, transports_label(o), o.calls ? "all-to-all calls" : "no calls", o.idle_ms, o.repeat,
+      "ferry bench init: %d workers, transports %s, init %s, %s, idle %d ms, %d run(s)%s; %d cores, load %s -> %s\n\n",
+      o.workers, transports_label(o), o.init_method.empty() ? "tcp://127.0.0.1" : o.init_method,
+      o.calls ? "all-to-all calls" : "no calls", o.idle_ms, o.repeat,
       o.repeat > 1 ? " (medians over runs)" : "", report.nproc, load_label(report.load_before),
       load_label(report.load_after));
   absl::StrAppend(&out, absl::StrFormat("%-44s %10s %10s %10s\n", "per worker", "median", "max", "total"));

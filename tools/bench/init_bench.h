@@ -6,7 +6,8 @@
 // register_function, rpc_sync, shutdown), as a user's program would.
 //
 // One run forks N children of the calling process. They rendezvous through
-// tcp://127.0.0.1:PORT (a free port; rank 0 hosts the store) and wait at a
+// tcp://127.0.0.1:PORT (a free port; rank 0 hosts the store), or the init_method given
+// (an etcd:// cluster, say), and wait at a
 // process-shared start barrier, so that every init_rpc starts at the same moment. Each
 // child times its own phases with steady_clock and measures its own CPU during idle
 // windows (getrusage deltas); the parent adds each child's whole-life CPU time and
@@ -51,6 +52,10 @@ struct InitBenchOptions {
   // When > 0, every worker sleeps this long right after init_rpc (and again after the
   // calls, once every worker has finished them) and reports the CPU it used meanwhile.
   int idle_ms = 0;
+  // Where the workers rendezvous. Empty: tcp://127.0.0.1:PORT (a free port; rank 0 hosts
+  // the store). Otherwise a URL base such as etcd://HOST:PORT,HOST:PORT/PREFIX; each run
+  // adds run_id=bench-<pid>-<run>, so that no run reads an earlier one's keys.
+  std::string init_method;
   // Runs, each in fresh processes; the figures reported are medians over runs.
   int repeat = 1;
   // Bound on one run, from the first fork to the last exit; the children's own
