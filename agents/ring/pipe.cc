@@ -285,11 +285,21 @@ bool Pipe::take_into(std::string& buffer, size_t need, uint64_t& avail) {
   return buffer.size() == need;
 }
 
-absl::Status Pipe::admit(Endpoint& home, TransportEvents& events) {
+absl::Status Pipe::check_header(TransportEvents& events) {
   std::vector<uint64_t> lengths;
   lengths.reserve(entries_.size());
-  for (const Entry& e : entries_) lengths.push_back(e.length);
-  FERRY_RETURN_IF_ERROR(events.on_header(*this, fixed_.metadata_bytes, lengths));
+  uint64_t targets = 0;
+  for (const Entry& e : entries_) {
+    lengths.push_back(e.length);
+    targets += e.target_bytes;
+  }
+  // Before the targets are buffered: a peer that has not authenticated may send no
+  // tensors, so their targets never take memory here; after, they count toward the
+  // message's size as its metadata does.
+  return events.on_header(*this, fixed_.metadata_bytes + targets, lengths);
+}
+
+absl::Status Pipe::admit(Endpoint& home) {
   wire_ = Wire{};
   wire_.metadata.resize(fixed_.metadata_bytes);
   wire_.targets.reserve(entries_.size());
@@ -368,6 +378,7 @@ bool Pipe::receive(Endpoint& home, const std::shared_ptr<TransportEvents>& event
                                                                 " bytes; at most ", kMaxTargetBytes)));
           }
         }
+        if (absl::Status checked = check_header(*events); !checked.ok()) return fail(std::move(checked));
         stage_ = Stage::kTargets;
         break;
       }
@@ -375,7 +386,7 @@ bool Pipe::receive(Endpoint& home, const std::shared_ptr<TransportEvents>& event
         size_t need = 0;
         for (const Entry& e : entries_) need += e.target_bytes;
         if (!take_into(scratch_, need, avail)) goto out;
-        if (absl::Status admitted = admit(home, *events); !admitted.ok()) return fail(std::move(admitted));
+        if (absl::Status admitted = admit(home); !admitted.ok()) return fail(std::move(admitted));
         scratch_.clear();
         offset_ = 0;
         tensor_ = 0;

@@ -157,7 +157,10 @@ class Pipe final : public Connection, public std::enable_shared_from_this<Pipe> 
   // The receive side's state between calls: which part of a frame comes next.
   enum class Stage { kFixed, kEntries, kTargets, kMetadata, kTensors };
   bool take_into(std::string& buffer, size_t need, uint64_t& avail);
-  absl::Status admit(Endpoint& home, TransportEvents& events);
+  // The core's verdict on the message whose entries were read (on_header).
+  absl::Status check_header(TransportEvents& events);
+  // Makes the message's wire: its targets, metadata and tensor buffers.
+  absl::Status admit(Endpoint& home);
   absl::Status read_in_place(Endpoint& home, Tensor& tensor, uint64_t address);
 
   const std::weak_ptr<Endpoint> home_;

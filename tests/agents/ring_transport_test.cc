@@ -256,6 +256,41 @@ TEST(RingTransport, AHostileRingIsClosedSayingWhy) {
   }
 }
 
+// Before authenticating, a peer may send no tensors (the core's on_header says so). The
+// ring asks before it buffers a message's targets (up to 4 KiB per tensor, 65,536
+// tensors: 256 MiB per connection), and the targets count toward the message's size.
+TEST(RingTransport, AMessagesTargetsAreNotBufferedBeforeTheCoreAdmitsIt) {
+  Side victim(make_ring_transport("victim"));
+  std::atomic<uint64_t> announced{0};
+  victim.events->set_admit([&](uint64_t metadata_bytes, std::span<const uint64_t> tensors) {
+    if (tensors.empty()) return absl::OkStatus();
+    announced = metadata_bytes;
+    return absl::PermissionDeniedError("no tensors before authenticating");
+  });
+  constexpr size_t kRing = 4096;
+  RawRing peer(kRing);
+  ASSERT_NE(peer.segment, MAP_FAILED);
+  int fd = say_hello(victim.address, peer.segment_fd, peer.bell_fd, kRing);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(victim.events->wait_for([&] { return !victim.events->accepted_.empty(); }));
+  // A message of 2 tensors, each with a 4 KiB target, 10 bytes of metadata; the
+  // targets never follow.
+  internal::ring::Fixed fixed{1, 2, 10, 0};
+  internal::ring::Entry entries[2] = {{8, 0, 4096, 0}, {8, 0, 4096, 0}};
+  std::memcpy(peer.forward, &fixed, sizeof(fixed));
+  std::memcpy(peer.forward + sizeof(fixed), entries, sizeof(entries));
+  peer.header->forward.head.store(sizeof(fixed) + sizeof(entries));
+  Side other(make_ring_transport("other"));
+  other.transport->connect(nullptr, "victim", victim.address)->write(text("wake up"));
+  ASSERT_TRUE(victim.events->wait_for([&] { return !victim.events->closed_.empty(); }, std::chrono::seconds(10)));
+  {
+    std::lock_guard<std::mutex> lock(victim.events->mu_);
+    EXPECT_THAT(std::string(victim.events->closed_[0].second.message()), HasSubstr("no tensors before"));
+  }
+  EXPECT_EQ(announced.load(), 10u + 2 * 4096);
+  close(fd);
+}
+
 // A peer that closed its socket can go on moving its ring's head. Here its ring is full
 // of small messages, laid out so that any head it sets is readable without writing
 // anything new, and each message takes the worker a millisecond to handle. The drain
