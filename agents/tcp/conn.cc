@@ -306,6 +306,13 @@ void Conn::on_events(Endpoint& home, const std::shared_ptr<TransportEvents>& eve
 
 bool Conn::read_socket(Endpoint& home, const std::shared_ptr<TransportEvents>& events) {
   std::shared_ptr<Conn> self = shared_from_this();  // a callback may drop the others' references
+  if (!carry_.empty()) {
+    // Resumed, and the socket spoke (its end) before the loop took what the pause left.
+    std::string held = std::move(carry_);
+    carry_.clear();
+    if (!feed(home, events, held.data(), held.size())) return false;
+    if (paused_.load(std::memory_order_seq_cst)) return true;
+  }
   for (int turn = 0; turn < kReadsPerTurn; ++turn) {
     if (ended_.load(std::memory_order_acquire)) return false;
     if (paused_.load(std::memory_order_seq_cst)) {
