@@ -49,9 +49,10 @@ class TensorPipeRpcBackendOptions final : public AgentBackendOptions {
   std::string backend_name() const override { return BackendType::TENSORPIPE.name; }
 
   // The transports, by the names they registered under (registered_transports();
-  // built in: ring, shm, ibv, uv); unset: FERRY_TRANSPORTS (comma-separated), else the
-  // defaults (the ring for this host's peers, then uv and ibv; not shm: the ring serves
-  // those peers).
+  // built in: ring, tcp, shm, ibv, uv); unset: FERRY_TRANSPORTS (comma-separated), else
+  // the defaults (the ring for this host's peers, tcp for the others; not shm, uv or
+  // ibv: the ring and tcp serve those peers). Every worker of a job must share a
+  // transport: one listing only uv cannot be reached by one on the defaults.
   std::optional<std::vector<std::string>> transports;
   // TensorPipe's channels, a subset of {"xth", "cma", "mpt_uv", "basic"}; unset: the
   // viable ones but mpt_uv.

@@ -71,7 +71,7 @@ class TensorPipeRpcBackendOptions:
     `rpc_timeout` (seconds; the default per call; 0: none), `init_method` (env://,
     tcp://HOST:PORT, file://PATH), `device_maps` ({worker: {my device: its device}}),
     `devices` (this worker's devices; default: those the maps name). `_transports` and
-    `_channels` pick ferry's transports (ring, shm, uv, ibv) and TensorPipe's channels."""
+    `_channels` pick ferry's transports (ring, tcp, shm, uv, ibv) and TensorPipe's channels."""
 
     def __init__(self, *, num_worker_threads=DEFAULT_NUM_WORKER_THREADS, rpc_timeout=DEFAULT_RPC_TIMEOUT_SEC,
                  init_method=DEFAULT_INIT_METHOD, device_maps=None, devices=None, _transports=None,
