@@ -240,15 +240,31 @@ absl::StatusOr<bool> EtcdStore::check(const std::vector<std::string>& keys) {
 }
 
 absl::Status EtcdStore::wait(const std::vector<std::string>& keys, std::optional<std::chrono::milliseconds> timeout) {
+  return wait_for("wait", keys, effective(timeout));
+}
+
+absl::Status EtcdStore::wait_for(const char* op, const std::vector<std::string>& keys,
+                                 std::chrono::milliseconds timeout) {
   const auto start = EtcdClock::now();
-  const auto deadline = start + effective(timeout);
+  const auto deadline = start + timeout;
+  std::vector<std::string> last_missing = keys;
   for (;;) {
     int64_t revision = 0;
-    auto absent = missing(keys, &revision, std::max(deadline, EtcdClock::now() + std::chrono::milliseconds(500)));
-    if (!absent.ok()) return absent.status();
+    // The check may outlast a short wait by a little (a slow member), never a long one
+    // by more than request_timeout: then the cluster is out of reach, and that is the error.
+    auto now = EtcdClock::now();
+    auto check_deadline = std::max(std::min(deadline, now + request_timeout_), now + std::chrono::milliseconds(500));
+    auto absent = missing(keys, &revision, check_deadline);
+    if (!absent.ok()) {
+      if (EtcdClock::now() >= deadline) {
+        return internal::wait_timeout_error(op, last_missing, internal::elapsed_since(start));
+      }
+      return absent.status();
+    }
     if (absent->empty()) return absl::OkStatus();
+    last_missing = *absent;
     if (EtcdClock::now() >= deadline) {
-      return internal::wait_timeout_error("wait", *absent, internal::elapsed_since(start));
+      return internal::wait_timeout_error(op, *absent, internal::elapsed_since(start));
     }
     // Watch the first missing key from just after the revision it was missing at, so a
     // set in between is not lost; the others are checked again when it came.
@@ -259,7 +275,7 @@ absl::Status EtcdStore::wait(const std::vector<std::string>& keys, std::optional
                                      deadline);
     if (!watch.ok()) {
       if (EtcdClock::now() >= deadline) {
-        return internal::wait_timeout_error("wait", *absent, internal::elapsed_since(start));
+        return internal::wait_timeout_error(op, *absent, internal::elapsed_since(start));
       }
       return watch.status();
     }
@@ -294,15 +310,11 @@ absl::StatusOr<std::vector<Bytes>> EtcdStore::multi_get(const std::vector<std::s
   const auto limit = effective(timeout);
   for (;;) {
     auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(EtcdClock::now() - start);
-    absl::Status ready = wait(keys, std::max(limit - waited, std::chrono::milliseconds(0)));
-    if (!ready.ok()) {
-      if (ready.code() != absl::StatusCode::kDeadlineExceeded) return ready;
-      int64_t revision = 0;
-      auto absent = missing(keys, &revision, request_deadline());
-      if (!absent.ok()) return absent.status();
-      return internal::wait_timeout_error(keys.size() == 1 ? "get" : "multi_get", *absent,
-                                          internal::elapsed_since(start));
-    }
+    // Its timeout error names the keys still missing and the time this wait took; the
+    // whole get's time is what the caller asked about.
+    absl::Status ready = wait_for(keys.size() == 1 ? "get" : "multi_get", keys,
+                                  std::max(limit - waited, std::chrono::milliseconds(0)));
+    if (!ready.ok()) return ready;
     std::vector<Bytes> values;
     bool all = true;
     for (size_t begin = 0; begin < keys.size() && all; begin += kTxnOps) {

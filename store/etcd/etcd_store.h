@@ -109,6 +109,8 @@ class EtcdStore : public Store {
   std::chrono::steady_clock::time_point request_deadline() const;
   absl::StatusOr<Bytes> compare_set_with(std::string_view key, const Bytes& expected, const Bytes& desired,
                                          int64_t lease);
+  // wait(), its timeout error naming `op`.
+  absl::Status wait_for(const char* op, const std::vector<std::string>& keys, std::chrono::milliseconds timeout);
   // Which of `keys` are missing, and the revision the answer was read at.
   absl::StatusOr<std::vector<std::string>> missing(const std::vector<std::string>& keys, int64_t* revision,
                                                    std::chrono::steady_clock::time_point deadline);
