@@ -115,6 +115,7 @@ TEST(TopCommand, OnceJsonShowsEveryWorkerAndOneThatStopsAnswering) {
     EXPECT_NE((*w2)["error"].get<std::string>(), "");
     EXPECT_GT((*w2)["silent_seconds"].get<double>(), 0);
     EXPECT_FALSE((*w2)["departed"].get<bool>());
+    EXPECT_FALSE((*w2)["gone"].get<bool>()) << w2->dump(2);
     EXPECT_TRUE((*worker(stopped, "worker0"))["answering"].get<bool>());
     ASSERT_TRUE(store->set("test/done", to_bytes("1")).ok());
 
@@ -141,13 +142,14 @@ TEST(TopCommand, OnceJsonShowsEveryWorkerAndOneThatStopsAnswering) {
     EXPECT_FALSE((*crashed)["departed"].get<bool>()) << crashed->dump(2);
     EXPECT_FALSE((*crashed)["answering"].get<bool>()) << crashed->dump(2);
     EXPECT_TRUE((*crashed)["departed_seconds_ago"].is_null());
+    EXPECT_TRUE((*crashed)["gone"].get<bool>()) << crashed->dump(2);
     // The plain-text table says which is which.
     ::ferry::testing::ProgramRun text = ::ferry::testing::run_program(
         FERRY_BINARY, {"top", "--store", "127.0.0.1:" + std::to_string(port), "--once", "--timeout-ms", "500"},
         std::chrono::seconds(30));
     EXPECT_EQ(text.exit_code, 0) << text.err;
     EXPECT_NE(text.out.find("worker1      left the job"), std::string::npos) << text.out;
-    EXPECT_NE(text.out.find("crashed      not answering"), std::string::npos) << text.out;
+    EXPECT_NE(text.out.find("crashed      gone without leaving"), std::string::npos) << text.out;
   }));
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <future>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "metrics/metrics_server.h"
 #include "stats/prometheus.h"
@@ -160,6 +161,9 @@ nlohmann::json JobView::json() const {
     j["departed_seconds_ago"] =
         w.departed ? nlohmann::json(std::max(0.0, epoch_seconds() - *w.departed)) : nlohmann::json(nullptr);
     j["error"] = w.error;
+    // Its endpoint refuses connections: nothing listens on its port any more, so the
+    // process ended without leaving (killed, crashed). A stopped one times out instead.
+    j["gone"] = !w.departed && absl::StrContains(w.error, "Connection refused");
     const Clock::time_point since = w.last_answer.value_or(w.first_seen);
     j["silent_seconds"] = answering || w.departed ? 0.0 : std::chrono::duration<double>(now - since).count();
     if (!w.latest.has_value()) {
@@ -214,6 +218,8 @@ std::vector<std::string> JobView::table(int width) const {
                               w["served"].get<uint64_t>(),
                               w["errors_made"].get<uint64_t>() + w["errors_served"].get<uint64_t>());
       }
+    } else if (w["gone"].get<bool>()) {
+      line = absl::StrFormat("%-12s gone without leaving: its endpoint refuses connections", name);
     } else if (!w["answering"].get<bool>()) {
       line = absl::StrFormat("%-12s not answering for %.0f s (%s)", name, w["silent_seconds"].get<double>(),
                              w["error"].get<std::string>());
