@@ -502,40 +502,50 @@ absl::Status Conn::take_head() {
                                             kMaxTargetBytes, " each, ", kMaxAllTargetBytes, " in all)"));
   }
   state_ = State::kTable;
-  need_ = sizeof(FrameHead) + frame_.tensors * sizeof(Entry) + frame_.target_bytes;
+  need_ = sizeof(FrameHead) + frame_.tensors * sizeof(Entry);  // then the targets, once admitted
   return absl::OkStatus();
 }
 
 absl::Status Conn::take_table(Endpoint& home, TransportEvents& events) {
   const size_t n = frame_.tensors;
   const char* at = head_.data() + sizeof(FrameHead);
-  lengths_.resize(n);
-  std::vector<uint32_t> target_bytes(n);
-  uint64_t targets = 0;
-  for (size_t i = 0; i < n; ++i) {
-    Entry e;
-    std::memcpy(&e, at + i * sizeof(Entry), sizeof(e));
-    if (e.target_bytes > kMaxTargetBytes) {
-      return absl::DataLossError(absl::StrCat("a frame from ", peer_, " has a target of ", e.target_bytes,
-                                              " bytes (at most ", kMaxTargetBytes, ")"));
+  const size_t entries_end = sizeof(FrameHead) + n * sizeof(Entry);
+  if (need_ == entries_end) {
+    lengths_.resize(n);
+    uint64_t targets = 0;
+    for (size_t i = 0; i < n; ++i) {
+      Entry e;
+      std::memcpy(&e, at + i * sizeof(Entry), sizeof(e));
+      if (e.target_bytes > kMaxTargetBytes) {
+        return absl::DataLossError(absl::StrCat("a frame from ", peer_, " has a target of ", e.target_bytes,
+                                                " bytes (at most ", kMaxTargetBytes, ")"));
+      }
+      lengths_[i] = e.length;
+      targets += e.target_bytes;
     }
-    lengths_[i] = e.length;
-    target_bytes[i] = e.target_bytes;
-    targets += e.target_bytes;
+    if (targets != frame_.target_bytes) {
+      return absl::DataLossError(absl::StrCat("a frame from ", peer_, " announces ", frame_.target_bytes,
+                                              " bytes of targets and its entries ", targets));
+    }
+    // Before the targets are read: a peer that has not authenticated may send no
+    // tensors, so their targets never take memory here; they count toward the
+    // message's size as its metadata does.
+    FERRY_RETURN_IF_ERROR(events.on_header(*this, frame_.metadata_bytes + frame_.target_bytes, lengths_));
+    if (frame_.target_bytes > 0) {
+      need_ += frame_.target_bytes;
+      return absl::OkStatus();  // back here once they are read
+    }
   }
-  if (targets != frame_.target_bytes) {
-    return absl::DataLossError(absl::StrCat("a frame from ", peer_, " announces ", frame_.target_bytes,
-                                            " bytes of targets and its entries ", targets));
-  }
-  FERRY_RETURN_IF_ERROR(events.on_header(*this, frame_.metadata_bytes, lengths_));
   wire_ = Wire{};
   wire_.metadata.resize(frame_.metadata_bytes);
-  const char* target = at + n * sizeof(Entry);
+  const char* target = head_.data() + entries_end;
   wire_.targets.reserve(n);
   wire_.tensors.reserve(n);
   for (size_t i = 0; i < n; ++i) {
-    wire_.targets.emplace_back(target, target_bytes[i]);
-    target += target_bytes[i];
+    Entry e;
+    std::memcpy(&e, at + i * sizeof(Entry), sizeof(e));
+    wire_.targets.emplace_back(target, e.target_bytes);
+    target += e.target_bytes;
     FERRY_ASSIGN_OR_RETURN(Tensor t, receive_buffer(home.buffers, lengths_[i]));
     wire_.tensors.push_back(std::move(t));
   }

@@ -9,6 +9,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -132,6 +133,29 @@ TEST(TcpTransport, TargetsLongerThanAnnouncedAreRefused) {
                    std::string(reinterpret_cast<const char*>(&e), sizeof(e)) + "12345678");
   ASSERT_TRUE(b.events->wait_for([&] { return !b.events->closed_.empty(); }));
   EXPECT_THAT(b.events->closed_[0].second, testing::StatusIs(absl::StatusCode::kDataLoss, HasSubstr("targets")));
+  ::close(fd);
+}
+
+// The core admits a frame from its head and entries, before its targets are read
+// (a peer that has not authenticated may send no tensors, so their targets never take
+// memory), and the targets count toward the message's size as its metadata does.
+TEST(TcpTransport, TheCoreAdmitsAFrameBeforeItsTargetsAreRead) {
+  Side b(loopback("b"));
+  std::atomic<uint64_t> announced{0};
+  b.events->set_admit([&](uint64_t metadata_bytes, std::span<const uint64_t>) {
+    announced.store(metadata_bytes);
+    return absl::PermissionDeniedError("not admitted");
+  });
+  int fd = raw_connect(port_of(b.address));
+  tcp::Entry e;
+  e.length = 4;
+  e.target_bytes = 100;
+  // The head and the entry; the 100 bytes of target never come.
+  send_all(fd, hello("127.0.0.1:1") + frame_head(1, 7, 100) + std::string(reinterpret_cast<const char*>(&e), sizeof(e)));
+  ASSERT_TRUE(b.events->wait_for([&] { return !b.events->closed_.empty(); }));
+  EXPECT_THAT(b.events->closed_[0].second,
+              testing::StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("not admitted")));
+  EXPECT_EQ(announced.load(), 107u);
   ::close(fd);
 }
 
