@@ -19,6 +19,7 @@ namespace {
 using ::ferry::testing::free_port;
 using ::ferry::testing::StatusIs;
 using ::ferry::testing::TempDir;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using namespace std::chrono_literals;
 
@@ -168,6 +169,19 @@ TEST(RendezvousTest, UnknownSchemeHasNoHandler) {
   EXPECT_THAT(rendezvous("nosuch://x", 1s),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("no rendezvous handler for nosuch://")));
   EXPECT_THAT(rendezvous("missing-scheme", 1s), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no scheme")));
+}
+
+// etcd:// always has a handler: with EtcdStore it reaches for the cluster (none here),
+// without it (FERRY_WITH_ETCD=OFF) it says how to build it.
+TEST(RendezvousTest, EtcdUrlWithoutAClusterOrWithoutEtcdStoreIsAClearError) {
+  EXPECT_TRUE(rendezvous_handler_registered("etcd"));
+  absl::StatusOr<RendezvousResult> r = rendezvous("etcd://127.0.0.1:1/job?rank=0&world_size=1", 1s);
+#ifdef FERRY_HAVE_ETCD
+  EXPECT_THAT(r, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("tried 127.0.0.1:1")));
+#else
+  EXPECT_THAT(r, StatusIs(absl::StatusCode::kFailedPrecondition,
+                          AllOf(HasSubstr("no EtcdStore"), HasSubstr("-DFERRY_WITH_ETCD=ON"))));
+#endif
 }
 
 TEST(RendezvousTest, RegistryRejectsDuplicatesAndEmptyHandlers) {

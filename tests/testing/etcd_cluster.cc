@@ -240,6 +240,16 @@ void EtcdCluster::kill(int i) {
   m.pid = -1;
 }
 
+void EtcdCluster::pause(int i) {
+  const Member& m = members_[static_cast<size_t>(i)];
+  if (m.pid > 0) ::kill(m.pid, SIGSTOP);
+}
+
+void EtcdCluster::resume(int i) {
+  const Member& m = members_[static_cast<size_t>(i)];
+  if (m.pid > 0) ::kill(m.pid, SIGCONT);
+}
+
 std::string EtcdCluster::log(int i) const { return dir_ + "/member-" + std::to_string(i) + ".log"; }
 
 std::string EtcdCluster::log_text(int i) const {

@@ -56,6 +56,9 @@ class EtcdCluster {
   absl::StatusOr<int> leader() const;
   // SIGKILLs member i and reaps it.
   void kill(int i);
+  // SIGSTOPs / SIGCONTs member i: it keeps its connections but answers nothing.
+  void pause(int i);
+  void resume(int i);
   bool alive(int i) const { return members_[static_cast<size_t>(i)].pid > 0; }
   const std::string& dir() const { return dir_; }
   // The member's log (etcd writes its own log to stderr; it goes to dir/member-i.log).
