@@ -18,7 +18,6 @@ namespace ferry {
 namespace {
 
 using ::ferry::testing::EtcdCluster;
-using ::ferry::testing::EtcdClusterOptions;
 using ::ferry::testing::expect_all_succeed;
 using ::ferry::testing::run_processes;
 using ::ferry::testing::StatusIs;
@@ -26,25 +25,7 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 using namespace std::chrono_literals;
 
-EtcdCluster* cluster = nullptr;
-
-class ClusterEnvironment : public ::testing::Environment {
- public:
-  void SetUp() override {
-    auto started = EtcdCluster::start(EtcdClusterOptions{});
-    ASSERT_TRUE(started.ok()) << started.status();
-    owned_ = *std::move(started);
-    cluster = owned_.get();
-  }
-  void TearDown() override {
-    cluster = nullptr;
-    owned_.reset();
-  }
-
- private:
-  std::unique_ptr<EtcdCluster> owned_;
-};
-::testing::Environment* const environment = ::testing::AddGlobalTestEnvironment(new ClusterEnvironment);
+EtcdCluster*& cluster = ::ferry::testing::shared_etcd_cluster();
 
 std::string job(const std::string& name) { return name + "-" + std::to_string(::getpid()); }
 

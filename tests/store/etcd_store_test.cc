@@ -39,25 +39,7 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 using namespace std::chrono_literals;
 
-EtcdCluster* shared_cluster = nullptr;
-
-class SharedClusterEnvironment : public ::testing::Environment {
- public:
-  void SetUp() override {
-    auto cluster = EtcdCluster::start(EtcdClusterOptions{});
-    ASSERT_TRUE(cluster.ok()) << cluster.status();
-    cluster_ = *std::move(cluster);
-    shared_cluster = cluster_.get();
-  }
-  void TearDown() override {
-    shared_cluster = nullptr;
-    cluster_.reset();
-  }
-
- private:
-  std::unique_ptr<EtcdCluster> cluster_;
-};
-::testing::Environment* const environment = ::testing::AddGlobalTestEnvironment(new SharedClusterEnvironment);
+EtcdCluster*& shared_cluster = ::ferry::testing::shared_etcd_cluster();
 
 // A prefix no other test (or earlier run) used, so each store starts empty.
 std::string fresh_prefix() {

@@ -1,5 +1,7 @@
 #include "tests/testing/etcd_cluster.h"
 
+#include <gtest/gtest.h>
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -258,6 +260,35 @@ std::string EtcdCluster::log_text(int i) const {
   text << in.rdbuf();
   std::string s = text.str();
   return s.size() > 4000 ? s.substr(s.size() - 4000) : s;
+}
+
+namespace {
+
+EtcdCluster* shared_cluster = nullptr;
+
+class SharedCluster : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<EtcdCluster>> started = EtcdCluster::start(EtcdClusterOptions{});
+    ASSERT_TRUE(started.ok()) << started.status();
+    owned_ = *std::move(started);
+    shared_cluster = owned_.get();
+  }
+  void TearDown() override {
+    shared_cluster = nullptr;
+    owned_.reset();
+  }
+
+ private:
+  std::unique_ptr<EtcdCluster> owned_;
+};
+
+}  // namespace
+
+EtcdCluster*& shared_etcd_cluster() {
+  static const bool registered = (::testing::AddGlobalTestEnvironment(new SharedCluster), true);
+  (void)registered;
+  return shared_cluster;
 }
 
 }  // namespace ferry::testing

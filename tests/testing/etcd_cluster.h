@@ -80,6 +80,12 @@ class EtcdCluster {
   std::vector<Member> members_;
 };
 
+// One 3-member cluster shared by all the tests of a binary: started before the first
+// test and removed after the last (a gtest environment, registered on the first call,
+// which a namespace-scope reference makes before main runs); null outside that span.
+//   EtcdCluster*& cluster = shared_etcd_cluster();
+EtcdCluster*& shared_etcd_cluster();
+
 // A one-shot HTTP/1.1 POST (or GET when body is empty) on 127.0.0.1:port; returns the
 // response body, or an error on a non-200 status, a refused connection or the timeout.
 absl::StatusOr<std::string> http_call(uint16_t port, const std::string& path, const std::string& body,

@@ -21,30 +21,11 @@
 namespace {
 
 using ::ferry::testing::EtcdCluster;
-using ::ferry::testing::EtcdClusterOptions;
 using ::ferry::testing::run_program;
 using ::testing::HasSubstr;
 using namespace std::chrono_literals;
 
-EtcdCluster* cluster = nullptr;
-
-class ClusterEnvironment : public ::testing::Environment {
- public:
-  void SetUp() override {
-    auto started = EtcdCluster::start(EtcdClusterOptions{});
-    ASSERT_TRUE(started.ok()) << started.status();
-    owned_ = *std::move(started);
-    cluster = owned_.get();
-  }
-  void TearDown() override {
-    cluster = nullptr;
-    owned_.reset();
-  }
-
- private:
-  std::unique_ptr<EtcdCluster> owned_;
-};
-::testing::Environment* const environment = ::testing::AddGlobalTestEnvironment(new ClusterEnvironment);
+EtcdCluster*& cluster = ::ferry::testing::shared_etcd_cluster();
 
 int count(const std::string& text, const std::string& what) {
   int n = 0;
