@@ -253,6 +253,8 @@ void MetricsServer::run() {
 absl::StatusOr<int64_t> publish_metrics_endpoint(Store& store, const std::string& prefix, const std::string& worker,
                                                  const std::string& address) {
   FERRY_ASSIGN_OR_RETURN(int64_t n, store.add(prefix + "metrics/count", 1));
+  // Before the record: a record is never seen without its live key while its worker lives.
+  if (store.has_leases()) FERRY_RETURN_IF_ERROR(store.set_owned(absl::StrCat(prefix, "metrics/", n, "/live"), {}));
   FERRY_RETURN_IF_ERROR(store.set(absl::StrCat(prefix, "metrics/", n), to_bytes(worker + " " + address)));
   return n;
 }
@@ -303,6 +305,10 @@ absl::StatusOr<std::vector<MetricsEndpoint>> find_metrics_endpoints(Store& store
     FERRY_ASSIGN_OR_RETURN(Bytes record, store.get(key, std::chrono::milliseconds(1000)));
     std::optional<MetricsEndpoint> e = parse_metrics_record(to_string(record));
     if (!e.has_value()) continue;
+    if (!e->departed && store.has_leases()) {
+      FERRY_ASSIGN_OR_RETURN(bool live, store.check({absl::StrCat(key, "/live")}));
+      e->lease_expired = !live;
+    }
     bool replaced = false;
     for (MetricsEndpoint& known : out) {
       if (known.worker == e->worker) {

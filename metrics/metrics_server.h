@@ -105,10 +105,16 @@ struct MetricsEndpoint {
   // one that died or was shut down without joining the others (its endpoint then
   // simply stops answering).
   std::optional<double> departed;
+  // Where the store has leases (Store::has_leases): the worker never left, and the key
+  // it keeps under its lease ("<prefix>metrics/<n>/live") is gone: it died, and the
+  // store dropped what it owned within its lease TTL.
+  bool lease_expired = false;
 };
 
 // Records `worker`'s endpoint under `prefix` ("<prefix>metrics/count" numbers the
-// records; "<prefix>metrics/<n>" holds "worker address"). Returns n, for
+// records; "<prefix>metrics/<n>" holds "worker address"; where the store has leases,
+// "<prefix>metrics/<n>/live" is owned, Store::set_owned, and vanishes when the worker
+// dies, while the record stays for tools to show). Returns n, for
 // retire_metrics_endpoint.
 absl::StatusOr<int64_t> publish_metrics_endpoint(Store& store, const std::string& prefix, const std::string& worker,
                                                  const std::string& address);

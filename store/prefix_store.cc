@@ -80,4 +80,25 @@ absl::Status PrefixStore::multi_set(const std::vector<std::string>& keys, const 
   return strip(base_->multi_set(full(keys), values));
 }
 
+absl::Status PrefixStore::set_owned(std::string_view key, const Bytes& value) {
+  return strip(base_->set_owned(full(key), value));
+}
+
+absl::StatusOr<Bytes> PrefixStore::compare_set_owned(std::string_view key, const Bytes& expected,
+                                                     const Bytes& desired) {
+  auto r = base_->compare_set_owned(full(key), expected, desired);
+  if (!r.ok()) return strip(r.status());
+  return r;
+}
+
+absl::StatusOr<std::vector<std::string>> PrefixStore::wait_gone(const std::vector<std::string>& keys,
+                                                                std::chrono::milliseconds timeout,
+                                                                const std::function<bool()>& stop) {
+  auto r = base_->wait_gone(full(keys), timeout, stop);
+  if (!r.ok()) return strip(r.status());
+  const size_t strip_size = prefix_.size() + 1;
+  for (std::string& k : *r) k.erase(0, std::min(strip_size, k.size()));
+  return r;
+}
+
 }  // namespace ferry

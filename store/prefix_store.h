@@ -40,6 +40,14 @@ class PrefixStore final : public Store {
   absl::StatusOr<std::vector<Bytes>> multi_get(const std::vector<std::string>& keys,
                                                std::optional<std::chrono::milliseconds> timeout) override;
   absl::Status multi_set(const std::vector<std::string>& keys, const std::vector<Bytes>& values) override;
+  // The backing store's leases, under the prefix.
+  bool has_leases() const override { return base_->has_leases(); }
+  std::chrono::milliseconds lease_ttl() const override { return base_->lease_ttl(); }
+  absl::Status set_owned(std::string_view key, const Bytes& value) override;
+  absl::StatusOr<Bytes> compare_set_owned(std::string_view key, const Bytes& expected, const Bytes& desired) override;
+  absl::StatusOr<std::vector<std::string>> wait_gone(const std::vector<std::string>& keys,
+                                                     std::chrono::milliseconds timeout,
+                                                     const std::function<bool()>& stop) override;
 
   const std::string& prefix() const { return prefix_; }
   const std::shared_ptr<Store>& base() const { return base_; }

@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -71,6 +72,32 @@ class Store {
   }
   // Sets every key to its value (keys.size() must equal values.size()).
   virtual absl::Status multi_set(const std::vector<std::string>& keys, const std::vector<Bytes>& values) = 0;
+
+  // ---- What belongs to a living process: keys under this process's lease.
+  // Whether set_owned() ties a key to this process's life: the key then vanishes within
+  // lease_ttl() of the process's death (SIGKILL, a crash, a lost network) without anyone
+  // probing, and wait_gone() reports it (EtcdStore). A store without leases (TCPStore,
+  // FileStore, HashStore) keeps an owned key as set() does, until someone deletes it;
+  // its users find a dead process as before, by probing it.
+  virtual bool has_leases() const { return false; }
+  // The most an owned key outlives its owner's death; zero without leases.
+  virtual std::chrono::milliseconds lease_ttl() const { return std::chrono::milliseconds(0); }
+  // set() and compare_set() whose written value is owned as above.
+  virtual absl::Status set_owned(std::string_view key, const Bytes& value) { return set(key, value); }
+  virtual absl::StatusOr<Bytes> compare_set_owned(std::string_view key, const Bytes& expected, const Bytes& desired) {
+    return compare_set(key, expected, desired);
+  }
+  // Waits until one of `keys` is missing (deleted, its owner's lease expired, or never
+  // set), at most `timeout`, or until `stop` returns true (asked on this thread about
+  // every 100 ms; it must not block). Returns the missing keys: empty when the timeout
+  // passed or `stop` ended the wait. With leases, a watch, not polling. Errors: the
+  // store's; kUnimplemented for a store without leases.
+  virtual absl::StatusOr<std::vector<std::string>> wait_gone(const std::vector<std::string>& keys,
+                                                             std::chrono::milliseconds timeout,
+                                                             const std::function<bool()>& stop) {
+    (void)keys, (void)timeout, (void)stop;
+    return absl::UnimplementedError("this store has no leases, so it cannot report a departed owner's keys");
+  }
 
   // The default timeout of blocking operations.
   std::chrono::milliseconds timeout() const { return timeout_; }

@@ -4,6 +4,13 @@
 // 2 bad usage.
 #pragma once
 
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "store/store.h"
+
 namespace CLI {
 class App;
 }
@@ -32,6 +39,11 @@ using AddCommand = void (*)(CLI::App& app, ExitCode& exit_code);
 bool register_command(AddCommand add);
 // Adds every registered subcommand to `app`.
 void add_all_commands(CLI::App& app, ExitCode& exit_code);
+
+// An EtcdStore for "etcd://HOST:PORT,.../PREFIX" (ferry store, ferry top), or why not:
+// kInvalidArgument for an address that does not parse, kFailedPrecondition in a build
+// without EtcdStore, the store's errors. Defined in store_command.cc.
+absl::StatusOr<std::unique_ptr<Store>> connect_etcd_store(const std::string& addr, std::chrono::milliseconds timeout);
 
 }  // namespace ferry::tools
 

@@ -59,35 +59,10 @@ void fail(const char* op, const absl::Status& status) {
   std::fprintf(stderr, "ferry store %s: %s\n", op, status.ToString().c_str());
 }
 
-// An EtcdStore for --addr etcd://ENDPOINTS/PREFIX, or why not.
-absl::StatusOr<std::unique_ptr<Store>> connect_etcd(const std::string& addr, std::chrono::milliseconds timeout) {
-#ifndef FERRY_HAVE_ETCD
-  (void)timeout;
-  return absl::FailedPreconditionError(absl::StrCat("--addr ", addr,
-                                                    ": this build of ferry has no EtcdStore (configured with "
-                                                    "FERRY_WITH_ETCD=OFF); configure it with -DFERRY_WITH_ETCD=ON"));
-#else
-  std::string rest = addr.substr(7);
-  size_t slash = rest.find('/');
-  if (slash == std::string::npos || slash + 1 >= rest.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--addr ", addr, ": expected etcd://host1:2379,host2:2379/jobprefix (the prefix is missing)"));
-  }
-  EtcdStoreOptions options;
-  options.endpoints = rest.substr(0, slash);
-  options.prefix = rest.substr(slash + 1);
-  options.timeout = timeout;
-  options.request_timeout = std::max(timeout, std::chrono::milliseconds(1000));
-  auto store = EtcdStore::create(options);
-  if (!store.ok()) return store.status();
-  return std::unique_ptr<Store>(*std::move(store));
-#endif
-}
-
 // Connects per the options, or reports why not and sets the exit code.
 std::unique_ptr<Store> connect(const char* op, const ClientOptions& options, ExitCode& exit_code) {
   if (options.addr.starts_with("etcd://")) {
-    auto store = connect_etcd(options.addr, std::chrono::milliseconds(std::max<int64_t>(options.timeout_ms, 0)));
+    auto store = connect_etcd_store(options.addr, std::chrono::milliseconds(std::max<int64_t>(options.timeout_ms, 0)));
     if (!store.ok()) {
       fail(op, store.status());
       exit_code.set(store.status().code() == absl::StatusCode::kInvalidArgument ? kExitUsage : kExitFailed);
@@ -304,5 +279,29 @@ void add_store_command(CLI::App& app, ExitCode& exit_code) {
 }  // namespace
 
 FERRY_REGISTER_COMMAND(add_store_command);
+
+absl::StatusOr<std::unique_ptr<Store>> connect_etcd_store(const std::string& addr, std::chrono::milliseconds timeout) {
+#ifndef FERRY_HAVE_ETCD
+  (void)timeout;
+  return absl::FailedPreconditionError(absl::StrCat("--addr ", addr,
+                                                    ": this build of ferry has no EtcdStore (configured with "
+                                                    "FERRY_WITH_ETCD=OFF); configure it with -DFERRY_WITH_ETCD=ON"));
+#else
+  std::string rest = addr.substr(7);
+  size_t slash = rest.find('/');
+  if (slash == std::string::npos || slash + 1 >= rest.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--addr ", addr, ": expected etcd://host1:2379,host2:2379/jobprefix (the prefix is missing)"));
+  }
+  EtcdStoreOptions options;
+  options.endpoints = rest.substr(0, slash);
+  options.prefix = rest.substr(slash + 1);
+  options.timeout = timeout;
+  options.request_timeout = std::max(timeout, std::chrono::milliseconds(1000));
+  auto store = EtcdStore::create(options);
+  if (!store.ok()) return store.status();
+  return std::unique_ptr<Store>(*std::move(store));
+#endif
+}
 
 }  // namespace ferry::tools

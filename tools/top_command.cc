@@ -43,6 +43,11 @@ struct TopFlags {
 };
 
 absl::StatusOr<std::shared_ptr<Store>> connect(const std::string& address, std::chrono::milliseconds timeout) {
+  if (address.starts_with("etcd://")) {
+    absl::StatusOr<std::unique_ptr<Store>> etcd = connect_etcd_store(address, timeout);
+    if (!etcd.ok()) return etcd.status();
+    return std::shared_ptr<Store>(*std::move(etcd));
+  }
   absl::StatusOr<std::pair<std::string, int>> where = split_host_port(address);
   if (!where.ok()) return where.status();
   absl::StatusOr<std::unique_ptr<TCPStore>> store =
@@ -134,7 +139,7 @@ int live(JobView& view, const TopFlags& flags, const std::string& source) {
 void add_top(CLI::App& app, ExitCode& exit_code) {
   auto flags = std::make_shared<TopFlags>();
   CLI::App* cmd = app.add_subcommand("top", "Show a running job's workers live (calls/s, latency, errors, bytes)");
-  cmd->add_option("--store", flags->store, "The job's store, HOST:PORT (MASTER_ADDR:MASTER_PORT)");
+  cmd->add_option("--store", flags->store, "The job's store, HOST:PORT (MASTER_ADDR:MASTER_PORT), or etcd://HOST:PORT,.../PREFIX");
   cmd->add_option("--rdzv-endpoint", flags->rdzv_endpoint, "The rendezvous endpoint `ferry run` was given");
   cmd->add_option("--rdzv-id", flags->rdzv_id, "The run's id, as `ferry run` was given")->capture_default_str();
   cmd->add_flag("--once", flags->once, "One snapshot (two looks, --interval-ms apart, for the rates), then exit");

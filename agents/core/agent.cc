@@ -88,6 +88,14 @@ absl::StatusOr<std::shared_ptr<Agent>> Agent::start(WorkerInfo self, std::shared
     return address.status();
   }
   agent->address_ = *std::move(address);
+  if (agent->store_->has_leases()) {
+    // Before any peer learns of this worker, so that its watch finds the record there.
+    absl::Status recorded = agent->store_->set_owned(agent->record_key(agent->self_.id), to_bytes(agent->self_.name));
+    if (!recorded.ok()) {
+      agent->shutdown();
+      return recorded;
+    }
+  }
   absl::StatusOr<std::unique_ptr<internal::PublishedMetrics>> metrics = internal::serve_metrics(
       agent->options_.metrics_port, agent->self_.name, *agent->store_, kMetricsStorePrefix, *agent->stats_);
   if (!metrics.ok()) {
@@ -117,6 +125,12 @@ void Agent::build(RequestHandler handler) {
       *links_, channels_, members_, *pool_, activity_, *calls_, *stats_, trace_.get(), owner);
   liveness_ = std::make_unique<internal::Liveness>(self_.name, self_.id, options_.heartbeat, *outbox_, *links_,
                                                    *calls_, members_, owner, lost);
+  if (store_->has_leases()) {
+    // Reported on the pool, like every other loss: the watch's thread never holds the agent.
+    departures_ = std::make_unique<internal::DepartureWatch>(store_, self_.name, [this, lost](int id, absl::Status why) {
+      (void)pool_->post([lost, id, why = std::move(why)] { lost(id, why); });
+    });
+  }
   if (options_.heartbeat.count() > 0) {
     calls_->set_heartbeat(options_.heartbeat, [this, owner](int peer) {
       if (std::shared_ptr<void> alive = owner.lock()) liveness_->suspect(peer, options_.heartbeat);
@@ -159,8 +173,11 @@ uint64_t Agent::membership_version() const { return members_.snapshot()->version
 
 absl::Status Agent::set_members(std::vector<PeerAddress> members) {
   int n = static_cast<int>(members.size());
+  std::vector<WorkerInfo> infos;
+  for (const PeerAddress& m : members) infos.push_back(m.info);
   FERRY_RETURN_IF_ERROR(members_.add(std::move(members)));
   group_size_.store(n);
+  watch_records(infos);
   return absl::OkStatus();
 }
 
@@ -169,12 +186,14 @@ absl::Status Agent::add_member(PeerAddress member) {
   FERRY_RETURN_IF_ERROR(members_.add(std::move(member)));
   barrier_->forget(info.id);
   group_size_.fetch_add(1);
+  watch_records({info});
   notify(std::move(info), MembershipChange::kJoined);
   return absl::OkStatus();
 }
 
 absl::Status Agent::remove_member(int id, MembershipChange why) {
   FERRY_ASSIGN_OR_RETURN(Member gone, members_.remove(id, why));
+  if (departures_ != nullptr) departures_->remove(id);
   group_size_.fetch_sub(1);
   absl::Status status = absl::UnavailableError(absl::StrCat("worker \"", gone.info.name, "\" (id ", id, ") ",
                                                             why == MembershipChange::kLeft ? "left the group"
@@ -192,6 +211,8 @@ absl::Status Agent::retire_member(int id, std::chrono::milliseconds drain) {
   std::shared_ptr<const Membership::Table> table = members_.snapshot();
   const Member* m = table->find(id);
   if (m == nullptr) return table->absent(id);
+  // It leaves on purpose: its record going with its process is no loss.
+  if (departures_ != nullptr) departures_->remove(id);
   barrier_->retire(id, absl::UnavailableError(absl::StrCat("worker \"", m->info.name, "\" (id ", id,
                                                            ") left the group")));
   if (!calls_->wait_peer_idle(id, drain)) {
@@ -426,6 +447,15 @@ void Agent::on_peer_lost(int peer, absl::Status why) {
   if (std::optional<MembershipChange> tell = barrier_->decide(info)) notify(info, *tell);
 }
 
+std::string Agent::record_key(int id) const { return absl::StrCat(options_.store_prefix, "alive/", id); }
+
+void Agent::watch_records(const std::vector<WorkerInfo>& workers) {
+  if (departures_ == nullptr) return;
+  for (const WorkerInfo& w : workers) {
+    if (w.id != self_.id) departures_->add(w.id, w.name, record_key(w.id));
+  }
+}
+
 // ---- Listeners.
 
 void Agent::add_membership_listener(MembershipListener listener) {
@@ -523,6 +553,7 @@ void Agent::shutdown() {
     return;
   }
   if (shut_down_.exchange(true)) return;
+  if (departures_) departures_->stop();
   if (outbox_) outbox_->stop();
   if (liveness_) liveness_->stop();
   if (metrics_) metrics_->shutdown();

@@ -56,6 +56,7 @@
 #include "agents/core/channels.h"
 #include "agents/core/handshake.h"
 #include "agents/core/lock_order.h"
+#include "agents/core/departures.h"
 #include "agents/core/membership.h"
 #include "agents/core/options.h"
 #include "agents/core/transport.h"
@@ -123,6 +124,13 @@ class Agent final : public RpcAgent, public TransportEvents, public std::enable_
   void begin_leave() { leaving_.store(true); }
   void refuse_requests();
 
+  // Where the store has leases (Store::has_leases), every agent keeps a record under its
+  // own lease from start() on, at record_key(its id) ("<store_prefix>alive/<id>"), and
+  // watches the records of its members from when they become members until they leave
+  // (agents/core/departures.h): one that vanishes (its worker died) makes that worker
+  // lost, as a failed connection does, within the store's lease TTL.
+  std::string record_key(int id) const;
+
   // Serves kControl requests (a membership protocol), on the pool like requests.
   // Without one, a kControl request gets an error reply.
   void set_control_handler(RequestHandler handler);
@@ -182,6 +190,8 @@ class Agent final : public RpcAgent, public TransportEvents, public std::enable_
   void on_peer_lost(int peer, absl::Status why);
   void notify(WorkerInfo worker, MembershipChange change);
   void deliver_changes();
+  // Watches the records of `workers` other than this one (record_key).
+  void watch_records(const std::vector<WorkerInfo>& workers);
 
   const WorkerInfo self_;
   const std::shared_ptr<Store> store_;
@@ -205,6 +215,7 @@ class Agent final : public RpcAgent, public TransportEvents, public std::enable_
   std::unique_ptr<internal::Outbox> outbox_;
   std::unique_ptr<internal::Server> server_;
   std::unique_ptr<internal::Liveness> liveness_;
+  std::unique_ptr<internal::DepartureWatch> departures_;  // null: the store has no leases
 
   std::atomic<bool> dynamic_{false};
   std::atomic<int> group_size_{0};

@@ -55,7 +55,7 @@ struct MembershipLock::State {
     if (stopping) return absl::FailedPreconditionError(absl::StrCat("worker \"", owner, "\" released the group-membership lock"));
     Bytes next = lease_value(owner, nonce, count + 1);
     // Under mu: a renewal and a release never interleave, so the value is current.
-    absl::StatusOr<Bytes> now = store->compare_set(key, value, next);
+    absl::StatusOr<Bytes> now = store->compare_set_owned(key, value, next);
     if (!now.ok()) {
       // The store did not answer: this holder cannot know, and waiters may take over
       // once a lease passed without a renewal they saw.
@@ -118,7 +118,7 @@ absl::StatusOr<std::unique_ptr<MembershipLock>> MembershipLock::acquire(std::sha
   std::chrono::milliseconds pause(5);
   for (;;) {
     // A free lock is a missing key or an empty value (what release() leaves).
-    FERRY_ASSIGN_OR_RETURN(Bytes now, state->store->compare_set(state->key, Bytes(), mine));
+    FERRY_ASSIGN_OR_RETURN(Bytes now, state->store->compare_set_owned(state->key, Bytes(), mine));
     if (now == mine) break;
     const Clock::time_point t = Clock::now();
     if (now != seen) {
@@ -127,7 +127,7 @@ absl::StatusOr<std::unique_ptr<MembershipLock>> MembershipLock::acquire(std::sha
     } else if (t - seen_since >= lease) {
       // Not renewed for a whole lease as this waiter measures it: the holder stopped
       // or hung. Take it from exactly that value, so that only one waiter does.
-      FERRY_ASSIGN_OR_RETURN(Bytes took, state->store->compare_set(state->key, seen, mine));
+      FERRY_ASSIGN_OR_RETURN(Bytes took, state->store->compare_set_owned(state->key, seen, mine));
       if (took == mine) {
         FERRY_LOG(WARNING) << state->owner << ": took the group-membership lock over from \"" << owner_of(seen)
                            << "\", which did not renew it for " << lease.count() << " ms (stopped or hung?)";

@@ -5,7 +5,9 @@
 // renews the lease from its own thread; a waiter that sees the value unchanged for a
 // whole lease takes it over (the holder stopped or hung). A waiter that gives up
 // touches nothing, so a lock never has two holders while its holder is alive and
-// renewing.
+// renewing. Every value is written with compare_set_owned: where the store has leases
+// (Store::has_leases), a holder that dies frees the lock within the store's lease TTL,
+// and waiters take it at once, without waiting out a lease of their own measure.
 //
 //   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<MembershipLock> lock,
 //       MembershipLock::acquire(store, "ferry/rpc/dynamic/lock", "worker3", seconds(30)));

@@ -288,6 +288,48 @@ absl::Status EtcdStore::wait_for(const char* op, const std::vector<std::string>&
   }
 }
 
+absl::StatusOr<std::vector<std::string>> EtcdStore::wait_gone(const std::vector<std::string>& keys,
+                                                              std::chrono::milliseconds timeout,
+                                                              const std::function<bool()>& stop) {
+  const auto deadline = EtcdClock::now() + timeout;
+  constexpr auto kSlice = std::chrono::milliseconds(100);
+  if (keys.empty()) {
+    while (EtcdClock::now() < deadline && !stop()) std::this_thread::sleep_for(kSlice);
+    return std::vector<std::string>();
+  }
+  const auto [lo, hi] = std::minmax_element(keys.begin(), keys.end());
+  for (;;) {
+    int64_t revision = 0;
+    auto absent = missing(keys, &revision, request_deadline());
+    if (!absent.ok() || !absent->empty()) return absent;
+    if (EtcdClock::now() >= deadline || stop()) return std::vector<std::string>();
+    // Deletions (expiries included) in the range that spans the keys, from just after
+    // the revision they were all present at, so that none is missed in between.
+    json request = {{"key", base64(full(*lo))},
+                    {"range_end", base64(full(*hi) + std::string(1, '\0'))},
+                    {"start_revision", std::to_string(revision + 1)},
+                    {"filters", json::array({"NOPUT"})}};
+    auto watch = client_->open_watch(absl::StrCat("watch ", internal::describe_keys(keys)), request,
+                                     std::min(deadline, request_deadline()));
+    if (!watch.ok()) {
+      if (EtcdClock::now() >= deadline) return std::vector<std::string>();
+      return watch.status();
+    }
+    for (;;) {
+      if (stop()) return std::vector<std::string>();
+      const auto now = EtcdClock::now();
+      if (now >= deadline) return std::vector<std::string>();
+      auto message = (*watch)->next(std::min(deadline, now + kSlice));
+      if (!message.ok()) {
+        if (message.status().code() == absl::StatusCode::kDeadlineExceeded) continue;
+        break;  // the stream broke (its member died): check again and watch elsewhere
+      }
+      if (message->value("canceled", false)) break;
+      if (message->contains("events") && !(*message)["events"].empty()) break;
+    }
+  }
+}
+
 absl::StatusOr<bool> EtcdStore::delete_key(std::string_view key) {
   auto answer = client_->call(absl::StrCat("delete ", internal::quote_key(key)), "/v3/kv/deleterange",
                               {{"key", base64(full(key))}}, request_deadline(), EtcdRetry::kAlways);

@@ -88,10 +88,17 @@ class EtcdStore : public Store {
   // Sets `key` to `value` under this store's lease: the key lives while this process
   // renews the lease and vanishes within lease_ttl once it stops (crash, SIGKILL, lost
   // network) or at once when the store is destroyed.
-  absl::Status set_owned(std::string_view key, const Bytes& value);
+  absl::Status set_owned(std::string_view key, const Bytes& value) override;
   // compare_set() whose new value is owned as set_owned's is: a lock that frees itself
   // when its holder dies.
-  absl::StatusOr<Bytes> compare_set_owned(std::string_view key, const Bytes& expected, const Bytes& desired);
+  absl::StatusOr<Bytes> compare_set_owned(std::string_view key, const Bytes& expected, const Bytes& desired) override;
+  bool has_leases() const override { return true; }
+  // One check of every key (a transaction), then a watch for deletions over the range
+  // that spans them, read in 100 ms slices so that `stop` is asked; any deletion in the
+  // range checks the keys again.
+  absl::StatusOr<std::vector<std::string>> wait_gone(const std::vector<std::string>& keys,
+                                                     std::chrono::milliseconds timeout,
+                                                     const std::function<bool()>& stop) override;
 
   // Keys (without the prefix) under `key_prefix` and their values, sorted by key.
   absl::StatusOr<std::vector<std::pair<std::string, Bytes>>> list(std::string_view key_prefix);
@@ -99,7 +106,7 @@ class EtcdStore : public Store {
   // "127.0.0.1:2379, ..." and the prefix, for messages and `ferry store`.
   std::string endpoints_text() const;
   const std::string& prefix() const { return prefix_; }
-  std::chrono::seconds lease_ttl() const { return lease_ttl_; }
+  std::chrono::milliseconds lease_ttl() const override { return lease_ttl_; }
   // The lease id (granted on first use), for tests.
   absl::StatusOr<int64_t> lease();
 

@@ -112,6 +112,7 @@ absl::Status JobView::refresh(std::chrono::milliseconds timeout) {
       it->previous.reset();
     }
     it->departed = e.departed;
+    it->lease_expired = e.lease_expired;
     if (e.departed) {
       // Its last figures stay, as totals: it makes no calls per second any more.
       it->error.clear();
@@ -163,7 +164,10 @@ nlohmann::json JobView::json() const {
     j["error"] = w.error;
     // Its endpoint refuses connections: nothing listens on its port any more, so the
     // process ended without leaving (killed, crashed). A stopped one times out instead.
-    j["gone"] = !w.departed && absl::StrContains(w.error, "Connection refused");
+    // Or, where the store has leases, its lease expired: that holds across hosts too,
+    // where a dead host's port answers nothing at all.
+    j["gone"] = !w.departed && (w.lease_expired || absl::StrContains(w.error, "Connection refused"));
+    j["lease_expired"] = !w.departed && w.lease_expired;
     const Clock::time_point since = w.last_answer.value_or(w.first_seen);
     j["silent_seconds"] = answering || w.departed ? 0.0 : std::chrono::duration<double>(now - since).count();
     if (!w.latest.has_value()) {
@@ -219,7 +223,9 @@ std::vector<std::string> JobView::table(int width) const {
                               w["errors_made"].get<uint64_t>() + w["errors_served"].get<uint64_t>());
       }
     } else if (w["gone"].get<bool>()) {
-      line = absl::StrFormat("%-12s gone without leaving: its endpoint refuses connections", name);
+      line = absl::StrFormat("%-12s gone without leaving: %s", name,
+                             w["lease_expired"].get<bool>() ? "its store lease expired"
+                                                            : "its endpoint refuses connections");
     } else if (!w["answering"].get<bool>()) {
       line = absl::StrFormat("%-12s not answering for %.0f s (%s)", name, w["silent_seconds"].get<double>(),
                              w["error"].get<std::string>());

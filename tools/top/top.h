@@ -39,6 +39,8 @@ struct WorkerView {
   // When it left the job on purpose (seconds since the epoch), as its store record says:
   // it is not scraped any more, and its last figures stay.
   std::optional<double> departed;
+  // It never left, and its store lease expired (MetricsEndpoint::lease_expired): it died.
+  bool lease_expired = false;
 };
 
 class JobView {
