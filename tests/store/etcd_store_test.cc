@@ -292,13 +292,15 @@ TEST(EtcdStoreLeaseTest, OwnedKeysVanishWithinTheTtlOfTheirOwnersDeath) {
   int status = 0;
   ::waitpid(child, &status, 0);
   auto killed = std::chrono::steady_clock::now();
-  for (;;) {
-    FERRY_ASSERT_OK_AND_ASSIGN(bool any, (*observer)->check({"workers/7"}));
-    FERRY_ASSERT_OK_AND_ASSIGN(bool lock, (*observer)->check({"lock"}));
-    if (!any && !lock) break;
-    ASSERT_LT(std::chrono::steady_clock::now() - killed, 2s + 2s) << "owned keys outlived the lease TTL";
-    std::this_thread::sleep_for(100ms);
+  // Watched, not polled: wait_gone reports each key as its lease expires.
+  std::vector<std::string> owned = {"lock", "workers/7"};
+  while (!owned.empty()) {
+    FERRY_ASSERT_OK_AND_ASSIGN(std::vector<std::string> gone,
+                               (*observer)->wait_gone(owned, 2s + 2s, [] { return false; }));
+    ASSERT_FALSE(gone.empty()) << "owned keys outlived the lease TTL";
+    for (const std::string& k : gone) std::erase(owned, k);
   }
+  ASSERT_LT(std::chrono::steady_clock::now() - killed, 2s + 2s) << "owned keys outlived the lease TTL";
   // The lock is free for the next one.
   FERRY_ASSERT_OK_AND_ASSIGN(Bytes holder, (*observer)->compare_set("lock", {}, to_bytes("8")));
   EXPECT_EQ(to_string(holder), "8");

@@ -136,6 +136,46 @@ TEST_P(StoreTest, ConcurrentAddsFromThreadsLoseNothing) {
   EXPECT_EQ(v, kThreads * kAdds);
 }
 
+// Owned keys: without leases (TCPStore, FileStore, HashStore) they are plain keys and
+// wait_gone says it cannot watch; with leases, wait_gone reports a deleted key at once
+// and a present one after its timeout, or sooner when asked to stop.
+TEST_P(StoreTest, OwnedKeysAndWaitGone) {
+  ASSERT_OK(store_->set_owned("owned", to_bytes("mine")));
+  FERRY_ASSERT_OK_AND_ASSIGN(Bytes v, store_->compare_set_owned("owned", to_bytes("mine"), to_bytes("still mine")));
+  EXPECT_EQ(to_string(v), "still mine");
+  FERRY_ASSERT_OK_AND_ASSIGN(v, store_->get("owned"));
+  EXPECT_EQ(to_string(v), "still mine");
+  if (!store_->has_leases()) {
+    EXPECT_EQ(store_->lease_ttl().count(), 0);
+    EXPECT_EQ(store_->wait_gone({"owned"}, std::chrono::milliseconds(10), [] { return false; }).status().code(),
+              absl::StatusCode::kUnimplemented);
+    return;
+  }
+  EXPECT_GT(store_->lease_ttl().count(), 0);
+  ASSERT_OK(store_->set("plain", to_bytes("p")));
+  FERRY_ASSERT_OK_AND_ASSIGN(std::vector<std::string> gone,
+                             store_->wait_gone({"owned", "plain"}, std::chrono::milliseconds(300), [] { return false; }));
+  EXPECT_TRUE(gone.empty());
+  // Asked to stop: it ends at its next look, long before its timeout.
+  const auto start = std::chrono::steady_clock::now();
+  FERRY_ASSERT_OK_AND_ASSIGN(gone, store_->wait_gone({"owned"}, std::chrono::seconds(30), [] { return true; }));
+  EXPECT_TRUE(gone.empty());
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  // A deletion by another client wakes a waiting watch.
+  std::thread deleter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    EXPECT_OK(store_->delete_key("plain").status());
+  });
+  const auto watching = std::chrono::steady_clock::now();
+  FERRY_ASSERT_OK_AND_ASSIGN(gone, store_->wait_gone({"owned", "plain"}, std::chrono::seconds(20), [] { return false; }));
+  deleter.join();
+  EXPECT_EQ(gone, std::vector<std::string>{"plain"});
+  EXPECT_LT(std::chrono::steady_clock::now() - watching, std::chrono::seconds(10));
+  // A key never set is missing at once.
+  FERRY_ASSERT_OK_AND_ASSIGN(gone, store_->wait_gone({"owned", "never"}, std::chrono::seconds(20), [] { return false; }));
+  EXPECT_EQ(gone, std::vector<std::string>{"never"});
+}
+
 TEST_P(StoreTest, CompareSet) {
   // Missing key and empty expectation: set.
   FERRY_ASSERT_OK_AND_ASSIGN(Bytes v, store_->compare_set("c", {}, to_bytes("one")));
