@@ -511,6 +511,10 @@ absl::Status Agent::sync(std::chrono::milliseconds timeout) {
 }
 
 absl::Status Agent::join(std::chrono::milliseconds timeout) {
+  // Leaving: the join round accounts for every member (probing those that never arrive),
+  // and once it ends every member's record goes with its process; watching them now
+  // would wake every worker once per departure.
+  if (departures_) departures_->stop();
   std::shared_ptr<const std::function<absl::Status(std::chrono::milliseconds)>> custom;
   {
     Locked lock(hooks_mu_);

@@ -148,6 +148,11 @@ absl::StatusOr<int64_t> EtcdStore::add(std::string_view key, int64_t delta) {
   auto read = client_->call(what, "/v3/kv/range", {{"key", base64(k)}}, deadline, EtcdRetry::kAlways);
   if (!read.ok()) return read.status();
   auto kv = first_kv(*read);
+  if (delta == 0) {
+    // A read (linearizable, as every range here is): no write, so no race with other adds.
+    if (!kv.ok()) return kv.status();
+    return kv->exists ? internal::parse_counter(key, kv->value) : absl::StatusOr<int64_t>(0);
+  }
   // Optimistic: write value + delta if nobody changed the key since we read it; the
   // failure branch reads it again, so a lost race costs one round trip.
   for (;;) {
@@ -266,13 +271,19 @@ absl::Status EtcdStore::wait_for(const char* op, const std::vector<std::string>&
     if (EtcdClock::now() >= deadline) {
       return internal::wait_timeout_error(op, *absent, internal::elapsed_since(start));
     }
-    // Watch the first missing key from just after the revision it was missing at, so a
-    // set in between is not lost; the others are checked again when it came.
-    json request = {{"key", base64(full(absent->front()))},
+    // Watch the range that spans the missing keys from just after the revision they were
+    // missing at, so that no set in between is lost, and strike each key off as its put
+    // arrives: one check and one watch for the whole wait, whatever the number of keys
+    // (a watch per key, checking them all again at each, cost a round trip per key per
+    // arrival at a 64-worker init).
+    std::vector<std::string> waiting;
+    for (const std::string& k : *absent) waiting.push_back(full(k));
+    std::sort(waiting.begin(), waiting.end());
+    json request = {{"key", base64(waiting.front())},
+                    {"range_end", base64(waiting.back() + std::string(1, '\0'))},
                     {"start_revision", std::to_string(revision + 1)},
                     {"filters", json::array({"NODELETE"})}};
-    auto watch = client_->open_watch(absl::StrCat("wait for ", internal::quote_key(absent->front())), request,
-                                     deadline);
+    auto watch = client_->open_watch(absl::StrCat("wait for ", internal::describe_keys(*absent)), request, deadline);
     if (!watch.ok()) {
       if (EtcdClock::now() >= deadline) {
         return internal::wait_timeout_error(op, *absent, internal::elapsed_since(start));
@@ -283,7 +294,16 @@ absl::Status EtcdStore::wait_for(const char* op, const std::vector<std::string>&
       auto message = (*watch)->next(deadline);
       if (!message.ok()) break;  // the deadline, or a broken stream: check again
       if (message->value("canceled", false)) break;
-      if (message->contains("events") && !(*message)["events"].empty()) break;
+      if (!message->contains("events")) continue;
+      for (const json& event : (*message)["events"]) {
+        if (!event.contains("kv")) continue;
+        auto key = internal::unbase64(event["kv"].value("key", ""));
+        if (!key.ok()) continue;
+        auto it = std::lower_bound(waiting.begin(), waiting.end(), *key);
+        if (it != waiting.end() && *it == *key) waiting.erase(it);
+      }
+      // All came: the check that follows confirms it (a key may have been deleted since).
+      if (waiting.empty()) break;
     }
   }
 }
