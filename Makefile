@@ -84,7 +84,7 @@ TSAN_TESTS := tsan_absl_sync_test base_test stats_test call_stats_test metrics_s
   tensorpipe_agent_test agent_conformance_test transport_conformance_test ring_transport_test tcp_transport_test shared_connection_test agent_auth_test \
   call_test process_group_rpc_test \
   rpc_test device_map_test dynamic_group_test remote_function_test rref_test inline_test rpc_auth_test \
-  init_failures_test store_multiprocess_test tcp_store_test tcp_store_auth_test etcd_store_test etcd_rendezvous_test rendezvous_multiprocess_test \
+  init_failures_test store_multiprocess_test tcp_store_test tcp_store_auth_test etcd_store_test etcd_job_test etcd_rendezvous_test rendezvous_multiprocess_test \
   elastic_test process_group_test process_group_work_test \
   process_group_module_test process_group_unit_test gloo_store_test store_test file_store_test \
   tcp_store_core_test store_bind_test rendezvous_test function_registry_test rref_context_test \
