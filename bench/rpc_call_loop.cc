@@ -11,6 +11,8 @@
 // time goes). A seventh, "callbacks", issues each next call (with N in flight) from the
 // previous reply's then_inline continuation, on the transport thread, as the raw
 // TensorPipe bench does, instead of from the caller's thread.
+// LOOP_CUDA=1 echoes the tensor from cuda:0 to cuda:0 through device maps (with
+// FERRY_EMULATE_CUDA=1 on the emulated runtime: where the staging path's time goes).
 // Usage: rpc_call_loop [shm|uv] [calls] [outstanding] [pool threads] [pooled|inline] [echo bytes] [callbacks]
 #include <sched.h>
 #include <sys/wait.h>
@@ -75,6 +77,10 @@ int main(int argc, char** argv) {
     // As `ferry bench rpc` measures uv: tensors travel through the pipe itself.
     if (transport == "uv") options.channels = std::vector<std::string>{"basic"};
     options.num_worker_threads = threads;
+    const bool on_cuda = std::getenv("LOOP_CUDA") != nullptr;
+    if (on_cuda && rank == 0 && !options.set_device_map("w1", {{ferry::Device::cuda(0), ferry::Device::cuda(0)}}).ok()) {
+      _exit(1);
+    }
     absl::Status started = ferry::init_rpc("w" + std::to_string(rank), rank, 2, options);
     if (!started.ok()) {
       std::fprintf(stderr, "w%d: %s\n", rank, started.ToString().c_str());
@@ -88,6 +94,8 @@ int main(int argc, char** argv) {
       if (!t.ok()) _exit(1);
       // Touched, as a user's tensor is: untouched pages would be read from the zero page.
       std::memset(t->data(), 0x5a, t->nbytes());
+      if (on_cuda) t = t->to(ferry::Device::cuda(0));
+      if (!t.ok()) _exit(1);
       std::vector<double> us;
       for (int i = 0; i < calls + 10; ++i) {
         auto t0 = std::chrono::steady_clock::now();

@@ -33,6 +33,8 @@ enum class MessageType : uint8_t {
   kControl = 5,   // a request to the agent itself (group membership), never to user code
   kBusy = 6,      // on a reply pipe, id 0: the server is alive but stopped reading this
                   // pipe at its cap (backpressure); counts as a reply for the heartbeat
+  kChunk = 7,     // a piece of a large device tensor staged through host memory, written
+                  // ahead of the message that names it (agents/core/cuda_staging.h)
 };
 
 const char* message_type_name(MessageType type);

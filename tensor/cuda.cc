@@ -28,7 +28,34 @@ RuntimeSlot& runtime_slot() {
   return slot;
 }
 
+// The calling thread's innermost CudaStreamScope.
+thread_local const CudaStreamScope* innermost_scope = nullptr;
+
 }  // namespace
+
+CudaStreamScope::CudaStreamScope(CudaStream stream) : outer_(innermost_scope), stream_(stream) {
+  innermost_scope = this;
+}
+
+CudaStreamScope::~CudaStreamScope() { innermost_scope = outer_; }
+
+CudaStream current_cuda_stream(int device) {
+  for (const CudaStreamScope* s = innermost_scope; s != nullptr; s = s->outer_) {
+    if (s->stream_.device == device) return s->stream_;
+  }
+  return CudaStream{device, nullptr};
+}
+
+absl::Status wait_for_default_stream(CudaStream stream) {
+  if (stream.handle == nullptr) return absl::OkStatus();  // the default stream itself
+  std::shared_ptr<CudaRuntime> runtime = cuda_runtime();
+  absl::StatusOr<CudaEvent> event = runtime->create_event(stream.device);
+  if (!event.ok()) return event.status();
+  absl::Status ordered = runtime->record(*event, CudaStream{stream.device, nullptr});
+  if (ordered.ok()) ordered = runtime->wait(stream, *event);
+  runtime->destroy_event(*event);
+  return ordered;
+}
 
 namespace internal {
 // cuda_real.cc or cuda_none.cc, whichever this build compiled.

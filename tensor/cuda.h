@@ -104,6 +104,36 @@ class CudaRuntime {
   virtual absl::StatusOr<bool> query(CudaEvent event) = 0;
 };
 
+// The stream a user's work on `device` runs on, for the calling thread: the stream of
+// the innermost CudaStreamScope on that device, else the device's default stream.
+// ferry's sends order their copies after it, so a tensor produced there may be passed
+// at once.
+CudaStream current_cuda_stream(int device);
+
+// Names `stream` as the calling thread's stream on its device until the scope ends
+// (scopes nest; each restores what it replaced). The runtime is not involved: the
+// caller keeps the stream alive while the scope lives.
+//
+//   CudaStreamScope on(my_stream);                       // my_stream produced x
+//   Tensor y = rpc_sync<Tensor>("worker1", "forward", x);  // copies x after my_stream's work
+class CudaStreamScope {
+ public:
+  explicit CudaStreamScope(CudaStream stream);
+  ~CudaStreamScope();
+  CudaStreamScope(const CudaStreamScope&) = delete;
+  CudaStreamScope& operator=(const CudaStreamScope&) = delete;
+
+ private:
+  friend CudaStream current_cuda_stream(int device);
+  const CudaStreamScope* const outer_;
+  const CudaStream stream_;
+};
+
+// Makes `stream` wait, without blocking the host, for what `device`'s default stream has
+// queued so far: after a call returns CUDA tensors (ready on their device's default
+// stream), work queued on `stream` then sees them.
+absl::Status wait_for_default_stream(CudaStream stream);
+
 // The process's runtime. Thread-safe. Tensors keep the runtime that allocated them
 // alive, so replacing it never strands memory.
 std::shared_ptr<CudaRuntime> cuda_runtime();

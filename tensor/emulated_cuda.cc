@@ -21,6 +21,10 @@ namespace {
 
 constexpr size_t kAlignment = 256;  // what cudaMalloc guarantees
 constexpr unsigned char kPoison = 0xA5;
+// Copies up to this size queued on an idle stream run on the calling thread. Larger ones
+// always run on the stream's thread, as a GPU's copy engine runs them beside the host:
+// what a caller overlaps with a large copy must not find it already done.
+constexpr size_t kInlineCopyBytes = size_t{64} << 10;
 
 size_t round_up(size_t bytes) { return (std::max<size_t>(bytes, 1) + kAlignment - 1) / kAlignment * kAlignment; }
 
@@ -60,7 +64,9 @@ class EmulatedStream {
     running_ = false;
     ++completed_;
     done_cv_.SignalAll();
-    cv_.Signal();  // the stream's thread may take what was queued meanwhile
+    // Only what was queued meanwhile needs the stream's thread: waking it for nothing
+    // costs two context switches per operation on a small host.
+    if (!queue_.empty()) cv_.Signal();
     return ticket;
   }
   // The ticket of the last operation enqueued so far (0: none).
@@ -484,7 +490,7 @@ class EmulatedCudaRuntime::Impl {
         if (base != 0 && it != blocks_.end()) --it->second.pending;
       }
         },
-        /*run_if_idle=*/delay.count() == 0);
+        /*run_if_idle=*/delay.count() == 0 && bytes <= kInlineCopyBytes);
     return absl::OkStatus();
   }
 

@@ -5,9 +5,9 @@
 // events) run, and fail, on a machine without a GPU:
 // - each stream, the default stream of every device included, is a FIFO run by its
 //   own thread; a copy happens when its stream reaches it (without a copy delay, a copy
-//   or free queued on an idle stream runs at once on the calling thread: the stream has
-//   reached it, and two thread hand-offs are saved; with a delay, every operation runs
-//   on the stream's thread);
+//   of up to 64 KiB or a free queued on an idle stream runs at once on the calling
+//   thread: the stream has reached it, and two thread hand-offs are saved; a larger
+//   copy, or any operation with a delay, runs on the stream's thread);
 // - an event completes when its stream passes the point it was recorded at, and
 //   wait(stream, event) holds the stream back until then;
 // - an optional delay before every copy (EmulatedCudaOptions::copy_delay, or

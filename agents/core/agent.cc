@@ -49,6 +49,11 @@ bool is_request(const std::string& metadata) {
   return type != MessageType::kResponse && type != MessageType::kError && type != MessageType::kBusy;
 }
 
+// Whether a sealed message is a chunk of a large device tensor (agents/core/cuda_staging.h).
+bool is_chunk(const std::string& metadata) {
+  return metadata.size() >= Message::kHeaderSize && static_cast<MessageType>(metadata[3]) == MessageType::kChunk;
+}
+
 }  // namespace
 
 Agent::Agent(WorkerInfo self, std::shared_ptr<Store> store, AgentOptions options, std::unique_ptr<Transport> transport)
@@ -322,6 +327,17 @@ void Agent::on_message(const std::shared_ptr<Connection>& connection, Wire wire)
     handshake(connection, wire);
     return;
   }
+  // Chunks land as they come, and the message naming them takes what landed, here on
+  // the delivering thread: the connection's order guarantees they came first.
+  const bool chunk = is_chunk(wire.metadata);
+  absl::Status chunked = chunk ? channels_.land_chunk(s.peer, std::move(wire)) : channels_.claim_chunked(s.peer, wire);
+  if (!chunked.ok()) {
+    FERRY_LOG(WARNING) << self_.name << ": closing the connection with " << internal::describe(s) << ": "
+                       << chunked.message();
+    connection->close();
+    return;
+  }
+  if (chunk) return;
   if (s.outgoing) {
     if (is_request(wire.metadata)) {
       // The acceptor's own calls, on the connection we opened (carries_calls_to).
@@ -411,6 +427,7 @@ void Agent::on_closed(const std::shared_ptr<Connection>& connection, absl::Statu
 // ---- Lost peers.
 
 void Agent::on_peer_lost(int peer, absl::Status why) {
+  channels_.forget(peer);
   if (shut_down_.load()) {
     calls_->fail_peer(peer, absl::CancelledError("the agent shut down"));
     return;

@@ -18,6 +18,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "tensor/cuda.h"
 #include "tensor/tensor.h"
 
 namespace ferry::internal {
@@ -39,11 +40,16 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
 
  private:
   explicit BufferPool(size_t max_cached_bytes) : max_cached_bytes_(max_cached_bytes) {}
-  void put(void* ptr, size_t size) ABSL_LOCKS_EXCLUDED(mu_);
+  // An idle buffer, and the runtime whose page-locked memory it is (null: the C heap).
+  struct Idle {
+    void* ptr;
+    std::shared_ptr<CudaRuntime> pinned_by;
+  };
+  void put(void* ptr, size_t size, std::shared_ptr<CudaRuntime> pinned_by) ABSL_LOCKS_EXCLUDED(mu_);
 
   const size_t max_cached_bytes_;
   mutable absl::Mutex mu_;
-  std::multimap<size_t, void*> idle_ ABSL_GUARDED_BY(mu_);  // size class -> buffer
+  std::multimap<size_t, Idle> idle_ ABSL_GUARDED_BY(mu_);  // size class -> buffer
   size_t cached_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t hits_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t misses_ ABSL_GUARDED_BY(mu_) = 0;
@@ -58,7 +64,14 @@ inline constexpr size_t kPooledBufferBytes = 64 * 1024;
 size_t max_cached_receive_bytes();
 
 // A uint8 CPU tensor of `length` bytes for a transport to land received bytes in: from
-// `pool` when large, else freshly allocated.
+// `pool` when large or page-locked, else freshly allocated.
 absl::StatusOr<Tensor> receive_buffer(const std::shared_ptr<BufferPool>& pool, size_t length);
+
+// From now on, every receive buffer of this process is page-locked memory of `runtime`
+// (null: the C heap again), whatever its size. The agent core sets it when its worker
+// handles CUDA devices: a host-to-device copy out of page-locked memory is queued
+// without the host waiting, so the staging channel may land received bytes on the
+// transport thread that read them. A buffer is freed by the allocator it came from.
+void pin_receive_buffers(std::shared_ptr<CudaRuntime> runtime);
 
 }  // namespace ferry::internal

@@ -2,8 +2,9 @@
 
 #include <algorithm>
 
-#include "agents/core/cuda_staging.h"
+#include "agents/core/buffer_pool.h"
 #include "base/status.h"
+#include "tensor/cuda.h"
 
 namespace ferry::internal {
 namespace {
@@ -29,6 +30,14 @@ std::vector<Device> devices_of(const DeviceMaps& maps, const DeviceMaps& reverse
   return out;
 }
 
+// A worker that handles CUDA devices receives into page-locked memory: the staging
+// channel lands chunks from it on the transport thread (see pin_receive_buffers).
+void pin_if_cuda(const std::vector<Device>& handled) {
+  if (handled.empty()) return;
+  std::shared_ptr<CudaRuntime> runtime = cuda_runtime();
+  if (runtime->device_count() > 0) pin_receive_buffers(std::move(runtime));
+}
+
 }  // namespace
 
 Channels::Channels(std::vector<std::shared_ptr<DeviceChannel>> channels, DeviceMaps device_maps,
@@ -37,7 +46,9 @@ Channels::Channels(std::vector<std::shared_ptr<DeviceChannel>> channels, DeviceM
       staging_(std::make_shared<CudaStaging>(devices.empty() ? devices_of(device_maps, reverse_device_maps)
                                                              : devices)),
       device_maps_(std::make_shared<const DeviceMaps>(std::move(device_maps))),
-      reverse_device_maps_(std::make_shared<const DeviceMaps>(std::move(reverse_device_maps))) {}
+      reverse_device_maps_(std::make_shared<const DeviceMaps>(std::move(reverse_device_maps))) {
+  pin_if_cuda(staging_->devices());
+}
 
 DeviceChannel& Channels::for_peer(const PeerAddress& peer) {
   for (const std::shared_ptr<DeviceChannel>& channel : channels_) {
@@ -47,16 +58,17 @@ DeviceChannel& Channels::for_peer(const PeerAddress& peer) {
 }
 
 absl::Status Channels::stage_request(const PeerAddress& peer, std::vector<Tensor>& tensors,
-                                     std::vector<std::string>& targets) {
+                                     std::vector<std::string>& targets, WriteAhead write_ahead) {
   std::shared_ptr<const DeviceMaps> maps = device_maps_.load();
-  return for_peer(peer).stage_outgoing(tensors, targets, map_towards(*maps, peer.info.name), peer.info.name);
+  return for_peer(peer).stage_outgoing(tensors, targets, map_towards(*maps, peer.info.name), peer.info.name,
+                                       write_ahead);
 }
 
 absl::Status Channels::stage_reply(const PeerAddress* member, const std::string& caller, std::vector<Tensor>& tensors,
-                                   std::vector<std::string>& targets) {
+                                   std::vector<std::string>& targets, WriteAhead write_ahead) {
   std::shared_ptr<const DeviceMaps> reverse = reverse_device_maps_.load();
   DeviceChannel& channel = member == nullptr ? *staging_ : for_peer(*member);
-  return channel.stage_outgoing(tensors, targets, map_towards(*reverse, caller), caller);
+  return channel.stage_outgoing(tensors, targets, map_towards(*reverse, caller), caller, write_ahead);
 }
 
 absl::Status Channels::land(std::vector<Tensor>& tensors, const std::vector<std::string>& targets) {
@@ -69,6 +81,7 @@ absl::Status Channels::land(std::vector<Tensor>& tensors, const std::vector<std:
 void Channels::set_device_maps(DeviceMaps device_maps, DeviceMaps reverse_device_maps, std::vector<Device> devices) {
   std::vector<Device> handled = devices.empty() ? devices_of(device_maps, reverse_device_maps) : std::move(devices);
   for (const std::shared_ptr<DeviceChannel>& channel : channels_) channel->set_devices(handled);
+  pin_if_cuda(handled);
   staging_->set_devices(std::move(handled));
   device_maps_.store(std::make_shared<const DeviceMaps>(std::move(device_maps)));
   reverse_device_maps_.store(std::make_shared<const DeviceMaps>(std::move(reverse_device_maps)));

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "agents/core/cuda_staging.h"
 #include "agents/core/device_channel.h"
 #include "agents/core/membership.h"
 #include "base/shared_slot.h"
@@ -32,22 +33,33 @@ class Channels {
 
   // The channel tensors to `peer` take.
   DeviceChannel& for_peer(const PeerAddress& peer);
-  // A request's tensors towards `peer`, through this worker's device map.
-  absl::Status stage_request(const PeerAddress& peer, std::vector<Tensor>& tensors,
-                             std::vector<std::string>& targets);
+  // A request's tensors towards `peer`, through this worker's device map. `write_ahead`
+  // writes what must precede the request on its connection (a large tensor's chunks).
+  absl::Status stage_request(const PeerAddress& peer, std::vector<Tensor>& tensors, std::vector<std::string>& targets,
+                             WriteAhead write_ahead);
   // A reply's tensors back to `caller` (`member`: its entry, null for a caller not in
   // the table, whose tensors go through staging), through the reverse maps.
   absl::Status stage_reply(const PeerAddress* member, const std::string& caller, std::vector<Tensor>& tensors,
-                           std::vector<std::string>& targets);
-  // Lands tensors whose targets name a device, on a pool thread.
+                           std::vector<std::string>& targets, WriteAhead write_ahead);
+  // Lands tensors whose targets name a device, on a pool thread (or the receiving
+  // thread, for at most kLandInlineBytes of them).
   absl::Status land(std::vector<Tensor>& tensors, const std::vector<std::string>& targets);
+  // On the receiving transport thread, in the connection's order: a chunk of a large
+  // tensor from worker `peer`, and a message that may name chunked tensors (swapped
+  // for the landed ones). Errors mean the peer broke the protocol: close its connection.
+  absl::Status land_chunk(int peer, Wire wire) { return staging_->land_chunk(peer, std::move(wire)); }
+  absl::Status claim_chunked(int peer, Wire& wire) {
+    return CudaStaging::names_chunked(wire.targets) ? staging_->claim_chunked(peer, wire) : absl::OkStatus();
+  }
+  // A lost peer's unfinished chunked tensors are dropped.
+  void forget(int peer) { staging_->forget(peer); }
   // Dynamic groups: the maps and devices change as workers join.
   void set_device_maps(DeviceMaps device_maps, DeviceMaps reverse_device_maps, std::vector<Device> devices);
   void debug_info(std::map<std::string, std::string>& info) const;
 
  private:
   const std::vector<std::shared_ptr<DeviceChannel>> channels_;
-  const std::shared_ptr<DeviceChannel> staging_;
+  const std::shared_ptr<CudaStaging> staging_;
   SharedSlot<const DeviceMaps> device_maps_;
   SharedSlot<const DeviceMaps> reverse_device_maps_;
 };

@@ -1,13 +1,20 @@
 #include "agents/core/cuda_staging.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
 #include <set>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "base/logging.h"
 #include "base/status.h"
+#include "serialization/archive.h"
+#include "serialization/message.h"
 
 namespace ferry::internal {
 namespace {
@@ -24,6 +31,28 @@ size_t aligned(size_t bytes) { return (bytes + kSlotAlignment - 1) / kSlotAlignm
 absl::StatusOr<Tensor> view_of(const Tensor& slot, size_t offset, const Tensor& like) {
   std::shared_ptr<void> at(slot.storage(), static_cast<char*>(slot.data()) + offset);
   return Tensor::from_blob(std::move(at), like.shape(), like.dtype());
+}
+
+// A placeholder's target starts so: "staging|<transfer>|<dtype>|<d0>,<d1>,...".
+constexpr char kPlaceholder[] = "staging|";
+// A kChunk message's payload: the chunk's offset in its tensor, and the tensor's bytes.
+constexpr size_t kChunkPayload = 16;
+
+std::string placeholder_target(uint64_t transfer, const Tensor& t) {
+  return absl::StrCat(kPlaceholder, transfer, "|", dtype_name(t.dtype()), "|", absl::StrJoin(t.shape(), ","));
+}
+
+Wire chunk_wire(uint64_t transfer, uint64_t offset, uint64_t total, const std::string& target, Tensor piece) {
+  Message m(MessageType::kChunk, transfer);
+  char payload[kChunkPayload];
+  std::memcpy(payload, &offset, 8);
+  std::memcpy(payload + 8, &total, 8);
+  m.buffer().append(payload, kChunkPayload);
+  Wire wire;
+  wire.metadata = m.seal();
+  wire.tensors.push_back(std::move(piece));
+  wire.targets.push_back(target);
+  return wire;
 }
 
 std::string device_list(const std::vector<Device>& devices) {
@@ -117,10 +146,12 @@ CudaStaging::CudaStaging(std::vector<Device> devices)
 CudaStaging::~CudaStaging() {
   std::deque<Retired> retired;
   std::map<int, CudaStream> streams;
+  std::map<TransferKey, Transfer> transfers;
   {
     absl::MutexLock lock(&mu_);
     retired.swap(retired_);
     streams.swap(streams_);
+    transfers.swap(transfers_);
   }
   for (Retired& r : retired) {
     (void)runtime_->synchronize(r.copied);
@@ -184,8 +215,25 @@ void CudaStaging::retire_passed() {
   for (Retired& r : done) runtime_->destroy_event(r.copied);
 }
 
+size_t CudaStaging::chunk_bytes(size_t bytes) {
+  static const size_t forced = [] {
+    const char* v = std::getenv("FERRY_STAGING_CHUNK_KB");
+    size_t kb = 0;
+    if (v != nullptr && *v != '\0' && (!absl::SimpleAtoi(v, &kb) || kb == 0 || kb > (size_t{1} << 20))) {
+      FERRY_LOG(WARNING) << "FERRY_STAGING_CHUNK_KB=\"" << v << "\" ignored: expected KiB from 1 to 1048576";
+      kb = 0;
+    }
+    return kb << 10;
+  }();
+  if (forced != 0) return forced;
+  // Eight chunks or more, each small enough to stay in cache between the copy that
+  // fills it and the one that drains it.
+  constexpr size_t kMin = size_t{128} << 10, kMax = size_t{1} << 20;
+  return std::clamp(aligned(bytes / 8), kMin, kMax);
+}
+
 absl::Status CudaStaging::stage_outgoing(std::vector<Tensor>& tensors, std::vector<std::string>& targets,
-                                         const DeviceMap* map, std::string_view peer) {
+                                         const DeviceMap* map, std::string_view peer, WriteAhead write_ahead) {
   retire_passed();
   targets.assign(tensors.size(), std::string());
   // Every device tensor is checked before any copy is queued.
@@ -222,14 +270,18 @@ absl::Status CudaStaging::stage_outgoing(std::vector<Tensor>& tensors, std::vect
       queued = stream.status();
       break;
     }
-    // The staging stream starts after what the producer (the default stream) queued.
-    queued = order_after(*stream, CudaStream{device, nullptr});
+    // The staging stream starts after what the producer (the default stream, or the
+    // caller's CudaStreamScope) queued.
+    queued = order_after(*stream, current_cuda_stream(device));
     if (!queued.ok()) break;
-    // Small tensors share one slot; each large one has its own.
+    // Small tensors share one slot; each large one has its own; the largest stream.
     size_t shared_bytes = 0;
+    std::vector<size_t> chunked;
     for (size_t i : indices) {
       if (tensors[i].nbytes() < kSharedSlotBytes) shared_bytes += aligned(tensors[i].nbytes());
+      if (tensors[i].nbytes() >= kChunkedBytes) chunked.push_back(i);
     }
+    std::erase_if(indices, [&](size_t i) { return tensors[i].nbytes() >= kChunkedBytes; });
     Tensor shared;
     if (shared_bytes > 0) {
       absl::StatusOr<Tensor> slot = pinned_->get(shared_bytes);
@@ -270,8 +322,26 @@ absl::Status CudaStaging::stage_outgoing(std::vector<Tensor>& tensors, std::vect
       queued = event.status();
     }
     if (!queued.ok()) break;
+    // Chunked tensors stream behind the copies above, on the same stream.
+    for (size_t i : chunked) {
+      uint64_t transfer = 0;
+      {
+        absl::MutexLock lock(&mu_);
+        transfer = ++next_transfer_;
+      }
+      queued = stream_chunks(tensors[i], device, *stream, transfer, targets[i], write_ahead);
+      if (!queued.ok()) break;
+      targets[i] = placeholder_target(transfer, tensors[i]);
+      absl::StatusOr<Tensor> placeholder = Tensor::empty({0}, DType::kUInt8);
+      if (!placeholder.ok()) {
+        queued = placeholder.status();
+        break;
+      }
+      tensors[i] = *std::move(placeholder);  // every copy out of it has passed
+    }
+    if (!queued.ok()) break;
     absl::MutexLock lock(&mu_);
-    staged_tensors_ += indices.size();
+    staged_tensors_ += indices.size() + chunked.size();
     if (shared_bytes > 0) ++shared_slots_;
   }
   // Even after an error, the copies already queued must pass before their memory goes.
@@ -297,6 +367,10 @@ absl::Status CudaStaging::land_incoming(std::vector<Tensor>& buffers, const std:
   for (size_t i = 0; i < buffers.size() && i < targets.size(); ++i) {
     // Another channel's tensors are that channel's to land.
     if (targets[i].empty() || channel_of_target(targets[i]) != name()) continue;
+    if (targets[i].starts_with(kPlaceholder)) {
+      return absl::DataLossError(absl::StrCat("a received tensor names chunked transfer \"", targets[i],
+                                              "\", which was not claimed when its message arrived"));
+    }
     FERRY_ASSIGN_OR_RETURN(Device device, Device::parse(targets[i]));
     if (device.is_cpu()) continue;
     absl::Status handled = check_handled(device, "a received tensor");
@@ -350,6 +424,216 @@ absl::Status CudaStaging::land_incoming(std::vector<Tensor>& buffers, const std:
   return absl::OkStatus();
 }
 
+absl::Status CudaStaging::retire_after(CudaStream stream, std::vector<Tensor> held) {
+  absl::StatusOr<CudaEvent> event = runtime_->create_event(stream.device);
+  absl::Status recorded = event.ok() ? runtime_->record(*event, stream) : event.status();
+  if (!recorded.ok()) {
+    // Nothing to watch: the buffers go once the stream has passed.
+    (void)runtime_->synchronize(stream);
+    if (event.ok()) runtime_->destroy_event(*event);
+    return recorded;
+  }
+  absl::MutexLock lock(&mu_);
+  retired_.push_back(Retired{*event, std::move(held)});
+  return absl::OkStatus();
+}
+
+absl::Status CudaStaging::stream_chunks(const Tensor& t, int device, CudaStream stream, uint64_t id,
+                                        const std::string& target, WriteAhead write_ahead) {
+  // A chunk whose copy is queued: the slot it lands in, held until written.
+  struct Ahead {
+    CudaEvent copied;
+    Tensor slot;
+    uint64_t offset = 0;
+  };
+  const uint64_t total = t.nbytes();
+  const uint64_t chunk = chunk_bytes(total);
+  const char* source = static_cast<const char*>(t.data());
+  std::deque<Ahead> ahead;
+  uint64_t queued_to = 0;
+  auto queue_next = [&]() -> absl::Status {
+    const uint64_t n = std::min(chunk, total - queued_to);
+    FERRY_ASSIGN_OR_RETURN(Tensor slot, pinned_->get(n));
+    FERRY_ASSIGN_OR_RETURN(CudaEvent copied, runtime_->create_event(device));
+    ahead.push_back(Ahead{copied, std::move(slot), queued_to});
+    queued_to += n;
+    FERRY_RETURN_IF_ERROR(runtime_->copy_async(ahead.back().slot.data(), Device::cpu(),
+                                               source + ahead.back().offset, Device::cuda(device), n, stream));
+    return runtime_->record(copied, stream);
+  };
+  absl::Status status = absl::OkStatus();
+  while (status.ok() && ahead.size() < kChunksAhead && queued_to < total) status = queue_next();
+  uint64_t written = 0;
+  while (status.ok() && !ahead.empty()) {
+    Ahead a = std::move(ahead.front());
+    ahead.pop_front();
+    status = runtime_->synchronize(a.copied);
+    runtime_->destroy_event(a.copied);
+    if (!status.ok()) break;
+    // The next copy is queued before this chunk is written, so that the two overlap.
+    if (queued_to < total) status = queue_next();
+    write_ahead(chunk_wire(id, a.offset, total, target, std::move(a.slot)));
+    ++written;
+  }
+  if (!status.ok()) {
+    // Copies still queued read the tensor and fill the slots: they pass first.
+    (void)runtime_->synchronize(stream);
+    for (Ahead& a : ahead) runtime_->destroy_event(a.copied);
+  }
+  absl::MutexLock lock(&mu_);
+  chunks_sent_ += written;
+  return status;
+}
+
+absl::StatusOr<CudaStaging::Transfer> CudaStaging::open_transfer(int peer, Device device, uint64_t total) {
+  {
+    absl::MutexLock lock(&mu_);
+    size_t open = 0;
+    for (auto it = transfers_.lower_bound({peer, 0}); it != transfers_.end() && it->first.first == peer; ++it) ++open;
+    if (open >= kMaxOpenTransfers) {
+      return absl::ResourceExhaustedError(absl::StrCat("worker id ", peer, " has ", open,
+                                                       " chunked tensors unfinished here, the most a peer may have"));
+    }
+  }
+  FERRY_ASSIGN_OR_RETURN(Tensor landed, Tensor::empty({static_cast<int64_t>(total)}, DType::kUInt8, device));
+  FERRY_ASSIGN_OR_RETURN(CudaStream stream, stream_for(device.index()));
+  // The chunks' copies start after the allocation, in the default stream's order.
+  FERRY_RETURN_IF_ERROR(order_after(stream, CudaStream{device.index(), nullptr}));
+  return Transfer{std::move(landed), 0};
+}
+
+absl::Status CudaStaging::land_chunk(int peer, Wire wire) {
+  retire_passed();
+  if (wire.tensors.size() != 1 || wire.targets.size() != 1 ||
+      wire.metadata.size() != Message::kHeaderSize + kChunkPayload) {
+    return absl::DataLossError(absl::StrCat("a malformed chunk from worker id ", peer, ": ", wire.tensors.size(),
+                                            " tensors, ", wire.metadata.size(),
+                                            " bytes of header (expected 1 tensor and ",
+                                            Message::kHeaderSize + kChunkPayload, " bytes)"));
+  }
+  FERRY_ASSIGN_OR_RETURN(Message header, Message::parse(std::move(wire.metadata), {}));
+  uint64_t offset = 0, total = 0;
+  std::memcpy(&offset, header.payload().data(), 8);
+  std::memcpy(&total, header.payload().data() + 8, 8);
+  Tensor& piece = wire.tensors[0];
+  const uint64_t n = piece.nbytes();
+  absl::StatusOr<Device> device = Device::parse(wire.targets[0]);
+  if (!device.ok() || !device->is_cuda()) {
+    return absl::DataLossError(absl::StrCat("a chunk from worker id ", peer, " targets \"", wire.targets[0],
+                                            "\" (expected a CUDA device)"));
+  }
+  FERRY_RETURN_IF_ERROR(check_handled(*device, "a received chunk"));
+  if (total > max_message_bytes() || offset > total || n > total - offset || !piece.device().is_cpu()) {
+    return absl::DataLossError(absl::StrCat("a chunk from worker id ", peer, " of ", n, " bytes at offset ", offset,
+                                            " of a ", total, "-byte tensor does not fit it (or the tensor exceeds ",
+                                            max_message_bytes(), " bytes, FERRY_MAX_MESSAGE_BYTES)"));
+  }
+  const TransferKey key{peer, header.id()};
+  Tensor landed;
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto it = transfers_.find(key); it != transfers_.end()) landed = it->second.landed;
+  }
+  if (landed.storage() == nullptr) {
+    FERRY_ASSIGN_OR_RETURN(Transfer opened, open_transfer(peer, *device, total));
+    landed = opened.landed;
+    absl::MutexLock lock(&mu_);
+    transfers_.emplace(key, std::move(opened));
+  }
+  if (landed.device() != *device || landed.nbytes() != total) {
+    return absl::DataLossError(absl::StrCat("chunks of transfer ", key.second, " from worker id ", peer,
+                                            " disagree on their tensor's device or size"));
+  }
+  FERRY_ASSIGN_OR_RETURN(CudaStream stream, stream_for(device->index()));
+  FERRY_RETURN_IF_ERROR(runtime_->copy_async(static_cast<char*>(landed.data()) + offset, *device, piece.data(),
+                                             Device::cpu(), n, stream));
+  // The received buffer is held until its copy has passed.
+  std::vector<Tensor> held;
+  held.push_back(std::move(piece));
+  FERRY_RETURN_IF_ERROR(retire_after(stream, std::move(held)));
+  absl::MutexLock lock(&mu_);
+  if (auto it = transfers_.find(key); it != transfers_.end()) it->second.received += n;
+  ++chunks_landed_;
+  return absl::OkStatus();
+}
+
+bool CudaStaging::names_chunked(const std::vector<std::string>& targets) {
+  for (const std::string& t : targets) {
+    if (t.starts_with(kPlaceholder)) return true;
+  }
+  return false;
+}
+
+absl::Status CudaStaging::claim_chunked(int peer, Wire& wire) {
+  for (size_t i = 0; i < wire.targets.size() && i < wire.tensors.size(); ++i) {
+    const std::string& target = wire.targets[i];
+    if (!target.starts_with(kPlaceholder)) continue;
+    std::vector<std::string> parts = absl::StrSplit(target, '|');
+    uint64_t id = 0;
+    absl::StatusOr<DType> dtype = parts.size() == 4 ? parse_dtype(parts[2]) : absl::InvalidArgumentError("");
+    std::vector<int64_t> shape;
+    bool shape_ok = dtype.ok();
+    if (shape_ok && !parts[3].empty()) {
+      for (absl::string_view d : absl::StrSplit(parts[3], ',')) {
+        int64_t v = 0;
+        shape_ok = shape_ok && absl::SimpleAtoi(d, &v) && v >= 0;
+        shape.push_back(v);
+      }
+    }
+    if (!shape_ok || !absl::SimpleAtoi(parts[1], &id)) {
+      return absl::DataLossError(absl::StrCat("a malformed chunked tensor \"", target, "\" from worker id ", peer,
+                                              " (expected staging|<transfer>|<dtype>|<shape>)"));
+    }
+    std::optional<Transfer> transfer;
+    {
+      absl::MutexLock lock(&mu_);
+      if (auto it = transfers_.find({peer, id}); it != transfers_.end()) {
+        transfer = std::move(it->second);
+        transfers_.erase(it);
+      }
+    }
+    if (!transfer || transfer->received != transfer->landed.nbytes()) {
+      return absl::DataLossError(absl::StrCat(
+          "a message from worker id ", peer, " names chunked transfer ", id, ", of which ",
+          transfer ? absl::StrCat(transfer->received, " of ", transfer->landed.nbytes(), " bytes") : std::string("nothing"),
+          " arrived before it (its chunks must precede it on the connection)"));
+    }
+    const Device device = transfer->landed.device();
+    absl::StatusOr<Tensor> view = Tensor::from_blob(transfer->landed.storage(), shape, *dtype, device);
+    if (!view.ok() || view->nbytes() != transfer->landed.nbytes()) {
+      return absl::DataLossError(absl::StrCat("chunked transfer ", id, " from worker id ", peer, " has ",
+                                              transfer->landed.nbytes(), " bytes, which do not make the tensor \"",
+                                              target, "\" names"));
+    }
+    // Consumers on the default stream run after every chunk's copy.
+    FERRY_ASSIGN_OR_RETURN(CudaStream stream, stream_for(device.index()));
+    FERRY_RETURN_IF_ERROR(order_after(CudaStream{device.index(), nullptr}, stream));
+    wire.tensors[i] = *std::move(view);
+    wire.targets[i].clear();
+    absl::MutexLock lock(&mu_);
+    ++chunked_tensors_landed_;
+  }
+  return absl::OkStatus();
+}
+
+void CudaStaging::forget(int peer) {
+  std::vector<Transfer> dropped;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = transfers_.lower_bound({peer, 0}); it != transfers_.end() && it->first.first == peer;) {
+      dropped.push_back(std::move(it->second));
+      it = transfers_.erase(it);
+    }
+  }
+  for (Transfer& t : dropped) {
+    // Their memory returns on the default stream, after the copies into it.
+    absl::StatusOr<CudaStream> stream = stream_for(t.landed.device().index());
+    if (!stream.ok() || !order_after(CudaStream{t.landed.device().index(), nullptr}, *stream).ok()) {
+      (void)runtime_->synchronize(stream.ok() ? *stream : CudaStream{t.landed.device().index(), nullptr});
+    }
+  }
+}
+
 std::map<std::string, std::string> CudaStaging::debug_info() const {
   std::map<std::string, std::string> info = {{"pinned_buffer_hits", std::to_string(pinned_hits())},
                                              {"pinned_buffer_misses", std::to_string(pinned_misses())}};
@@ -358,7 +642,11 @@ std::map<std::string, std::string> CudaStaging::debug_info() const {
     absl::MutexLock lock(&mu_);
     info["staging_tensors_sent"] = std::to_string(staged_tensors_);
     info["staging_shared_slots"] = std::to_string(shared_slots_);
-    info["staging_tensors_landed"] = std::to_string(landed_tensors_);
+    info["staging_tensors_landed"] = std::to_string(landed_tensors_ + chunked_tensors_landed_);
+    info["staging_chunks_sent"] = std::to_string(chunks_sent_);
+    info["staging_chunks_landed"] = std::to_string(chunks_landed_);
+    info["staging_chunked_tensors_landed"] = std::to_string(chunked_tensors_landed_);
+    info["staging_open_transfers"] = std::to_string(transfers_.size());
     devices = devices_;
   }
   // The device pools this worker uses: what they served, and what reached the driver.

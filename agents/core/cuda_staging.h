@@ -23,6 +23,16 @@
 // received host buffers are held until the copies' event has passed (retired on later
 // calls, or by the destructor).
 //
+// Large tensors (kChunkedBytes and up) cross in chunks, pipelined: the sending thread
+// queues the device-to-host copies of a few chunks ahead into pinned slots and writes
+// each chunk as a kChunk message (write_ahead) as soon as its event passes, while the
+// copies of the next ones run; the tensor's place in the message is a 0-byte
+// placeholder whose target, "staging|<transfer>|<dtype>|<shape>", names the transfer.
+// The receiver copies each chunk host-to-device as it arrives (land_chunk, on the
+// transport thread, without waiting), overlapping the receipt of the next, and swaps
+// the placeholder for the landed tensor when the message arrives (claim_chunked). A
+// connection delivers in order, so every chunk of a message has arrived by then.
+//
 // Devices: the agent handles exactly `devices`; streams exist for those only, and a
 // tensor on any other device, either way, is an error naming the device and the list.
 //
@@ -70,7 +80,21 @@ class CudaStaging final : public DeviceChannel {
   // sent: a CUDA tensor whose device has no entry in the map, or that is not among
   // this worker's devices, naming the device and the peer; a failed copy.
   absl::Status stage_outgoing(std::vector<Tensor>& tensors, std::vector<std::string>& targets, const DeviceMap* map,
-                              std::string_view peer) override;
+                              std::string_view peer, WriteAhead write_ahead) override;
+
+  // A kChunk message from worker `peer`: queues its host-to-device copy and returns
+  // without waiting (a transport thread calls it). Errors, after which the connection
+  // must be closed: a malformed chunk, one past its transfer's end, a device this
+  // worker does not handle, more open transfers or bytes than a peer may have.
+  absl::Status land_chunk(int peer, Wire wire) ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether some target is a chunked tensor's placeholder.
+  static bool names_chunked(const std::vector<std::string>& targets);
+  // Replaces every placeholder in `wire` by its landed tensor, ready on the device's
+  // default stream, and clears its target. Errors: a transfer that is unknown or not
+  // complete (its chunks must precede the message on the connection).
+  absl::Status claim_chunked(int peer, Wire& wire) ABSL_LOCKS_EXCLUDED(mu_);
+  // Drops the transfers `peer` left unfinished (it was lost).
+  void forget(int peer) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Moves every received buffer whose target is a device to that device. Errors: a
   // target that does not parse, or that is not among this worker's devices.
@@ -83,6 +107,14 @@ class CudaStaging final : public DeviceChannel {
 
   // Tensors smaller than this, of one message and one device, share a pinned slot.
   static constexpr size_t kSharedSlotBytes = size_t{64} << 10;
+  // Tensors this large and larger cross in chunks (see above).
+  static constexpr size_t kChunkedBytes = size_t{512} << 10;
+  // Chunks whose device-to-host copies are queued ahead of the one being written.
+  static constexpr size_t kChunksAhead = 4;
+  // A peer's unfinished transfers, at most.
+  static constexpr size_t kMaxOpenTransfers = 64;
+  // The chunk size for a tensor of `bytes` (FERRY_STAGING_CHUNK_KB overrides it).
+  static size_t chunk_bytes(size_t bytes);
 
   class PinnedPool;
 
@@ -92,6 +124,12 @@ class CudaStaging final : public DeviceChannel {
     CudaEvent copied;
     std::vector<Tensor> held;
   };
+  // A chunked tensor arriving: its device memory, and how many of its bytes came.
+  struct Transfer {
+    Tensor landed;  // flat uint8 on the device
+    uint64_t received = 0;
+  };
+  using TransferKey = std::pair<int, uint64_t>;  // the sending worker's id, its transfer id
 
   absl::Status check_handled(Device device, std::string_view what) const ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<CudaStream> stream_for(int device) ABSL_LOCKS_EXCLUDED(mu_);
@@ -99,6 +137,15 @@ class CudaStaging final : public DeviceChannel {
   absl::Status order_after(CudaStream waiter, CudaStream signaller);
   // Drops the held buffers of every landing whose copies have passed.
   void retire_passed() ABSL_LOCKS_EXCLUDED(mu_);
+  // Holds `held` until what `stream` has queued so far has passed.
+  absl::Status retire_after(CudaStream stream, std::vector<Tensor> held) ABSL_LOCKS_EXCLUDED(mu_);
+  // Streams tensor `t` (on `device`, `stream` its staging stream) to the peer as kChunk
+  // messages of transfer `id`, each written once its copy passed.
+  absl::Status stream_chunks(const Tensor& t, int device, CudaStream stream, uint64_t id, const std::string& target,
+                             WriteAhead write_ahead);
+  // The first chunk of a transfer: its device memory, allocated in the default stream's
+  // order, which the staging stream follows.
+  absl::StatusOr<Transfer> open_transfer(int peer, Device device, uint64_t total) ABSL_LOCKS_EXCLUDED(mu_);
 
   const std::shared_ptr<CudaRuntime> runtime_;
   std::shared_ptr<PinnedPool> pinned_;
@@ -106,6 +153,11 @@ class CudaStaging final : public DeviceChannel {
   std::vector<Device> devices_ ABSL_GUARDED_BY(mu_);
   std::map<int, CudaStream> streams_ ABSL_GUARDED_BY(mu_);  // by device index
   std::deque<Retired> retired_ ABSL_GUARDED_BY(mu_);        // oldest first
+  std::map<TransferKey, Transfer> transfers_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_transfer_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t chunks_sent_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t chunks_landed_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t chunked_tensors_landed_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t staged_tensors_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t shared_slots_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t landed_tensors_ ABSL_GUARDED_BY(mu_) = 0;

@@ -24,12 +24,18 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
+#include "agents/core/transport.h"
 #include "device_maps/device_map.h"
 #include "tensor/device.h"
 #include "tensor/tensor.h"
 
 namespace ferry {
+
+// Writes a message on the connection the staged message will take, ahead of it: a
+// channel streams a large tensor as pieces written while it copies the next ones.
+using WriteAhead = absl::FunctionRef<void(Wire)>;
 
 // Thread-safe: calls for different messages run concurrently.
 class DeviceChannel {
@@ -46,10 +52,14 @@ class DeviceChannel {
   // this worker's devices to the peer's. Called on user or pool threads, never a
   // transport thread. Errors, before anything is sent: a device tensor with no entry in
   // the map or on a device this worker does not handle, naming it and the peer.
+  // `write_ahead` writes messages that must reach the peer before this one (called on
+  // this thread, before stage_outgoing returns).
   virtual absl::Status stage_outgoing(std::vector<Tensor>& tensors, std::vector<std::string>& targets,
-                                      const DeviceMap* map, std::string_view peer) = 0;
+                                      const DeviceMap* map, std::string_view peer, WriteAhead write_ahead) = 0;
   // Lands every tensor whose target is this channel's on its device; the tensors are
-  // usable on the device's default stream when it returns. Called on a pool thread.
+  // usable on the device's default stream when it returns. Called on a pool thread, or
+  // on a transport thread for a message whose device tensors total at most
+  // kLandInlineBytes, so it must not wait for copies.
   virtual absl::Status land_incoming(std::vector<Tensor>& tensors, const std::vector<std::string>& targets) = 0;
 
   // Dynamic groups: the devices this worker handles change as workers join.
@@ -58,12 +68,25 @@ class DeviceChannel {
   virtual std::map<std::string, std::string> debug_info() const = 0;
 };
 
+// A message whose device tensors total at most this many bytes lands on the thread that
+// received it: a hand-off to the pool would cost more than its copies.
+inline constexpr size_t kLandInlineBytes = size_t{64} << 10;
+
 // Whether any target names a device (some tensor needs a channel to land).
 inline bool any_device_target(const std::vector<std::string>& targets) {
   for (const std::string& t : targets) {
     if (!t.empty()) return true;
   }
   return false;
+}
+
+// The bytes of the tensors whose targets name a device.
+inline size_t device_bytes(const Wire& wire) {
+  size_t bytes = 0;
+  for (size_t i = 0; i < wire.targets.size() && i < wire.tensors.size(); ++i) {
+    if (!wire.targets[i].empty()) bytes += wire.tensors[i].nbytes();
+  }
+  return bytes;
 }
 
 // The channel a target belongs to: the part before '|', or "staging" for a bare device.

@@ -59,7 +59,8 @@ Future<Message> Outbox::send(const Member& member, Message message, std::optiona
   Wire wire;
   wire.tensors = std::move(message.tensors());
   if (!wire.tensors.empty()) {
-    absl::Status staged = channels_.stage_request(*peer, wire.tensors, wire.targets);
+    absl::Status staged = channels_.stage_request(*peer, wire.tensors, wire.targets,
+                                                  [&](Wire chunk) { links_.send(*peer, std::move(chunk), 0); });
     if (!staged.ok()) return make_ready_future<Message>(std::move(staged));
   }
   const std::chrono::milliseconds limit = timeout.value_or(default_timeout_);
@@ -82,7 +83,7 @@ Future<Message> Outbox::send(const Member& member, Message message, std::optiona
 }
 
 void Outbox::on_reply(int peer, Wire wire) {
-  if (any_device_target(wire.targets)) {
+  if (any_device_target(wire.targets) && device_bytes(wire) > kLandInlineBytes) {
     // A device copy must not run on the transport thread: land on the pool. Refused
     // only while shutting down, when the call fails with kCancelled anyway.
     (void)pool_.post([this, owner = owner_, peer, wire = std::move(wire)]() mutable {
@@ -92,7 +93,7 @@ void Outbox::on_reply(int peer, Wire wire) {
     });
     return;
   }
-  complete(peer, {}, Message::parse(std::move(wire.metadata), std::move(wire.tensors)));
+  complete(peer, std::move(wire.targets), Message::parse(std::move(wire.metadata), std::move(wire.tensors)));
 }
 
 void Outbox::complete(int peer, std::vector<std::string> targets, absl::StatusOr<Message> parsed) {
@@ -104,7 +105,7 @@ void Outbox::complete(int peer, std::vector<std::string> targets, absl::StatusOr
   }
   Message& reply = *parsed;
   const uint64_t id = reply.id();
-  absl::Status landed = targets.empty() ? absl::OkStatus() : channels_.land(reply.tensors(), targets);
+  absl::Status landed = any_device_target(targets) ? channels_.land(reply.tensors(), targets) : absl::OkStatus();
   bool settled = true;
   if (!landed.ok()) {
     settled = calls_.complete_from(peer, id, landed);

@@ -195,7 +195,10 @@ void Server::send_reply(const std::shared_ptr<Connection>& from, const Member* m
   wire.tensors = std::move(reply.tensors());
   // Only device tensors need the reverse maps, through the caller's channel.
   absl::Status staged =
-      wire.tensors.empty() ? absl::OkStatus() : channels_.stage_reply(member, caller.name, wire.tensors, wire.targets);
+      wire.tensors.empty()
+          ? absl::OkStatus()
+          : channels_.stage_reply(member, caller.name, wire.tensors, wire.targets,
+                                  [&](Wire chunk) { from->write(std::move(chunk)); });
   if (staged.ok()) {
     wire.metadata = reply.seal();
   } else {

@@ -4,7 +4,10 @@
 // Each case fails when one of the staging path's orderings is removed:
 // - the staging stream's wait for the default stream (the producer) before a send;
 // - the default stream's wait for the staging stream after a landing;
-// - holding a sent device tensor until its device-to-host copy has passed.
+// - holding a sent device tensor until its device-to-host copy has passed;
+// - for a chunked tensor: writing a chunk only once its copy has passed, and the
+//   default stream's wait for every chunk's copy when the message arrives;
+// - the staging stream's wait for the caller's CudaStreamScope stream.
 // And the pool: after a warm-up, ten thousand echoes reach the driver for no memory.
 #include <vector>
 
@@ -127,6 +130,60 @@ TEST(CudaOrdering, ASentTensorIsHeldUntilItsCopyHasPassed) {
         std::vector<float> got = *back.to_vector<float>();
         for (size_t i = 0; i < v.size(); i += 97) EXPECT_EQ(got[i], 3 * v[i]);
       }
+    }
+    ASSERT_OK(shutdown());
+  }));
+}
+
+TEST(CudaOrdering, AChunkedTensorCrossesWholeBothWays) {
+  // 2 MiB: eight chunks each way, every copy 2 ms late on its stream.
+  constexpr int64_t kLarge = int64_t{1} << 19;
+  ferry::testing::TempDir dir;
+  ferry::testing::expect_all_succeed(ferry::testing::run_processes(2, [&](int rank) {
+    start(rank, dir.path(), emulator(std::chrono::milliseconds(2)));
+    if (rank == 0) {
+      for (int round = 0; round < 2; ++round) {
+        std::vector<float> v = ramp(kLarge, 1000.0f * round);
+        Tensor t = *Tensor::from_vector<float>(v).to(Device::cuda(0));
+        EXPECT_EQ(rpc_sync<std::vector<float>>("worker1", "values", t), v);
+        EXPECT_EQ(*rpc_sync<Tensor>("worker1", "scaled", t).to_vector<float>(), *t.mul(3.0)->to_vector<float>());
+      }
+      std::map<std::string, std::string> info = current_agent()->debug_info();
+      EXPECT_EQ(info.at("staging_chunks_sent"), std::to_string(4 * 8));
+      EXPECT_EQ(info.at("staging_chunked_tensors_landed"), "2");
+      EXPECT_EQ(info.at("staging_open_transfers"), "0");
+    }
+    ASSERT_OK(shutdown());
+  }));
+}
+
+TEST(CudaOrdering, ASendUnderAStreamScopeWaitsForThatStreamAndAResultReachesItThroughTheDefaultStream) {
+  ferry::testing::TempDir dir;
+  ferry::testing::expect_all_succeed(ferry::testing::run_processes(2, [&](int rank) {
+    start(rank, dir.path(), emulator(std::chrono::milliseconds(2)));
+    if (rank == 0) {
+      std::shared_ptr<CudaRuntime> cuda = cuda_runtime();
+      const CudaStream mine = *cuda->create_stream(0);
+      Tensor t = *Tensor::zeros({kElements}, DType::kFloat32, Device::cuda(0));
+      std::vector<float> garbage(kElements, -1.0f), expected = ramp(kElements, 7.0f);
+      for (const std::vector<float>* src : {&garbage, &garbage, &garbage, &expected}) {
+        ASSERT_OK(cuda->copy_async(t.data(), Device::cuda(0), src->data(), Device::cpu(), t.nbytes(), mine));
+      }
+      Tensor back;
+      {
+        CudaStreamScope on(mine);
+        EXPECT_EQ(current_cuda_stream(0).handle, mine.handle);
+        EXPECT_EQ(current_cuda_stream(1).handle, nullptr) << "a scope names its own device's stream only";
+        back = rpc_sync<Tensor>("worker1", "scaled", t);
+      }
+      EXPECT_EQ(current_cuda_stream(0).handle, nullptr);
+      // The result is ready on the default stream; `mine` waits for it, then reads it.
+      ASSERT_OK(wait_for_default_stream(mine));
+      std::vector<float> got(kElements, 0.0f);
+      ASSERT_OK(cuda->copy_async(got.data(), Device::cpu(), back.data(), Device::cuda(0), back.nbytes(), mine));
+      ASSERT_OK(cuda->synchronize(mine));
+      for (int64_t i = 0; i < kElements; ++i) ASSERT_EQ(got[static_cast<size_t>(i)], 3 * expected[static_cast<size_t>(i)]) << i;
+      cuda->destroy_stream(mine);
     }
     ASSERT_OK(shutdown());
   }));
