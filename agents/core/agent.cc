@@ -102,7 +102,8 @@ absl::StatusOr<std::shared_ptr<Agent>> Agent::start(WorkerInfo self, std::shared
     }
   }
   absl::StatusOr<std::unique_ptr<internal::PublishedMetrics>> metrics = internal::serve_metrics(
-      agent->options_.metrics_port, agent->self_.name, *agent->store_, kMetricsStorePrefix, *agent->stats_);
+      agent->options_.metrics_port, agent->self_.name, *agent->store_, kMetricsStorePrefix, *agent->stats_,
+      [staging = agent->channels_.staging()] { return staging->prometheus(); });
   if (!metrics.ok()) {
     agent->shutdown();
     return metrics.status();

@@ -51,6 +51,8 @@ class Channels {
   absl::Status claim_chunked(int peer, Wire& wire) {
     return CudaStaging::names_chunked(wire.targets) ? staging_->claim_chunked(peer, wire) : absl::OkStatus();
   }
+  // The staging channel, for its counters (CudaStaging::prometheus).
+  std::shared_ptr<const CudaStaging> staging() const { return staging_; }
   // A lost peer's unfinished chunked tensors are dropped.
   void forget(int peer) { staging_->forget(peer); }
   // Dynamic groups: the maps and devices change as workers join.

@@ -661,6 +661,44 @@ std::map<std::string, std::string> CudaStaging::debug_info() const {
   return info;
 }
 
+std::string CudaStaging::prometheus() const {
+  std::map<std::string, std::string> info = debug_info();
+  std::string text;
+  auto series = [&](std::string_view name, std::string_view help) {
+    absl::StrAppend(&text, "# HELP ", av(name), " ", av(help), "\n# TYPE ", av(name), " counter\n");
+  };
+  const std::vector<Device> handled = devices();
+  constexpr std::string_view kPool[][3] = {
+      {"ferry_cuda_pool_allocations_total", "allocations", "Device allocations served by the stream-ordered pool."},
+      {"ferry_cuda_pool_bytes_total", "bytes", "Bytes of the allocations the pool served."},
+      {"ferry_cuda_pool_driver_allocations_total", "driver_allocations",
+       "Pool allocations that reached the driver (the pool grew)."},
+      {"ferry_cuda_pool_driver_bytes_total", "driver_bytes", "Bytes the pool obtained from the driver."},
+  };
+  for (const auto& [name, key, help] : kPool) {
+    series(name, help);
+    for (const Device& d : handled) {
+      absl::StrAppend(&text, av(name), "{device=\"", d.to_string(), "\"} ",
+                      info[absl::StrCat("cuda_pool.", d.to_string(), ".", av(key))], "\n");
+    }
+  }
+  constexpr std::string_view kStaging[][5] = {
+      {"ferry_staging_pinned_total", "Page-locked staging slots reused (hit) or allocated (miss).",
+       "outcome=\"hit\"", "pinned_buffer_hits", "pinned_buffer_misses"},
+      {"ferry_staging_tensors_total", "Device tensors staged out (sent) and landed.", "direction=\"sent\"",
+       "staging_tensors_sent", "staging_tensors_landed"},
+      {"ferry_staging_chunks_total", "Chunks of large device tensors sent and landed.", "direction=\"sent\"",
+       "staging_chunks_sent", "staging_chunks_landed"},
+  };
+  for (const auto& [name, help, first, first_key, second_key] : kStaging) {
+    series(name, help);
+    const std::string_view second = first.starts_with("outcome") ? "outcome=\"miss\"" : "direction=\"landed\"";
+    absl::StrAppend(&text, av(name), "{", av(first), "} ", info[std::string(first_key)], "\n");
+    absl::StrAppend(&text, av(name), "{", av(second), "} ", info[std::string(second_key)], "\n");
+  }
+  return text;
+}
+
 uint64_t CudaStaging::pinned_hits() const { return pinned_->hits(); }
 uint64_t CudaStaging::pinned_misses() const { return pinned_->misses(); }
 

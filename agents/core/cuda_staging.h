@@ -100,6 +100,12 @@ class CudaStaging final : public DeviceChannel {
   // target that does not parse, or that is not among this worker's devices.
   absl::Status land_incoming(std::vector<Tensor>& buffers, const std::vector<std::string>& targets) override;
   std::map<std::string, std::string> debug_info() const override;
+  // The same counters as Prometheus series, for the metrics endpoint:
+  //   ferry_cuda_pool_allocations_total{device}, ferry_cuda_pool_bytes_total{device},
+  //   ferry_cuda_pool_driver_allocations_total{device}, ferry_cuda_pool_driver_bytes_total{device},
+  //   ferry_staging_pinned_total{outcome="hit"|"miss"},
+  //   ferry_staging_tensors_total{direction="sent"|"landed"}, ferry_staging_chunks_total{direction}
+  std::string prometheus() const;
 
   // Counters: pinned slots reused and allocated.
   uint64_t pinned_hits() const;

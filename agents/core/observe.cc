@@ -44,7 +44,8 @@ void PublishedMetrics::retire(Store& store) {
 
 absl::StatusOr<std::unique_ptr<PublishedMetrics>> serve_metrics(std::optional<int> port, const std::string& worker,
                                                                Store& store, const std::string& prefix,
-                                                               const AgentStats& stats) {
+                                                               const AgentStats& stats,
+                                                               std::function<std::string()> more) {
   if (!port.has_value()) {
     const int64_t from_env = env_int("FERRY_METRICS_PORT", -1, 0, 65535);
     if (from_env < 0) return nullptr;
@@ -60,7 +61,11 @@ absl::StatusOr<std::unique_ptr<PublishedMetrics>> serve_metrics(std::optional<in
   }
   const AgentStats* source = &stats;
   absl::StatusOr<std::unique_ptr<MetricsServer>> server =
-      MetricsServer::start(options, [source] { return to_prometheus(source->snapshot()); });
+      MetricsServer::start(options, [source, more = std::move(more)] {
+        std::string text = to_prometheus(source->snapshot());
+        if (more) text += more();
+        return text;
+      });
   if (!server.ok()) {
     return absl::Status(server.status().code(), absl::StrCat(worker, ": ", server.status().message()));
   }

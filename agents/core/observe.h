@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -62,11 +63,13 @@ class PublishedMetrics {
 // The worker's metrics endpoint, when asked for: `port` (an AgentOptions value), else
 // FERRY_METRICS_PORT; neither: none (null). It binds FERRY_METRICS_HOST when set, else
 // the address the interface resolver picks for this job (base/net.h), serves `stats`
-// (which must outlive it) and is published in `store` under `prefix`
+// (which must outlive it), followed by what `more` returns (more series, in the same
+// format; called on the server's thread), and is published in `store` under `prefix`
 // (kMetricsStorePrefix). Errors: the resolver's, the bind's (naming the address), the
 // store's.
 absl::StatusOr<std::unique_ptr<PublishedMetrics>> serve_metrics(std::optional<int> port, const std::string& worker,
                                                                Store& store, const std::string& prefix,
-                                                               const AgentStats& stats);
+                                                               const AgentStats& stats,
+                                                               std::function<std::string()> more);
 
 }  // namespace ferry::internal

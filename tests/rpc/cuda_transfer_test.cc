@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "rpc/rpc.h"
 #include "serialization/message.h"
+#include "stats/prometheus.h"
 #include "tensor/cuda.h"
 #include "tensor/host_backed_cuda.h"
 #include "tests/testing/multi_process.h"
@@ -302,6 +303,31 @@ TEST(CudaStagingChunks, BadChunksAndMessagesAreRefusedNamingWhatWasWrong) {
     staging.forget(7);
     staging.forget(3);
     EXPECT_EQ(staging.debug_info().at("staging_open_transfers"), "0");
+  }
+  set_cuda_runtime(std::move(previous));
+}
+
+TEST(CudaStagingChunks, TheCountersReachTheMetricsAsPrometheusSeries) {
+  auto previous = set_cuda_runtime(std::make_shared<HostBackedCudaRuntime>(1));
+  {
+    internal::CudaStaging staging({Device::cuda(0)});
+    ASSERT_OK(staging.land_chunk(3, chunk(9, 0, 32, 32)));
+    Wire wire = naming(9, "8");
+    ASSERT_OK(staging.claim_chunked(3, wire));
+    absl::StatusOr<std::vector<PrometheusSample>> samples = parse_prometheus(staging.prometheus());
+    ASSERT_OK(samples.status());
+    std::map<std::string, double> got;
+    for (const PrometheusSample& s : *samples) {
+      std::string labels;
+      for (const auto& [k, v] : s.labels) labels += k + "=" + v;
+      got[s.name + "{" + labels + "}"] = s.value;
+    }
+    EXPECT_EQ(got.at("ferry_cuda_pool_allocations_total{device=cuda:0}"), 1);
+    EXPECT_EQ(got.at("ferry_cuda_pool_bytes_total{device=cuda:0}"), 32);
+    EXPECT_EQ(got.at("ferry_cuda_pool_driver_allocations_total{device=cuda:0}"), 1);
+    EXPECT_EQ(got.at("ferry_staging_chunks_total{direction=landed}"), 1);
+    EXPECT_EQ(got.at("ferry_staging_tensors_total{direction=landed}"), 1);
+    EXPECT_EQ(got.at("ferry_staging_pinned_total{outcome=miss}"), 0);
   }
   set_cuda_runtime(std::move(previous));
 }
