@@ -480,17 +480,22 @@ class EmulatedCudaRuntime::Impl {
       return absl::FailedPreconditionError(problem);
     }
     const std::chrono::microseconds delay = options_.copy_delay;
+    // The time a copy engine of copy_gbps takes for these bytes (0: as fast as memmove).
+    const auto engine = std::chrono::nanoseconds(
+        options_.copy_gbps > 0 ? static_cast<int64_t>(static_cast<double>(bytes) / options_.copy_gbps) : 0);
     on->enqueue(
-        [this, dst, src, bytes, delay, d = bases[0], s2 = bases[1]] {
+        [this, dst, src, bytes, delay, engine, d = bases[0], s2 = bases[1]] {
       if (delay.count() > 0) std::this_thread::sleep_for(delay);
+      const auto started = std::chrono::steady_clock::now();
       std::memmove(dst, src, bytes);
+      if (engine.count() > 0) std::this_thread::sleep_until(started + engine);
       absl::MutexLock lock(&mu_);
       for (uintptr_t base : {d, s2}) {
         auto it = blocks_.find(base);
         if (base != 0 && it != blocks_.end()) --it->second.pending;
       }
         },
-        /*run_if_idle=*/delay.count() == 0 && bytes <= kInlineCopyBytes);
+        /*run_if_idle=*/delay.count() == 0 && engine.count() == 0 && bytes <= kInlineCopyBytes);
     return absl::OkStatus();
   }
 
@@ -600,6 +605,14 @@ absl::StatusOr<EmulatedCudaOptions> EmulatedCudaOptions::from_environment() {
           absl::StrCat("FERRY_EMULATE_CUDA_DELAY_US=\"", v, "\": expected a whole number of microseconds, 0 or more"));
     }
     options.copy_delay = std::chrono::microseconds(us);
+  }
+  if (const char* v = std::getenv("FERRY_EMULATE_CUDA_GBPS"); v != nullptr && *v != '\0') {
+    double gbps = 0;
+    if (!absl::SimpleAtod(v, &gbps) || !(gbps >= 0) || gbps > 1e6) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("FERRY_EMULATE_CUDA_GBPS=\"", v, "\": expected a copy speed in GB/s, 0 (none) or more"));
+    }
+    options.copy_gbps = gbps;
   }
   if (const char* v = std::getenv("FERRY_EMULATE_CUDA_POISON"); v != nullptr && *v != '\0') {
     const std::string s(v);

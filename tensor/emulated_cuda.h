@@ -10,6 +10,8 @@
 //   copy, or any operation with a delay, runs on the stream's thread);
 // - an event completes when its stream passes the point it was recorded at, and
 //   wait(stream, event) holds the stream back until then;
+// - an optional copy-engine speed (EmulatedCudaOptions::copy_gbps, or
+//   FERRY_EMULATE_CUDA_GBPS): a copy then takes at least its bytes over that rate;
 // - an optional delay before every copy (EmulatedCudaOptions::copy_delay, or
 //   FERRY_EMULATE_CUDA_DELAY_US) widens every race;
 // - device memory comes from a stream-ordered pool per device: a block freed with
@@ -41,6 +43,11 @@ namespace ferry {
 struct EmulatedCudaOptions {
   // Every copy waits this long on its stream before it runs.
   std::chrono::microseconds copy_delay{0};
+  // When above 0, a copy of N bytes occupies its stream for at least N / copy_gbps
+  // nanoseconds (the memcpy, then a sleep for the rest): a GPU's copy engine, whose time
+  // grows with the bytes but costs the host no CPU. What staging overlaps with its
+  // copies shows then, even on a host with few cores.
+  double copy_gbps = 0;
   // Fill pool memory with 0xA5 bytes when it is handed out and when it returns, so that
   // a read that comes too early or too late sees garbage rather than plausible bytes.
   bool poison = false;
@@ -52,8 +59,8 @@ struct EmulatedCudaOptions {
   // does (cudaMemPoolAttrReleaseThreshold).
   uint64_t release_threshold = UINT64_MAX;
 
-  // The defaults, changed by FERRY_EMULATE_CUDA_DELAY_US (microseconds) and
-  // FERRY_EMULATE_CUDA_POISON=1. A malformed value is an error naming the variable.
+  // The defaults, changed by FERRY_EMULATE_CUDA_DELAY_US (microseconds),
+  // FERRY_EMULATE_CUDA_GBPS (copy_gbps) and FERRY_EMULATE_CUDA_POISON=1. A malformed value is an error naming the variable.
   static absl::StatusOr<EmulatedCudaOptions> from_environment();
 };
 

@@ -4,6 +4,7 @@
 // being slower give it several delayed copies to do, never a tighter clock.
 #include "tensor/emulated_cuda.h"
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -224,6 +225,26 @@ TEST(EmulatedCuda, ADestroyedEventOrStreamIsReported) {
                                               HasSubstr("cuda:2 out of range (the emulated runtime has 2 devices)")));
 }
 
+TEST(EmulatedCuda, WithACopySpeedACopyOccupiesItsStreamForItsBytesOverThatSpeed) {
+  EmulatedCudaOptions options;
+  options.copy_gbps = 0.005;  // 1 MiB: at least 210 ms
+  EmulatedCudaRuntime cuda(1, options);
+  std::vector<char> host(1 << 20, 'x');
+  void* device = *cuda.allocate(0, host.size());
+  const CudaStream s = *cuda.create_stream(0);
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_OK(cuda.copy_async(device, Device::cuda(0), host.data(), Device::cpu(), host.size(), s));
+  // Queued, not run on this thread: the copy engine works beside the host.
+  const CudaEvent copied = *cuda.create_event(0);
+  ASSERT_OK(cuda.record(copied, s));
+  EXPECT_FALSE(*cuda.query(copied));
+  ASSERT_OK(cuda.synchronize(s));
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::microseconds(209715));
+  cuda.destroy_event(copied);
+  cuda.destroy_stream(s);
+  cuda.deallocate(0, device);
+}
+
 TEST(EmulatedCuda, OptionsFromTheEnvironmentNameABadValue) {
   setenv("FERRY_EMULATE_CUDA_DELAY_US", "250", 1);
   setenv("FERRY_EMULATE_CUDA_POISON", "1", 1);
@@ -240,6 +261,14 @@ TEST(EmulatedCuda, OptionsFromTheEnvironmentNameABadValue) {
   EXPECT_THAT(EmulatedCudaOptions::from_environment(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("FERRY_EMULATE_CUDA_POISON=\"yes\"")));
   unsetenv("FERRY_EMULATE_CUDA_POISON");
+  setenv("FERRY_EMULATE_CUDA_GBPS", "12.5", 1);
+  ASSERT_OK(EmulatedCudaOptions::from_environment().status());
+  EXPECT_EQ(EmulatedCudaOptions::from_environment()->copy_gbps, 12.5);
+  setenv("FERRY_EMULATE_CUDA_GBPS", "-1", 1);
+  EXPECT_THAT(EmulatedCudaOptions::from_environment(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("FERRY_EMULATE_CUDA_GBPS=\"-1\": expected a copy speed in GB/s")));
+  unsetenv("FERRY_EMULATE_CUDA_GBPS");
   setenv("FERRY_EMULATE_CUDA", "3", 1);
   std::shared_ptr<CudaRuntime> runtime = make_default_cuda_runtime();
   EXPECT_EQ(runtime->device_count(), 3);
