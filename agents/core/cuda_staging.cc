@@ -228,7 +228,7 @@ size_t CudaStaging::chunk_bytes(size_t bytes) {
   if (forced != 0) return forced;
   // Eight chunks or more, each small enough to stay in cache between the copy that
   // fills it and the one that drains it.
-  constexpr size_t kMin = size_t{128} << 10, kMax = size_t{1} << 20;
+  constexpr size_t kMin = size_t{256} << 10, kMax = size_t{1} << 20;
   return std::clamp(aligned(bytes / 8), kMin, kMax);
 }
 

@@ -114,7 +114,7 @@ class CudaStaging final : public DeviceChannel {
   // Tensors smaller than this, of one message and one device, share a pinned slot.
   static constexpr size_t kSharedSlotBytes = size_t{64} << 10;
   // Tensors this large and larger cross in chunks (see above).
-  static constexpr size_t kChunkedBytes = size_t{512} << 10;
+  static constexpr size_t kChunkedBytes = size_t{2} << 20;
   // Chunks whose device-to-host copies are queued ahead of the one being written.
   static constexpr size_t kChunksAhead = 4;
   // A peer's unfinished transfers, at most.
