@@ -188,7 +188,7 @@ void Conn::update_interest_locked() {
   epoll_event ev{};
   ev.events = EPOLLRDHUP | (reading_ && !connecting_ ? EPOLLIN : 0u) | (want_out_ || connecting_ ? EPOLLOUT : 0u);
   ev.data.u64 = id_;
-  epoll_ctl(home->epoll_fd, EPOLL_CTL_MOD, fd_, &ev);
+  epoll_ctl(home->data_fd, EPOLL_CTL_MOD, fd_, &ev);
 }
 
 void Conn::set_reading(bool on) {

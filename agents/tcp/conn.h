@@ -5,11 +5,12 @@
 // Writes: write() queues a frame (agents/tcp/protocol.h) and, when no other thread is
 // writing on the connection, sends what is queued itself, everything in one sendmsg of
 // up to IOV_MAX pieces: the frame heads, the metadata, and the tensors from their own
-// memory. What the socket does not take waits for the endpoint's loop (EPOLLOUT),
+// memory. What the socket does not take waits for EPOLLOUT (the loop or a driver),
 // which goes on from where the socket stopped. Calls in flight thus leave in few
 // system calls, and a lone call leaves at once, from the thread that made it.
 //
-// Reads: the endpoint's loop thread reads into its scratch buffer and takes frames out
+// Reads: the thread serving the endpoint (its loop, or a waiting thread that drives it,
+// one at a time under Endpoint::step_mu) reads into its scratch buffer and takes frames out
 // of it; the bytes of a large piece (metadata or a tensor) still to come are read
 // straight into where they land (readv: the rest of the piece, then the scratch).
 //
@@ -60,7 +61,7 @@ class Conn final : public Connection, public std::enable_shared_from_this<Conn> 
   int fd() const { return fd_; }
   const std::string& peer() const { return peer_; }
 
-  // ---- For the endpoint (its loop thread unless said otherwise).
+  // ---- For the endpoint (the serving thread, under its step_mu, unless said otherwise).
   // The opener's hello, queued before any frame (connect()).
   void queue_hello(const HostPort& listening);
   // The socket is ready (the events epoll gave for it).
@@ -130,7 +131,7 @@ class Conn final : public Connection, public std::enable_shared_from_this<Conn> 
   std::atomic<bool> ended_{false};
   std::atomic<bool> paused_{false};
 
-  // Reading (the loop thread).
+  // Reading (the serving thread, under Endpoint::step_mu).
   enum class State { kHello, kHead, kTable, kMetadata, kTensor };
   State state_;
   std::string head_;  // the hello, head or table read so far

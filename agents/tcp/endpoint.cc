@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "agents/tcp/conn.h"
 #include "base/logging.h"
+#include "base/progress.h"
 #include "base/thread_role.h"
 
 namespace ferry::internal::tcp {
@@ -48,7 +49,7 @@ void Endpoint::add(const std::shared_ptr<Conn>& conn, uint32_t what) {
   epoll_event ev{};
   ev.events = what;
   ev.data.u64 = conn->id();
-  epoll_ctl(epoll_fd, EPOLL_CTL_ADD, conn->fd(), &ev);
+  epoll_ctl(data_fd, EPOLL_CTL_ADD, conn->fd(), &ev);
 }
 
 void Endpoint::end(const std::shared_ptr<Conn>& conn, absl::Status why, const std::shared_ptr<TransportEvents>& e) {
@@ -56,7 +57,7 @@ void Endpoint::end(const std::shared_ptr<Conn>& conn, absl::Status why, const st
     std::lock_guard<std::mutex> lock(mu);
     if (conns.erase(conn->id()) == 0) return;  // the transport closed it
   }
-  epoll_ctl(epoll_fd, EPOLL_CTL_DEL, conn->fd(), nullptr);
+  epoll_ctl(data_fd, EPOLL_CTL_DEL, conn->fd(), nullptr);
   {
     std::lock_guard<std::mutex> lock(conn->send_mu_);
     conn->interest_set_ = false;
@@ -132,10 +133,66 @@ void Endpoint::run_commands(const std::shared_ptr<TransportEvents>& e) {
   }
 }
 
+bool Endpoint::serve(const std::shared_ptr<TransportEvents>& e) {
+  epoll_event out[64];
+  const int n = epoll_wait(data_fd, out, 64, 0);
+  for (int i = 0; i < n; ++i) {
+    std::shared_ptr<Conn> conn;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      auto it = conns.find(out[i].data.u64);
+      if (it == conns.end()) continue;  // ended earlier in this batch
+      conn = it->second;
+    }
+    conn->on_events(*this, e, out[i].events);
+  }
+  return n > 0;
+}
+
+bool Endpoint::drive() {
+  if (stopping.load(std::memory_order_relaxed)) return false;
+  std::unique_lock<std::mutex> lock(step_mu, std::try_to_lock);
+  if (!lock.owns_lock() || stopping.load(std::memory_order_relaxed)) return false;
+  UserDrivingScope user;  // before the thread counts as the agent's below
+  TransportThreadScope transport_thread;
+  AgentThreadScope agent_thread;
+  if (!serve(events.lock())) return false;
+  driven_steps.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+void Endpoint::arm_locked(bool on) {
+  armed = on;
+  if (epoll_fd < 0) return;
+  epoll_event ev{};
+  ev.events = on ? EPOLLIN | EPOLLONESHOT : 0u;
+  ev.data.u64 = 2;
+  epoll_ctl(epoll_fd, EPOLL_CTL_MOD, data_fd, &ev);
+}
+
+void Endpoint::enter_driver() {
+  std::lock_guard<std::mutex> lock(arm_mu);
+  // This thread reads the sockets now: the loop need not wake for them. A system call
+  // here cost less than the loop's wake-up it saves (one per reply a caller waits for).
+  if (drivers++ == 0 && armed) arm_locked(false);
+}
+
+void Endpoint::leave_driver(bool briefly) {
+  std::lock_guard<std::mutex> lock(arm_mu);
+  if (--drivers > 0 || armed) return;
+  // A pool thread comes back to poll once its task ran; meanwhile the loop, asleep for
+  // at most kBesideDriver, serves what comes. A loop asleep without a bound must be
+  // woken by what comes: armed again.
+  if (briefly && loop_bounded) return;
+  arm_locked(true);
+}
+
 void Endpoint::run() {
   TransportThreadScope transport_thread;
   AgentThreadScope agent_thread;
-  epoll_event out[128];
+  epoll_event out[8];
+  constexpr int kBesideDriverMs =
+      static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(kBesideDriver).count());
   while (!stopping.load(std::memory_order_relaxed)) {
     int timeout = -1;
     if (accept_paused) {
@@ -143,33 +200,46 @@ void Endpoint::run() {
                                                                               std::chrono::steady_clock::now());
       timeout = static_cast<int>(std::max<int64_t>(0, left.count()) + 1);
     }
-    const int n = epoll_wait(epoll_fd, out, 128, timeout);
+    {
+      std::lock_guard<std::mutex> lock(arm_mu);
+      loop_bounded = !armed;
+      if (loop_bounded) timeout = timeout < 0 ? kBesideDriverMs : std::min(timeout, kBesideDriverMs);
+    }
+    const int n = epoll_wait(epoll_fd, out, 8, timeout);
     if (n < 0 && errno != EINTR) {
       FERRY_LOG(ERROR) << name << ": tcp epoll_wait failed: " << errno_text(errno);
       return;
     }
     if (stopping.load(std::memory_order_relaxed)) return;
+    loop_wakes.fetch_add(1, std::memory_order_relaxed);
     std::shared_ptr<TransportEvents> e = events.lock();
+    bool data = false;
     for (int i = 0; i < n; ++i) {
       const uint64_t id = out[i].data.u64;
       if (id == 0) {
         on_listener(e);
-        continue;
-      }
-      if (id == 1) {
+      } else if (id == 1) {
         uint64_t count;
         (void)!::read(wake_fd, &count, sizeof(count));
+        std::lock_guard<std::mutex> lock(step_mu);
         run_commands(e);
-        continue;
+      } else {
+        data = true;
       }
-      std::shared_ptr<Conn> conn;
+    }
+    bool alone;
+    {
+      std::lock_guard<std::mutex> lock(arm_mu);
+      if (data) armed = false;  // one-shot: reported, so disarmed
+      alone = drivers == 0;     // else they serve, and the last to leave arms it again
+    }
+    if (alone) {
       {
-        std::lock_guard<std::mutex> lock(mu);
-        auto it = conns.find(id);
-        if (it == conns.end()) continue;  // ended earlier in this batch
-        conn = it->second;
+        std::lock_guard<std::mutex> lock(step_mu);
+        if (serve(e)) loop_steps.fetch_add(1, std::memory_order_relaxed);
       }
-      conn->on_events(*this, e, out[i].events);
+      std::lock_guard<std::mutex> lock(arm_mu);
+      if (drivers == 0 && !armed) arm_locked(true);
     }
     if (accept_paused && std::chrono::steady_clock::now() >= accept_again) {
       accept_paused = false;

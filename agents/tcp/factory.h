@@ -20,8 +20,11 @@
 //   FERRY_ASSIGN_OR_RETURN(std::shared_ptr<Agent> a, TcpAgent::create(store, "a", 0, 2, options, handler));
 //
 // Threads: each worker runs one loop thread (epoll), which accepts, reads, and delivers
-// every event (the transport thread of agents/core/transport.h). Writes are sent from
-// the writing thread when the socket takes them, else by the loop.
+// events (the transport thread of agents/core/transport.h); a ferry thread that waits
+// (a caller for its reply, an idle pool thread) reads and delivers in its place while
+// it waits (base/progress.h; TcpOptions::driven), so events come on either. Writes are
+// sent from the writing thread when the socket takes them, else by the loop or a
+// waiting thread.
 #pragma once
 
 #include <chrono>

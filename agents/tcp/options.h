@@ -37,6 +37,10 @@ struct TcpOptions {
   // Whether a connection a peer opened carries this worker's calls to that peer too
   // (Connection::carries_calls_to). Unset: FERRY_TCP_TWO_WAY (0 or 1), else yes.
   std::optional<bool> two_way = std::nullopt;
+  // Whether a ferry thread that waits (a caller for its reply, an idle pool thread)
+  // reads the sockets itself rather than wait for the loop thread to hand it what came
+  // (base/progress.h). Unset: FERRY_TCP_DRIVEN (0 or 1), else yes.
+  std::optional<bool> driven = std::nullopt;
 };
 
 // Checks `options` as given (before defaults): kInvalidArgument saying what was wrong.

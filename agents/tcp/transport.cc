@@ -17,10 +17,31 @@
 #include "base/env.h"
 #include "base/logging.h"
 #include "base/net.h"
+#include "base/progress.h"
 #include "base/status.h"
 #include "base/thread_name.h"
 
 namespace ferry::internal {
+
+namespace {
+
+// What a waiting thread does for the tcp transport (base/progress.h). Threads may hold
+// it a little after the transport closed (until their next wait): then it does
+// nothing. It holds the endpoint itself, not weakly, since a poll is the hot path;
+// close() drops the registration, which ends the cycle.
+class TcpProgress final : public Progress {
+ public:
+  explicit TcpProgress(std::shared_ptr<tcp::Endpoint> endpoint) : endpoint_(std::move(endpoint)) {}
+  void enter() override { endpoint_->enter_driver(); }
+  void leave() override { endpoint_->leave_driver(/*briefly=*/false); }
+  void step_away() override { endpoint_->leave_driver(/*briefly=*/true); }
+  bool poll() override { return endpoint_->drive(); }
+
+ private:
+  const std::shared_ptr<tcp::Endpoint> endpoint_;
+};
+
+}  // namespace
 
 TcpTransport::TcpTransport(std::string name, TcpOptions options)
     : options_(std::move(options)), endpoint_(std::make_shared<tcp::Endpoint>()) {
@@ -33,6 +54,7 @@ TcpTransport::TcpTransport(std::string name, TcpOptions options)
                     ? options_.keepalive
                     : std::chrono::milliseconds(env_int("FERRY_TCP_KEEPALIVE_MS", 10000, 0, int64_t{1} << 40));
   e.two_way = options_.two_way.value_or(env_int("FERRY_TCP_TWO_WAY", 1, 0, 1) != 0);
+  e.driven = options_.driven.value_or(env_int("FERRY_TCP_DRIVEN", 1, 0, 1) != 0);
 }
 
 TcpTransport::~TcpTransport() { close(); }
@@ -67,19 +89,27 @@ absl::StatusOr<std::string> TcpTransport::listen(std::weak_ptr<TransportEvents> 
   getsockname(e.listen_fd, reinterpret_cast<sockaddr*>(&bound), &bound_length);
   e.where = tcp::HostPort{host, tcp::from_sockaddr(bound).port};
   e.epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+  e.data_fd = epoll_create1(EPOLL_CLOEXEC);
   e.wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (e.epoll_fd < 0 || e.wake_fd < 0) return absl::InternalError(absl::StrCat("tcp epoll: ", tcp::errno_text(errno)));
+  if (e.epoll_fd < 0 || e.data_fd < 0 || e.wake_fd < 0) {
+    return absl::InternalError(absl::StrCat("tcp epoll: ", tcp::errno_text(errno)));
+  }
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.u64 = 0;
   epoll_ctl(e.epoll_fd, EPOLL_CTL_ADD, e.listen_fd, &ev);
   ev.data.u64 = 1;
   epoll_ctl(e.epoll_fd, EPOLL_CTL_ADD, e.wake_fd, &ev);
+  ev.events = EPOLLIN | EPOLLONESHOT;
+  ev.data.u64 = 2;
+  epoll_ctl(e.epoll_fd, EPOLL_CTL_ADD, e.data_fd, &ev);
+  e.armed = true;
   e.address = tcp::record_line(e.where);
   e.thread = std::thread([endpoint = endpoint_] {
     name_this_thread("ferry-tcp");
     endpoint->run();
   });
+  if (e.driven) e.progress = std::make_unique<ProgressRegistration>(std::make_shared<TcpProgress>(endpoint_));
   return e.address;
 }
 
@@ -151,6 +181,7 @@ void TcpTransport::close() {
     (void)!::write(e.wake_fd, &one, sizeof(one));
   }
   if (e.thread.joinable()) e.thread.join();
+  e.progress.reset();
   std::vector<std::shared_ptr<tcp::Conn>> conns;
   {
     std::lock_guard<std::mutex> lock(e.mu);
@@ -162,7 +193,11 @@ void TcpTransport::close() {
     conn->reported.store(true);
     conn->finish();
   }
-  for (int* fd : {&e.listen_fd, &e.epoll_fd, &e.wake_fd}) {
+  // A driver still serving finishes first (drive() then sees stopping); one entering
+  // or leaving later touches no descriptor.
+  std::lock_guard<std::mutex> step(e.step_mu);
+  std::lock_guard<std::mutex> arm(e.arm_mu);
+  for (int* fd : {&e.listen_fd, &e.epoll_fd, &e.data_fd, &e.wake_fd}) {
     if (*fd >= 0) ::close(*fd);
     *fd = -1;
   }
@@ -188,6 +223,9 @@ std::map<std::string, std::string> TcpTransport::debug_info() const {
           {"tcp_reads", n(e.reads)},
           {"tcp_direct_reads", n(e.direct_reads)},
           {"tcp_accept_backoffs", n(e.accept_backoffs)},
+          {"tcp_driven_steps", n(e.driven_steps)},
+          {"tcp_loop_steps", n(e.loop_steps)},
+          {"tcp_loop_wakes", n(e.loop_wakes)},
           {"tcp_queue_full", n(e.queue_full)},
           {"tcp_send_queue_bytes", std::to_string(e.send_queue_bytes)},
           {"tcp_keepalive_ms", std::to_string(e.keepalive.count())}};

@@ -11,8 +11,9 @@
 // (Connection::carries_calls_to). Then frames go both ways (agents/tcp/protocol.h).
 //
 // One thread per worker, the endpoint's loop (agents/tcp/endpoint.h), accepts, reads
-// and delivers every event; writers send on their own thread while the socket takes
-// it, and leave the rest to the loop.
+// and delivers events, unless a waiting ferry thread reads them itself (base/progress.h);
+// writers send on their own thread while the socket takes it, and leave the rest to
+// whichever thread reads.
 #pragma once
 
 #include <map>

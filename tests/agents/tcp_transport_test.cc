@@ -1,7 +1,8 @@
 // The tcp transport's own behaviour (agents/tcp/), beyond the conformance suite: what
 // reaches the wire (hellos and frames from a raw socket, checked before anything is
 // allocated), batched writes, a bounded send queue, which accepted connections carry
-// the acceptor's calls back, and the listener resting when descriptors run out.
+// the acceptor's calls back, waiting threads driving the sockets, and the listener
+// resting when descriptors run out.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/resource.h>
@@ -22,6 +23,8 @@
 #include "absl/strings/str_cat.h"
 #include "agents/tcp/factory.h"
 #include "agents/tcp/protocol.h"
+#include "base/future.h"
+#include "base/progress.h"
 #include "gtest/gtest.h"
 #include "tests/agents/transport_events.h"
 #include "tests/testing/sanitizers.h"
@@ -243,6 +246,59 @@ TEST(TcpTransport, AFullSendQueueFailsOnlyItsConnection) {
   EXPECT_GE(counter(*a.transport, "tcp_queue_full"), 1u);
   for (int i = 0; i < 100; ++i) fine->write(text("still here"));
   EXPECT_TRUE(c.events->wait_for([&] { return c.events->received_.size() == 100; }));
+}
+
+// A thread that waits drives the sockets (base/progress.h): what it waits for is read
+// and delivered by that thread, not handed to it by the loop.
+TEST(TcpTransport, AWaitingThreadReadsWhatItWaitsFor) {
+  Side a(loopback("a"));
+  Side b(loopback("b"));
+  std::shared_ptr<Connection> out = a.transport->connect(nullptr, "b", b.address);
+  out->write(text("first"));
+  ASSERT_TRUE(b.events->wait_for([&] { return b.events->received_.size() == 1; }));
+  std::thread::id driver;
+  std::atomic<bool> started{false};
+  std::thread waiter([&] {
+    driver = std::this_thread::get_id();
+    started.store(true);
+    EXPECT_TRUE(internal::drive_until([&] { return b.events->messages() == 2; }, std::chrono::seconds(20)));
+  });
+  while (!started.load()) std::this_thread::yield();
+  std::this_thread::sleep_for(milliseconds(50));  // the waiter drives by now
+  const uint64_t loop_steps = counter(*b.transport, "tcp_loop_steps");
+  out->write(text("second"));
+  waiter.join();
+  std::lock_guard<std::mutex> lock(b.events->mu_);
+  ASSERT_EQ(b.events->received_.size(), 2u);
+  EXPECT_EQ(b.events->received_[1].thread, driver) << "the loop thread delivered what a waiting thread drove for";
+  EXPECT_EQ(counter(*b.transport, "tcp_loop_steps"), loop_steps);
+  EXPECT_GE(counter(*b.transport, "tcp_driven_steps"), 1u);
+}
+
+// A pool thread that found a task steps away from driving to run it, for as long as the
+// task takes: what arrives meanwhile is read by the loop, whether the loop slept when
+// the thread began driving or woke (and left the sockets to it) since.
+TEST(TcpTransport, WhatArrivesWhileADriverStepsAwayIsReadByTheLoop) {
+  Side a(loopback("a"));
+  Side b(loopback("b"));
+  std::shared_ptr<Connection> out = a.transport->connect(nullptr, "b", b.address);
+  out->write(text("first"));
+  ASSERT_TRUE(b.events->wait_for([&] { return b.events->received_.size() == 1; }));
+  size_t expected = 1;
+  for (bool loop_woke : {false, true}) {
+    SCOPED_TRACE(loop_woke ? "the loop woke while the thread drove" : "the loop slept throughout");
+    const std::vector<std::shared_ptr<internal::Progress>> progress = internal::registered_progress();
+    ASSERT_FALSE(progress.empty());
+    for (const auto& p : progress) p->enter();
+    if (loop_woke) {
+      b.events->accepted_.at(0)->resume_reads();  // a command: the loop wakes, finds a driver
+      std::this_thread::sleep_for(milliseconds(50));
+    }
+    for (const auto& p : progress) p->step_away();
+    out->write(text("while away"));
+    ++expected;
+    EXPECT_TRUE(b.events->wait_for([&] { return b.events->received_.size() == expected; }, milliseconds(5000)));
+  }
 }
 
 // Out of descriptors, accept fails with EMFILE while the connection waits in the
