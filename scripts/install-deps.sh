@@ -12,7 +12,7 @@ packages=(
   clang-14 libfuzzer-14-dev
   python3 python3-matplotlib
   python3-dev pybind11-dev python3-pytest python3-numpy python3-torch
-  iproute2
+  iproute2 liburing-dev
   etcd-server etcd-client
 )
 
