@@ -367,12 +367,49 @@ TEST(RunCommandTest, BadUsageIsExplained) {
       {{"run", "--standalone", "--rdzv-conf", "join_timeout=soon", "true"},
        "The rendezvous configuration option 'join_timeout' does not represent a valid integer value."},
       {{"run", "--rdzv-endpoint", "127.0.0.1:99999", "true"}, "port \"99999\" is not a number in 0..65535"},
+      // An unknown option before PROGRAM is refused at once, not run as the program
+      // after a whole rendezvous; a near miss names the spelling meant.
+      {{"run", "--standalone", "--nproc-per-nodes", "2", "true"},
+       "unknown option '--nproc-per-nodes' before PROGRAM: did you mean --nproc-per-node?"},
+      {{"run", "--standalone", "--master_addr", "10.0.0.1", "true"},
+       "ferry run does not take torchrun's --master-addr; give the rendezvous as --rdzv-endpoint HOST:PORT"},
+      {{"run", "--standalone", "--node-rank=1", "true"}, "node ranks are handed out by the rendezvous"},
+      {{"run", "--standalone", "--frobnicate", "true"}, "unknown option '--frobnicate' before PROGRAM (ferry run's options: "},
   };
   for (const Case& c : cases) {
     ::ferry::testing::ProgramRun r = ::ferry::testing::run_program(FERRY_BINARY, c.args, 20s);
     EXPECT_EQ(r.exit_code, 2) << c.message << "\n" << r.err;
     EXPECT_THAT(r.err, HasSubstr(c.message));
   }
+}
+
+// torchrun's command line, as its users type it, runs as it is.
+TEST(RunCommandTest, TorchrunsUnderscoreSpellingsAndNoPythonAreTaken) {
+  ::ferry::testing::ProgramRun r = ::ferry::testing::run_program(
+      FERRY_BINARY,
+      {"run", "--standalone", "--no_python", "--nproc_per_node", "2", "--max_restarts", "0", "sh", "-c", "echo $RANK"},
+      20s);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("[rank0]: 0\n"));
+  EXPECT_THAT(r.out, HasSubstr("[rank1]: 1\n"));
+  ::ferry::testing::ProgramRun help = ::ferry::testing::run_program(FERRY_BINARY, {"run", "--help"}, 20s);
+  EXPECT_THAT(help.out, HasSubstr("ferry run [OPTIONS] PROGRAM [ARGS...]"));
+}
+
+// A standalone job's store is on a free port: the launcher says which, and how to
+// watch the job from another shell.
+TEST(RunCommandTest, AStandaloneJobSaysWhereItsRendezvousIsAndHowToWatchIt) {
+  ::ferry::testing::ProgramRun r =
+      ::ferry::testing::run_program(FERRY_BINARY, {"run", "--standalone", "--rdzv-id", "seen", "true"}, 20s);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  const std::string at = "joining the rendezvous of run 'seen' at 127.0.0.1:";
+  const size_t found = r.err.find(at);
+  ASSERT_NE(found, std::string::npos) << r.err;
+  const std::string port = r.err.substr(found + at.size(), r.err.find_first_not_of("0123456789", found + at.size()) -
+                                                               (found + at.size()));
+  ASSERT_FALSE(port.empty()) << r.err;
+  EXPECT_NE(port, "0") << r.err;
+  EXPECT_THAT(r.err, HasSubstr("watch it with: ferry top --rdzv-endpoint 127.0.0.1:" + port + " --rdzv-id seen\n"));
 }
 
 TEST(RunCommandTest, AProgramThatCannotRunIsNamed) {

@@ -91,8 +91,20 @@ class Agent {
         master_addr_(std::move(master_addr)) {}
 
   int run() {
-    say(absl::StrCat("joining the rendezvous of run '", handler_->get_run_id(), "' at ", options_.rdzv_endpoint,
-                     " (", options_.min_nodes, " to ", options_.max_nodes, " node(s))"));
+    // The endpoint as bound (a standalone store's free port), so that the job can be
+    // found from another shell.
+    std::string endpoint = options_.rdzv_endpoint;
+    bool hosts = false;
+    if (auto* store = dynamic_cast<const StoreRendezvousHandler*>(handler_.get())) {
+      endpoint = store->endpoint();
+      hosts = store->hosts_store();
+    }
+    say(absl::StrCat("joining the rendezvous of run '", handler_->get_run_id(), "' at ", endpoint,
+                     hosts ? " (its store is served by this launcher)" : "", ", ", options_.min_nodes, " to ",
+                     options_.max_nodes, " node(s)"));
+    if (handler_->get_backend() == StoreRendezvousHandler::kBackend) {
+      say(absl::StrCat("watch it with: ferry top --rdzv-endpoint ", endpoint, " --rdzv-id ", handler_->get_run_id()));
+    }
     int restart_count = 0;
     for (;;) {
       int stop_signal = 0;
