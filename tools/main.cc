@@ -1,4 +1,5 @@
 // The `ferry` command-line tool: the project's one binary.
+#include <string>
 #include <vector>
 
 #include "CLI/CLI.hpp"
@@ -26,6 +27,7 @@ void add_all_commands(CLI::App& app, ExitCode& exit_code) {
 int main(int argc, char** argv) {
   CLI::App app{"ferry: RPC for distributed tensor programs in C++"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("ferry ") + FERRY_VERSION);
   ferry::tools::ExitCode exit_code;
   ferry::tools::add_all_commands(app, exit_code);
   try {

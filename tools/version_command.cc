@@ -1,4 +1,7 @@
+#include <unistd.h>
+
 #include <cstdio>
+#include <string>
 
 #include "CLI/CLI.hpp"
 #include "tensor/cuda.h"
@@ -15,6 +18,11 @@ void add_version_command(CLI::App& app, ExitCode& exit_code) {
     int n = cuda->device_count();
     if (n > 0) {
       std::printf("cuda devices: %d\n", n);
+    } else if (::access("/proc/driver/nvidia/version", F_OK) != 0 &&
+               cuda->unavailable_reason().find("cudaGetDeviceCount") == 0) {
+      // The runtime then says "CUDA driver version is insufficient", which reads as an
+      // upgrade to make when there is simply no GPU driver on the host.
+      std::printf("cuda devices: 0 (no NVIDIA driver is loaded on this host)\n");
     } else {
       std::printf("cuda devices: 0 (%s)\n", cuda->unavailable_reason().c_str());
     }

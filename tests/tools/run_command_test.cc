@@ -439,3 +439,18 @@ TEST(RunCommandTest, EveryOutputLineIsPrefixedEvenTheLastWithoutANewline) {
 }
 
 }  // namespace
+
+// `ferry --version` as every tool takes it, and `ferry version` on a host without a GPU
+// driver saying so rather than asking for a newer driver.
+TEST(FerryCli, VersionFlagAndCommand) {
+  ::ferry::testing::ProgramRun flag = ::ferry::testing::run_program(FERRY_BINARY, {"--version"}, 20s);
+  EXPECT_EQ(flag.exit_code, 0) << flag.err;
+  EXPECT_THAT(flag.out, ::testing::StartsWith("ferry "));
+  ::ferry::testing::ProgramRun command = ::ferry::testing::run_program(FERRY_BINARY, {"version"}, 20s);
+  EXPECT_EQ(command.exit_code, 0) << command.err;
+  EXPECT_THAT(command.out, HasSubstr(flag.out));
+  if (access("/proc/driver/nvidia/version", F_OK) != 0 && getenv("FERRY_EMULATE_CUDA") == nullptr) {
+    EXPECT_THAT(command.out, HasSubstr("cuda devices: 0 ("));
+    EXPECT_THAT(command.out, Not(HasSubstr("insufficient")));
+  }
+}
