@@ -93,8 +93,13 @@ std::unique_ptr<Store> connect(const char* op, const ClientOptions& options, Exi
   return *std::move(store);
 }
 
+constexpr const char* kTokenHelp =
+    "Environment: FERRY_AUTH_TOKEN, the job token. A store served with it refuses clients that do not prove it; "
+    "a client proves it (the job's workers and ferry top do the same).";
+
 CLI::App* add_client_command(CLI::App* parent, const char* name, const char* help, ClientOptions& options) {
   CLI::App* cmd = parent->add_subcommand(name, help);
+  cmd->footer(kTokenHelp);
   cmd->add_option("--addr", options.addr, "The store server, HOST:PORT, or etcd://HOST:PORT,.../PREFIX")->required();
   cmd->add_option("--timeout-ms", options.timeout_ms, "How long to wait, connecting included (ms)")
       ->capture_default_str();
@@ -137,6 +142,7 @@ int serve(const std::string& host, int port) {
 
 void add_store_command(CLI::App& app, ExitCode& exit_code) {
   CLI::App* store = app.add_subcommand("store", "Run a TCPStore server or use one");
+  store->footer(kTokenHelp);
   store->require_subcommand(1);
 
   // serve
@@ -147,6 +153,7 @@ void add_store_command(CLI::App& app, ExitCode& exit_code) {
     };
     auto options = std::make_shared<ServeOptions>();
     CLI::App* cmd = store->add_subcommand("serve", "Run a store server until SIGINT or SIGTERM");
+    cmd->footer(kTokenHelp);
     cmd->add_option("--host,--bind", options->host,
                     "Address to listen on (default: the interface FERRY_SOCKET_IFNAME names, else the host "
                     "name's address; 0.0.0.0 or :: for every interface)");

@@ -139,6 +139,9 @@ int live(JobView& view, const TopFlags& flags, const std::string& source) {
 void add_top(CLI::App& app, ExitCode& exit_code) {
   auto flags = std::make_shared<TopFlags>();
   CLI::App* cmd = app.add_subcommand("top", "Show a running job's workers live (calls/s, latency, errors, bytes)");
+  cmd->footer(
+      "Environment: FERRY_AUTH_TOKEN, the job token, for a job that has one: its store refuses a reader that does "
+      "not prove it. The workers' metrics endpoints are plain HTTP and need none (docs/observability.md).");
   cmd->add_option("--store", flags->store, "The job's store, HOST:PORT (MASTER_ADDR:MASTER_PORT), or etcd://HOST:PORT,.../PREFIX");
   cmd->add_option("--rdzv-endpoint", flags->rdzv_endpoint, "The rendezvous endpoint `ferry run` was given");
   cmd->add_option("--rdzv-id", flags->rdzv_id, "The run's id, as `ferry run` was given")->capture_default_str();

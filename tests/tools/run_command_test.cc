@@ -454,3 +454,14 @@ TEST(FerryCli, VersionFlagAndCommand) {
     EXPECT_THAT(command.out, Not(HasSubstr("insufficient")));
   }
 }
+
+// The commands that talk to a job's store say where its token comes from.
+TEST(FerryCli, HelpOfTheStoreReadingCommandsNamesTheTokenVariable) {
+  for (std::vector<std::string> args :
+       {std::vector<std::string>{"top", "--help"}, {"store", "--help"}, {"store", "serve", "--help"},
+        {"store", "get", "--help"}}) {
+    ::ferry::testing::ProgramRun r = ::ferry::testing::run_program(FERRY_BINARY, args, 20s);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_THAT(r.out, HasSubstr("FERRY_AUTH_TOKEN")) << args[0] << " " << args[1];
+  }
+}
