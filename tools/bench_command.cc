@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "agents/core/registry.h"
+#include "backends/backend_registry.h"
 #include "tools/bench/init_bench.h"
 #include "tools/bench/rpc_bench.h"
 #include "tools/commands.h"
@@ -24,7 +26,7 @@ struct BenchRpcFlags {
   bool quick = false;
   bool json = false;
   bool require_targets = false;
-  std::vector<std::string> transports = {"shm", "uv"};
+  std::vector<std::string> transports;  // empty: what init_rpc would choose
   std::string backend = "tensorpipe";
   std::string device = "cpu";
   bool emulate_cuda = false;
@@ -42,9 +44,34 @@ CLI::App* bench_group(CLI::App& app) {
   return bench;
 }
 
+// The transports `ferry bench rpc` measures: those given, else what init_rpc would
+// choose (FERRY_TRANSPORTS, else the registry's defaults: the ring for peers on this
+// host, tcp for peers on others), so that a plain run measures what a job runs on.
+absl::StatusOr<std::vector<std::string>> transports_to_measure(const std::vector<std::string>& given) {
+  if (!given.empty()) return given;
+  register_builtin_transports();
+  absl::StatusOr<std::vector<std::string>> chosen = chosen_transports(std::nullopt);
+  if (!chosen.ok()) return chosen.status();
+  std::vector<std::string> measured;
+  for (const std::string& name : *chosen) {
+    if (name == "ring" || name == "tcp" || name == "shm" || name == "uv") measured.push_back(name);
+  }
+  if (measured.empty()) {
+    return absl::InvalidArgumentError(
+        "none of the transports init_rpc would choose here can be measured (ring, tcp, shm, uv); pass --transports");
+  }
+  return measured;
+}
+
 void run_bench_rpc(const BenchRpcFlags& flags, ExitCode& exit_code) {
   bench::RpcBenchOptions options;
-  options.transports = flags.transports;
+  absl::StatusOr<std::vector<std::string>> transports = transports_to_measure(flags.transports);
+  if (!transports.ok()) {
+    std::fprintf(stderr, "ferry bench rpc: %s\n", std::string(transports.status().message()).c_str());
+    exit_code.set(kExitUsage);
+    return;
+  }
+  options.transports = *transports;
   options.process_group = flags.backend == "process_group";
   options.quick = flags.quick;
   options.device = flags.device;
@@ -146,8 +173,9 @@ void add_bench_command(CLI::App& app, ExitCode& exit_code) {
   rpc->add_flag("--quick", flags->quick, "Short run for CI: a few hundred calls, echo sizes up to 1 MiB");
   rpc->add_flag("--json", flags->json, "Print one JSON object instead of the table");
   rpc->add_option("--transports", flags->transports,
-                  "Transports to measure, comma-separated: ring, tcp, shm, uv (default: shm,uv; ring is compared with "
-                  "raw TensorPipe shm, tcp with raw TensorPipe uv and a plain TCP socket)")
+                  "Transports to measure, comma-separated: ring, tcp, shm, uv (default: what init_rpc would choose, "
+                  "FERRY_TRANSPORTS if set, else ring (peers on this host) and tcp (peers on others); ring is "
+                  "compared with raw TensorPipe shm, tcp with raw TensorPipe uv and a plain TCP socket)")
       ->delimiter(',')
       ->check(CLI::IsMember({"ring", "tcp", "shm", "uv"}));
   rpc->add_option("--backend", flags->backend,

@@ -105,13 +105,17 @@ TEST(BenchRpc, QuickJsonHasEveryFigureAndTarget) {
   EXPECT_THAT(j.dump(), Not(ContainsRegex("[Ii]ssue[ -]?[0-9]")));
   ASSERT_TRUE(j.contains("transports"));
   ASSERT_TRUE(j.contains("targets"));
-  for (const char* transport : {"shm", "uv"}) {
+  // By default it measures what init_rpc would choose: the ring for peers on this
+  // host, tcp for peers on others.
+  EXPECT_EQ(j["transports"].size(), 2u) << j["transports"].dump();
+  for (const char* transport : {"ring", "tcp"}) {
     SCOPED_TRACE(transport);
     ASSERT_TRUE(j["transports"].contains(transport));
     const json& t = j["transports"][transport];
     EXPECT_FALSE(t["channels"].empty());
     ASSERT_TRUE(t.contains("metrics"));
-    EXPECT_EQ(t["metrics"].size(), metrics.size());
+    // tcp adds the plain socket's floor beside raw TensorPipe's.
+    EXPECT_GE(t["metrics"].size(), metrics.size());
     for (const std::string& name : metrics) {
       std::string where = std::string(transport) + "." + name;
       ASSERT_TRUE(t["metrics"].contains(name)) << where;
@@ -198,6 +202,15 @@ TEST(BenchRpc, UnknownFlagIsBadUsage) {
   ToolRun run = ferry_tool({"bench", "rpc", "--no-such-flag"});
   EXPECT_EQ(run.exit_code, kUsage) << run.err;
   EXPECT_THAT(run.err, HasSubstr("--no-such-flag"));
+}
+
+// Without --transports it follows FERRY_TRANSPORTS as init_rpc does, its errors too.
+TEST(BenchRpc, WithoutTransportsItTakesFerryTransportsAsInitRpcDoes) {
+  setenv("FERRY_TRANSPORTS", "ring,carrier-pigeon", 1);
+  ToolRun run = ferry_tool({"bench", "rpc", "--quick"});
+  unsetenv("FERRY_TRANSPORTS");
+  EXPECT_EQ(run.exit_code, kUsage) << run.err;
+  EXPECT_THAT(run.err, HasSubstr("unknown transport \"carrier-pigeon\" (registered: ring, tcp"));
 }
 
 TEST(BenchRpc, UnknownTransportIsBadUsage) {
