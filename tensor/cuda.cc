@@ -148,4 +148,29 @@ std::string cuda_missing_in_child() {
   return why;
 }
 
+// A runtime that has no inter-process memory says so on every IPC call.
+namespace {
+absl::Status no_ipc(const char* call) {
+  return absl::UnimplementedError(absl::StrCat(call, ": this CUDA runtime cannot share memory between processes"));
+}
+}  // namespace
+
+absl::StatusOr<int> CudaRuntime::export_pool(int) { return no_ipc("export_pool"); }
+absl::StatusOr<CudaImportedPool> CudaRuntime::import_pool(int) { return no_ipc("import_pool"); }
+void CudaRuntime::release_imported_pool(CudaImportedPool) {}
+absl::StatusOr<CudaPointerExport> CudaRuntime::export_pointer(void*) { return no_ipc("export_pointer"); }
+absl::StatusOr<void*> CudaRuntime::import_pointer(CudaImportedPool, const CudaPointerExport&) {
+  return no_ipc("import_pointer");
+}
+absl::Status CudaRuntime::release_imported_pointer(void*, CudaStream) { return no_ipc("release_imported_pointer"); }
+absl::StatusOr<std::vector<CudaEvent>> CudaRuntime::create_ipc_events(int, int) {
+  return no_ipc("create_ipc_events");
+}
+absl::StatusOr<CudaIpcEvents> CudaRuntime::export_ipc_events(std::span<const CudaEvent>) {
+  return no_ipc("export_ipc_events");
+}
+absl::StatusOr<std::vector<CudaEvent>> CudaRuntime::import_ipc_events(int, int, std::string_view) {
+  return no_ipc("import_ipc_events");
+}
+
 }  // namespace ferry

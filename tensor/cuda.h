@@ -26,7 +26,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -52,6 +55,26 @@ struct CudaPoolStats {
   uint64_t bytes = 0;               // bytes of those allocations
   uint64_t driver_allocations = 0;  // of those, how many made the pool grow (reached the driver)
   uint64_t driver_bytes = 0;        // bytes the pool obtained from the driver, in all
+  uint64_t used_bytes = 0;          // allocated now and not yet returned to the pool
+  uint64_t exports = 0;             // export_pool calls that handed out a descriptor
+};
+
+// What another process needs to open one allocation of an exported pool
+// (cudaMemPoolPtrExportData: 64 opaque bytes, plain data to send as it is).
+struct CudaPointerExport {
+  unsigned char data[64] = {};
+};
+
+// A pool another process exported, imported into this one (a cudaMemPool_t).
+struct CudaImportedPool {
+  void* handle = nullptr;
+};
+
+// Inter-process events as another process opens them: a descriptor (-1 when the
+// runtime needs none; else owned by whoever holds this) and opaque handle bytes.
+struct CudaIpcEvents {
+  int fd = -1;
+  std::string handles;
 };
 
 // Thread-safe: every method may be called from any thread. Copies are asynchronous
@@ -102,6 +125,45 @@ class CudaRuntime {
   virtual absl::Status synchronize(CudaEvent event) = 0;
   // Whether `event` has completed, without blocking (an event never recorded has).
   virtual absl::StatusOr<bool> query(CudaEvent event) = 0;
+
+  // ---- Inter-process memory and events (CUDA IPC), for workers on one host ----
+  // A runtime without them returns kUnimplemented saying why. The exporting process
+  // keeps an exported allocation alive until every importer has released it (and the
+  // importer's release has passed on its stream).
+  //
+  //   exporter: int fd = *cuda->export_pool(0);               // once per peer; send fd
+  //             CudaPointerExport x = *cuda->export_pointer(p); // per tensor; send x
+  //   importer: CudaImportedPool pool = *cuda->import_pool(fd);   // once
+  //             void* q = *cuda->import_pointer(pool, x);         // q is p's memory
+  //
+  // `device`'s pool as a POSIX file descriptor (cudaMemPoolExportToShareableHandle),
+  // owned by the caller, who passes it on (SCM_RIGHTS) and closes it.
+  virtual absl::StatusOr<int> export_pool(int device);
+  // Opens a pool a peer exported (cudaMemPoolImportFromShareableHandle). `fd` stays
+  // the caller's. Errors: a descriptor that is not an exported pool of this kind of
+  // runtime, or a runtime that cannot import.
+  virtual absl::StatusOr<CudaImportedPool> import_pool(int fd);
+  // Closes an imported pool; its imported pointers must have been released.
+  virtual void release_imported_pool(CudaImportedPool pool);
+  // The data that names `ptr`, a live allocation of one of this process's pools
+  // (cudaMemPoolExportPointer).
+  virtual absl::StatusOr<CudaPointerExport> export_pointer(void* ptr);
+  // This process's address of the allocation `data` names in `pool`
+  // (cudaMemPoolImportPointer). Errors: data of another pool, or out of its range.
+  virtual absl::StatusOr<void*> import_pointer(CudaImportedPool pool, const CudaPointerExport& data);
+  // Releases an imported pointer once `stream` passes this point (cudaFreeAsync): the
+  // exporter may free the allocation only after that.
+  virtual absl::Status release_imported_pointer(void* ptr, CudaStream stream);
+  // `count` inter-process events on `device` (cudaEventInterprocess): recorded,
+  // waited on, queried and destroyed like any event, in this process or another.
+  virtual absl::StatusOr<std::vector<CudaEvent>> create_ipc_events(int device, int count);
+  // What another process needs to open `events`, all made by one create_ipc_events
+  // call here (cudaIpcGetEventHandle each).
+  virtual absl::StatusOr<CudaIpcEvents> export_ipc_events(std::span<const CudaEvent> events);
+  // Opens events another process exported (cudaIpcOpenEventHandle each), on `device`.
+  // `fd` stays the caller's. A wait on an opened event holds the stream back until the
+  // exporter's stream passes the record it made last before the wait was queued.
+  virtual absl::StatusOr<std::vector<CudaEvent>> import_ipc_events(int device, int fd, std::string_view handles);
 };
 
 // The stream a user's work on `device` runs on, for the calling thread: the stream of

@@ -1,9 +1,13 @@
 // The runtime of a CUDA build, over the CUDA runtime API.
 #include <cuda_runtime_api.h>
 
+#include <unistd.h>
+
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -92,7 +96,14 @@ class RealCudaRuntime final : public CudaRuntime {
     if (device < 0 || device >= device_count()) return {};
     Pool& pool = pools_[static_cast<size_t>(device)];
     absl::MutexLock lock(&pool.mu);
-    return pool.stats;
+    CudaPoolStats stats = pool.stats;
+    uint64_t used = 0;
+    if (cudaMemPoolGetAttribute(pool.pool, cudaMemPoolAttrUsedMemCurrent, &used) == cudaSuccess) {
+      stats.used_bytes = used;
+    } else {
+      (void)cudaGetLastError();
+    }
+    return stats;
   }
 
   absl::StatusOr<void*> allocate_pinned(size_t bytes) override {
@@ -165,10 +176,108 @@ class RealCudaRuntime final : public CudaRuntime {
     return cuda_error("cudaEventQuery", err);
   }
 
+  // ---- CUDA IPC: pools exported as POSIX descriptors, legacy IPC event handles ----
+  absl::StatusOr<int> export_pool(int device) override {
+    Pool* pool = nullptr;
+    if (absl::Status s = pool_for(device, &pool); !s.ok()) return s;
+    if (!pool->exportable) {
+      return absl::UnimplementedError(absl::StrCat("export_pool(cuda:", device,
+                                                   "): the device's pool cannot be exported as a POSIX descriptor"));
+    }
+    int fd = -1;
+    FERRY_CUDA_OK(cudaMemPoolExportToShareableHandle(&fd, pool->pool, cudaMemHandleTypePosixFileDescriptor, 0));
+    absl::MutexLock lock(&pool->mu);
+    ++pool->stats.exports;
+    return fd;
+  }
+  absl::StatusOr<CudaImportedPool> import_pool(int fd) override {
+    cudaMemPool_t pool = nullptr;
+    FERRY_CUDA_OK(cudaMemPoolImportFromShareableHandle(&pool, reinterpret_cast<void*>(static_cast<intptr_t>(fd)),
+                                                       cudaMemHandleTypePosixFileDescriptor, 0));
+    // Every device of this process may read and write it (peer access where needed).
+    for (int d = 0; d < device_count(); ++d) {
+      cudaMemAccessDesc access = {};
+      access.location.type = cudaMemLocationTypeDevice;
+      access.location.id = d;
+      access.flags = cudaMemAccessFlagsProtReadWrite;
+      if (cudaMemPoolSetAccess(pool, &access, 1) != cudaSuccess) (void)cudaGetLastError();
+    }
+    return CudaImportedPool{pool};
+  }
+  void release_imported_pool(CudaImportedPool pool) override {
+    cudaMemPoolDestroy(static_cast<cudaMemPool_t>(pool.handle));
+  }
+  absl::StatusOr<CudaPointerExport> export_pointer(void* ptr) override {
+    static_assert(sizeof(cudaMemPoolPtrExportData) <= sizeof(CudaPointerExport::data));
+    cudaMemPoolPtrExportData data = {};
+    FERRY_CUDA_OK(cudaMemPoolExportPointer(&data, ptr));
+    CudaPointerExport out;
+    std::memcpy(out.data, &data, sizeof(data));
+    return out;
+  }
+  absl::StatusOr<void*> import_pointer(CudaImportedPool pool, const CudaPointerExport& x) override {
+    cudaMemPoolPtrExportData data = {};
+    std::memcpy(&data, x.data, sizeof(data));
+    void* ptr = nullptr;
+    FERRY_CUDA_OK(cudaMemPoolImportPointer(&ptr, static_cast<cudaMemPool_t>(pool.handle), &data));
+    return ptr;
+  }
+  absl::Status release_imported_pointer(void* ptr, CudaStream stream) override {
+    FERRY_CUDA_OK(cudaSetDevice(stream.device));
+    FERRY_CUDA_OK(cudaFreeAsync(ptr, static_cast<cudaStream_t>(stream.handle)));
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::vector<CudaEvent>> create_ipc_events(int device, int count) override {
+    FERRY_CUDA_OK(cudaSetDevice(device));
+    std::vector<CudaEvent> out;
+    for (int i = 0; i < count; ++i) {
+      cudaEvent_t event = nullptr;
+      cudaError_t err = cudaEventCreateWithFlags(&event, cudaEventInterprocess | cudaEventDisableTiming);
+      if (err != cudaSuccess) {
+        for (CudaEvent& e : out) cudaEventDestroy(static_cast<cudaEvent_t>(e.handle));
+        return cuda_error("cudaEventCreateWithFlags(cudaEventInterprocess)", err);
+      }
+      out.push_back(CudaEvent{device, event});
+    }
+    return out;
+  }
+  // No descriptor: the handles are cudaIpcEventHandle_t bytes, one after another.
+  absl::StatusOr<CudaIpcEvents> export_ipc_events(std::span<const CudaEvent> events) override {
+    CudaIpcEvents out;
+    for (const CudaEvent& e : events) {
+      cudaIpcEventHandle_t handle;
+      FERRY_CUDA_OK(cudaIpcGetEventHandle(&handle, static_cast<cudaEvent_t>(e.handle)));
+      out.handles.append(reinterpret_cast<const char*>(&handle), sizeof(handle));
+    }
+    return out;
+  }
+  absl::StatusOr<std::vector<CudaEvent>> import_ipc_events(int device, int, std::string_view handles) override {
+    if (handles.empty() || handles.size() % sizeof(cudaIpcEventHandle_t) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("import_ipc_events: ", handles.size(),
+                                                     " bytes of handles (expected a multiple of ",
+                                                     sizeof(cudaIpcEventHandle_t), ")"));
+    }
+    FERRY_CUDA_OK(cudaSetDevice(device));
+    std::vector<CudaEvent> out;
+    for (size_t at = 0; at < handles.size(); at += sizeof(cudaIpcEventHandle_t)) {
+      cudaIpcEventHandle_t handle;
+      std::memcpy(&handle, handles.data() + at, sizeof(handle));
+      cudaEvent_t event = nullptr;
+      cudaError_t err = cudaIpcOpenEventHandle(&event, handle);
+      if (err != cudaSuccess) {
+        for (CudaEvent& e : out) cudaEventDestroy(static_cast<cudaEvent_t>(e.handle));
+        return cuda_error("cudaIpcOpenEventHandle", err);
+      }
+      out.push_back(CudaEvent{device, event});
+    }
+    return out;
+  }
+
  private:
   struct Pool {
     absl::Mutex mu;
     cudaMemPool_t pool = nullptr;  // set once, under pools_once_
+    bool exportable = false;       // made with a POSIX descriptor handle type
     CudaPoolStats stats ABSL_GUARDED_BY(mu);
   };
 
@@ -182,7 +291,8 @@ class RealCudaRuntime final : public CudaRuntime {
     std::call_once(pools_once_, [this, count] {
       pools_ = std::make_unique<Pool[]>(static_cast<size_t>(count));
       for (int d = 0; d < count; ++d) {
-        pools_status_ = make_pool(d, &pools_[static_cast<size_t>(d)].pool);
+        Pool& p = pools_[static_cast<size_t>(d)];
+        pools_status_ = make_pool(d, &p.pool, &p.exportable);
         if (!pools_status_.ok()) return;
       }
     });
@@ -191,13 +301,21 @@ class RealCudaRuntime final : public CudaRuntime {
     return absl::OkStatus();
   }
 
-  static absl::Status make_pool(int device, cudaMemPool_t* pool) {
+  // A pool that can be exported as a POSIX descriptor (CUDA IPC on one host) where the
+  // driver allows it, else a plain one.
+  static absl::Status make_pool(int device, cudaMemPool_t* pool, bool* exportable) {
     cudaMemPoolProps props = {};
     props.allocType = cudaMemAllocationTypePinned;
     props.location.type = cudaMemLocationTypeDevice;
     props.location.id = device;
+    props.handleTypes = cudaMemHandleTypePosixFileDescriptor;
     FERRY_CUDA_OK(cudaSetDevice(device));
-    FERRY_CUDA_OK(cudaMemPoolCreate(pool, &props));
+    *exportable = cudaMemPoolCreate(pool, &props) == cudaSuccess;
+    if (!*exportable) {
+      (void)cudaGetLastError();
+      props.handleTypes = cudaMemHandleTypeNone;
+      FERRY_CUDA_OK(cudaMemPoolCreate(pool, &props));
+    }
     uint64_t keep_everything = UINT64_MAX;
     FERRY_CUDA_OK(cudaMemPoolSetAttribute(*pool, cudaMemPoolAttrReleaseThreshold, &keep_everything));
     return absl::OkStatus();

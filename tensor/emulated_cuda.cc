@@ -1,9 +1,12 @@
 #include "tensor/emulated_cuda.h"
 
+#include <fcntl.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <algorithm>
+#include <atomic>
 #include <deque>
 #include <functional>
 #include <map>
@@ -15,6 +18,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "base/logging.h"
+#include "base/status.h"
+#include "tensor/emulated_ipc.h"
+#include "tensor/emulated_stream.h"
 
 namespace ferry {
 namespace {
@@ -31,100 +37,6 @@ size_t round_up(size_t bytes) { return (std::max<size_t>(bytes, 1) + kAlignment 
 std::string where(int device) { return device < 0 ? std::string("pinned host") : absl::StrCat("cuda:", device); }
 
 }  // namespace
-
-// One stream: a FIFO of operations run in order by its own thread. Ticket k is the k-th
-// operation enqueued (from 1); the stream has passed ticket k once k operations ran.
-class EmulatedStream {
- public:
-  EmulatedStream(int device, std::string name) : device_(device), name_(std::move(name)) {
-    thread_ = std::thread([this] { run(); });
-  }
-  ~EmulatedStream() { stop(); }
-
-  int device() const { return device_; }
-  const std::string& name() const { return name_; }
-
-  // `run_if_idle`: when the stream has nothing queued or running, it has reached the
-  // operation already, and the calling thread runs it (only non-blocking operations of
-  // a runtime without copy delay, which then saves two thread hand-offs per copy).
-  uint64_t enqueue(std::function<void()> op, bool run_if_idle = false) ABSL_LOCKS_EXCLUDED(mu_) {
-    uint64_t ticket = 0;
-    {
-      absl::MutexLock lock(&mu_);
-      ticket = ++enqueued_;
-      if (!run_if_idle || running_ || !queue_.empty()) {
-        queue_.push_back(std::move(op));
-        cv_.Signal();
-        return ticket;
-      }
-      running_ = true;
-    }
-    op();
-    absl::MutexLock lock(&mu_);
-    running_ = false;
-    ++completed_;
-    done_cv_.SignalAll();
-    // Only what was queued meanwhile needs the stream's thread: waking it for nothing
-    // costs two context switches per operation on a small host.
-    if (!queue_.empty()) cv_.Signal();
-    return ticket;
-  }
-  // The ticket of the last operation enqueued so far (0: none).
-  uint64_t last_ticket() ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
-    return enqueued_;
-  }
-  bool passed(uint64_t ticket) ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
-    return completed_ >= ticket;
-  }
-  void wait_passed(uint64_t ticket) ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
-    while (completed_ < ticket) done_cv_.Wait(&mu_);
-  }
-  // Runs what is queued, then ends the thread.
-  void stop() ABSL_LOCKS_EXCLUDED(mu_) {
-    {
-      absl::MutexLock lock(&mu_);
-      stopping_ = true;
-      cv_.Signal();
-    }
-    if (thread_.joinable()) thread_.join();
-  }
-
- private:
-  void run() ABSL_LOCKS_EXCLUDED(mu_) {
-    for (;;) {
-      std::function<void()> op;
-      {
-        absl::MutexLock lock(&mu_);
-        while ((queue_.empty() || running_) && !stopping_) cv_.Wait(&mu_);
-        while (running_) cv_.Wait(&mu_);
-        if (queue_.empty()) return;
-        op = std::move(queue_.front());
-        queue_.pop_front();
-        running_ = true;
-      }
-      op();
-      absl::MutexLock lock(&mu_);
-      running_ = false;
-      ++completed_;
-      done_cv_.SignalAll();
-    }
-  }
-
-  const int device_;
-  const std::string name_;
-  absl::Mutex mu_;
-  absl::CondVar cv_;       // work queued, or stopping
-  absl::CondVar done_cv_;  // completed_ went up
-  std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
-  uint64_t enqueued_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t completed_ ABSL_GUARDED_BY(mu_) = 0;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  bool running_ ABSL_GUARDED_BY(mu_) = false;  // an operation runs, on the thread or inline
-  std::thread thread_;
-};
 
 class EmulatedCudaRuntime::Impl {
  public:
@@ -145,11 +57,17 @@ class EmulatedCudaRuntime::Impl {
     int device = 0;
     std::shared_ptr<EmulatedStream> stream;  // null: never recorded
     uint64_t ticket = 0;
+    // An inter-process event: its counters in shared memory, and whether it was
+    // destroyed here (a wait on it then gives up; its recorder may be gone).
+    std::shared_ptr<internal::IpcEventSegment> ipc;
+    int slot = -1;
+    std::shared_ptr<std::atomic<bool>> abandoned;
   };
 
   Impl(int device_count, const EmulatedCudaOptions& options) : device_count_(device_count), options_(options) {
     absl::MutexLock lock(&mu_);
     pools_.resize(static_cast<size_t>(std::max(device_count, 0)));
+    arenas_.resize(static_cast<size_t>(std::max(device_count, 0)));
     stats_.resize(static_cast<size_t>(std::max(device_count, 0)));
   }
 
@@ -159,6 +77,9 @@ class EmulatedCudaRuntime::Impl {
     {
       absl::MutexLock lock(&mu_);
       for (auto& [id, s] : streams_) streams.push_back(s);
+      for (auto& [id, e] : events_) {
+        if (e.abandoned) e.abandoned->store(true);
+      }
       for (auto& s : default_streams_) {
         if (s) streams.push_back(s);
       }
@@ -168,8 +89,11 @@ class EmulatedCudaRuntime::Impl {
     streams_.clear();
     default_streams_.clear();
     events_.clear();
-    for (auto& [addr, block] : blocks_) std::free(reinterpret_cast<void*>(addr));
+    for (auto& [addr, block] : blocks_) {
+      if (!block.pooled) std::free(reinterpret_cast<void*>(addr));
+    }
     blocks_.clear();
+    arenas_.clear();  // pool memory: gone with its memfd (and any importer's mapping stays valid)
   }
 
   const int device_count_;
@@ -265,8 +189,27 @@ class EmulatedCudaRuntime::Impl {
     return &it->second;
   }
 
+  // Device `device`'s pool memory, a memfd (so the pool can be exported), made on first use.
+  absl::StatusOr<internal::MemfdArena*> arena(int device) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::unique_ptr<internal::MemfdArena>& a = arenas_[static_cast<size_t>(device)];
+    if (!a) {
+      absl::StatusOr<std::unique_ptr<internal::MemfdArena>> made =
+          internal::MemfdArena::create(device, options_.pool_capacity);
+      if (!made.ok()) return made.status();
+      a = *std::move(made);
+    }
+    return a.get();
+  }
+
   absl::StatusOr<void*> new_block(int device, size_t size, bool pooled) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    void* p = std::aligned_alloc(kAlignment, size);
+    void* p = nullptr;
+    if (pooled) {
+      absl::StatusOr<internal::MemfdArena*> a = arena(device);
+      if (!a.ok()) return a.status();
+      p = (*a)->allocate(size);
+    } else {
+      p = std::aligned_alloc(kAlignment, size);
+    }
     if (p == nullptr) {
       return absl::ResourceExhaustedError(absl::StrCat("out of memory allocating ", size, " bytes on ", where(device)));
     }
@@ -360,6 +303,7 @@ class EmulatedCudaRuntime::Impl {
         ++stats.driver_allocations;
         stats.driver_bytes += need;
       }
+      stats.used_bytes += blocks_[reinterpret_cast<uintptr_t>(p)].size;
       ++stats.allocations;
       stats.bytes += bytes;
     }
@@ -414,13 +358,14 @@ class EmulatedCudaRuntime::Impl {
         b.state = State::kQuarantined;
       } else {
         if (options_.poison) std::memset(ptr, kPoison, b.size);
+        stats_[static_cast<size_t>(device)].used_bytes -= b.size;
         Pool& pool = pools_[static_cast<size_t>(device)];
         if (pool.idle_bytes + b.size <= options_.release_threshold) {
           b.state = State::kPooled;
           pool.idle.emplace(b.size, it->first);
           pool.idle_bytes += b.size;
         } else {
-          std::free(ptr);
+          arenas_[static_cast<size_t>(device)]->release(ptr, b.size);
           blocks_.erase(it);
         }
       }
@@ -505,15 +450,22 @@ class EmulatedCudaRuntime::Impl {
     if (absl::Status st = check_device(device); !st.ok()) return st;
     absl::MutexLock lock(&mu_);
     uintptr_t id = ++next_id_;
-    events_.emplace(id, Event{device, nullptr, 0});
+    Event e;
+    e.device = device;
+    events_.emplace(id, std::move(e));
     return CudaEvent{device, reinterpret_cast<void*>(id)};
   }
 
   void destroy_event(CudaEvent e) ABSL_LOCKS_EXCLUDED(mu_) {
-    bool known;
+    bool known = false;
     {
       absl::MutexLock lock(&mu_);
-      known = events_.erase(reinterpret_cast<uintptr_t>(e.handle)) == 1;
+      auto it = events_.find(reinterpret_cast<uintptr_t>(e.handle));
+      if (it != events_.end()) {
+        known = true;
+        if (it->second.abandoned) it->second.abandoned->store(true);
+        events_.erase(it);
+      }
     }
     if (!known) misuse(absl::StrCat("destroy_event of event ", reinterpret_cast<uintptr_t>(e.handle),
                                     ", which was destroyed or never created"));
@@ -535,7 +487,15 @@ class EmulatedCudaRuntime::Impl {
   absl::Status record(CudaEvent e, CudaStream s) ABSL_LOCKS_EXCLUDED(mu_) {
     absl::StatusOr<std::shared_ptr<EmulatedStream>> st = stream(s, "record");
     if (!st.ok()) return st.status();
-    if (absl::StatusOr<Event> ev = event(e, "record"); !ev.ok()) return ev.status();
+    absl::StatusOr<Event> ev = event(e, "record");
+    if (!ev.ok()) return ev.status();
+    if (ev->ipc) {
+      // Record k of an inter-process event passes when this stream reaches it.
+      const uint32_t generation = ev->ipc->slot(ev->slot).recorded.fetch_add(1, std::memory_order_acq_rel) + 1;
+      (*st)->enqueue([seg = ev->ipc, slot = ev->slot, generation] { internal::ipc_complete(seg->slot(slot), generation); },
+                     /*run_if_idle=*/options_.copy_delay.count() == 0);
+      return absl::OkStatus();
+    }
     uint64_t ticket = (*st)->last_ticket();
     absl::MutexLock lock(&mu_);
     auto it = events_.find(reinterpret_cast<uintptr_t>(e.handle));
@@ -550,6 +510,16 @@ class EmulatedCudaRuntime::Impl {
     if (!st.ok()) return st.status();
     absl::StatusOr<Event> ev = event(e, "wait");
     if (!ev.ok()) return ev.status();
+    if (ev->ipc) {
+      // The record made last so far, by this process or the event's other one.
+      internal::IpcSlot& slot = ev->ipc->slot(ev->slot);
+      const uint32_t generation = slot.recorded.load(std::memory_order_acquire);
+      if (internal::ipc_passed(slot, generation)) return absl::OkStatus();
+      (*st)->enqueue([seg = ev->ipc, i = ev->slot, generation, gone = ev->abandoned] {
+        internal::ipc_wait(seg->slot(i), generation, *gone);
+      });
+      return absl::OkStatus();
+    }
     // Never recorded, already passed, or the same stream (FIFO): nothing to hold back.
     if (!ev->stream || ev->stream == *st || ev->stream->passed(ev->ticket)) return absl::OkStatus();
     (*st)->enqueue([on = ev->stream, ticket = ev->ticket] { on->wait_passed(ticket); });
@@ -559,6 +529,11 @@ class EmulatedCudaRuntime::Impl {
   absl::Status synchronize(CudaEvent e) ABSL_LOCKS_EXCLUDED(mu_) {
     absl::StatusOr<Event> ev = event(e, "synchronize");
     if (!ev.ok()) return ev.status();
+    if (ev->ipc) {
+      internal::IpcSlot& slot = ev->ipc->slot(ev->slot);
+      internal::ipc_wait(slot, slot.recorded.load(std::memory_order_acquire), *ev->abandoned);
+      return absl::OkStatus();
+    }
     if (ev->stream) ev->stream->wait_passed(ev->ticket);
     return absl::OkStatus();
   }
@@ -566,6 +541,10 @@ class EmulatedCudaRuntime::Impl {
   absl::StatusOr<bool> query(CudaEvent e) ABSL_LOCKS_EXCLUDED(mu_) {
     absl::StatusOr<Event> ev = event(e, "query");
     if (!ev.ok()) return ev.status();
+    if (ev->ipc) {
+      internal::IpcSlot& slot = ev->ipc->slot(ev->slot);
+      return internal::ipc_passed(slot, slot.recorded.load(std::memory_order_acquire));
+    }
     return !ev->stream || ev->stream->passed(ev->ticket);
   }
 
@@ -574,6 +553,131 @@ class EmulatedCudaRuntime::Impl {
     if (!st.ok()) return st.status();
     (*st)->wait_passed((*st)->last_ticket());
     return absl::OkStatus();
+  }
+
+  // ---- Inter-process memory and events ----
+
+  absl::Status check_ipc(const char* call) const {
+    if (options_.ipc) return absl::OkStatus();
+    return absl::UnimplementedError(absl::StrCat(
+        call, ": the emulated CUDA runtime was configured without IPC (EmulatedCudaOptions::ipc, FERRY_EMULATE_CUDA_IPC=0)"));
+  }
+
+  absl::StatusOr<int> export_pool(int device) ABSL_LOCKS_EXCLUDED(mu_) {
+    FERRY_RETURN_IF_ERROR(check_ipc("export_pool"));
+    FERRY_RETURN_IF_ERROR(check_device(device));
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<internal::MemfdArena*> a = arena(device);
+    if (!a.ok()) return a.status();
+    int fd = fcntl((*a)->fd(), F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) return absl::ResourceExhaustedError(absl::StrCat("export_pool(cuda:", device, "): dup failed"));
+    ++stats_[static_cast<size_t>(device)].exports;
+    return fd;
+  }
+
+  absl::StatusOr<CudaImportedPool> import_pool(int fd) {
+    FERRY_RETURN_IF_ERROR(check_ipc("import_pool"));
+    absl::StatusOr<uintptr_t> handle = imports_.import_pool(fd);
+    if (!handle.ok()) return handle.status();
+    return CudaImportedPool{reinterpret_cast<void*>(*handle)};
+  }
+
+  void release_imported_pool(CudaImportedPool pool) {
+    if (!imports_.release_pool(reinterpret_cast<uintptr_t>(pool.handle))) {
+      misuse(absl::StrCat("release_imported_pool of ", reinterpret_cast<uintptr_t>(pool.handle),
+                          ", which is not an imported pool"));
+    }
+  }
+
+  absl::StatusOr<CudaPointerExport> export_pointer(void* ptr) ABSL_LOCKS_EXCLUDED(mu_) {
+    FERRY_RETURN_IF_ERROR(check_ipc("export_pointer"));
+    absl::MutexLock lock(&mu_);
+    auto it = blocks_.find(reinterpret_cast<uintptr_t>(ptr));
+    if (it == blocks_.end() || !it->second.pooled || it->second.state != State::kLive) {
+      return absl::InvalidArgumentError(absl::StrCat("export_pointer of ", reinterpret_cast<uintptr_t>(ptr),
+                                                     ", which is not the start of a live pool allocation"));
+    }
+    internal::MemfdArena* a = arenas_[static_cast<size_t>(it->second.device)].get();
+    internal::ArenaPointer x{internal::kArenaPointerMagic, a->id(), a->offset_of(ptr), it->second.size};
+    CudaPointerExport out;
+    std::memcpy(out.data, &x, sizeof(x));
+    return out;
+  }
+
+  absl::StatusOr<void*> import_pointer(CudaImportedPool pool, const CudaPointerExport& data) {
+    return imports_.import_pointer(reinterpret_cast<uintptr_t>(pool.handle), data.data);
+  }
+
+  absl::Status release_imported_pointer(void* ptr, CudaStream s) {
+    absl::StatusOr<std::shared_ptr<EmulatedStream>> st = stream(s, "release_imported_pointer");
+    if (!st.ok()) return st.status();
+    if (!imports_.has_pointer(ptr)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("release_imported_pointer of ", reinterpret_cast<uintptr_t>(ptr), ", which is not imported"));
+    }
+    (*st)->enqueue([this, ptr] { imports_.release_pointer(ptr); });
+    return absl::OkStatus();
+  }
+
+  // Events of one segment, as entries of the event table.
+  std::vector<CudaEvent> add_ipc_events(int device, const std::shared_ptr<internal::IpcEventSegment>& seg,
+                                        const std::vector<int>& slots) ABSL_LOCKS_EXCLUDED(mu_) {
+    std::vector<CudaEvent> out;
+    absl::MutexLock lock(&mu_);
+    for (int slot : slots) {
+      uintptr_t id = ++next_id_;
+      events_.emplace(id, Event{device, nullptr, 0, seg, slot, std::make_shared<std::atomic<bool>>(false)});
+      out.push_back(CudaEvent{device, reinterpret_cast<void*>(id)});
+    }
+    return out;
+  }
+
+  absl::StatusOr<std::vector<CudaEvent>> create_ipc_events(int device, int count) ABSL_LOCKS_EXCLUDED(mu_) {
+    FERRY_RETURN_IF_ERROR(check_ipc("create_ipc_events"));
+    FERRY_RETURN_IF_ERROR(check_device(device));
+    absl::StatusOr<std::shared_ptr<internal::IpcEventSegment>> seg = internal::IpcEventSegment::create(count);
+    if (!seg.ok()) return seg.status();
+    std::vector<int> slots(static_cast<size_t>(count));
+    for (int i = 0; i < count; ++i) slots[static_cast<size_t>(i)] = i;
+    return add_ipc_events(device, *seg, slots);
+  }
+
+  absl::StatusOr<CudaIpcEvents> export_ipc_events(std::span<const CudaEvent> events) ABSL_LOCKS_EXCLUDED(mu_) {
+    FERRY_RETURN_IF_ERROR(check_ipc("export_ipc_events"));
+    std::shared_ptr<internal::IpcEventSegment> seg;
+    internal::IpcEventHandles handles;
+    {
+      absl::MutexLock lock(&mu_);
+      for (const CudaEvent& e : events) {
+        auto it = events_.find(reinterpret_cast<uintptr_t>(e.handle));
+        if (it == events_.end() || !it->second.ipc || it->second.ipc->fd() < 0 || (seg && seg != it->second.ipc)) {
+          return absl::InvalidArgumentError(
+              "export_ipc_events: every event must be a live one of a single create_ipc_events call here");
+        }
+        seg = it->second.ipc;
+        handles.slots.push_back(it->second.slot);
+      }
+    }
+    if (!seg) return absl::InvalidArgumentError("export_ipc_events: no events");
+    handles.segment = seg->id();
+    handles.count = seg->count();
+    CudaIpcEvents out;
+    out.fd = fcntl(seg->fd(), F_DUPFD_CLOEXEC, 0);
+    if (out.fd < 0) return absl::ResourceExhaustedError("export_ipc_events: dup failed");
+    out.handles = internal::encode_event_handles(handles);
+    return out;
+  }
+
+  absl::StatusOr<std::vector<CudaEvent>> import_ipc_events(int device, int fd, std::string_view handles)
+      ABSL_LOCKS_EXCLUDED(mu_) {
+    FERRY_RETURN_IF_ERROR(check_ipc("import_ipc_events"));
+    FERRY_RETURN_IF_ERROR(check_device(device));
+    absl::StatusOr<internal::IpcEventHandles> h = internal::decode_event_handles(handles);
+    if (!h.ok()) return h.status();
+    absl::StatusOr<std::shared_ptr<internal::IpcEventSegment>> seg = internal::IpcEventSegment::open(fd, h->segment, h->count);
+    if (!seg.ok()) return seg.status();
+    std::vector<int> slots = h->slots;
+    return add_ipc_events(device, *seg, slots);
   }
 
  private:
@@ -593,6 +697,8 @@ class EmulatedCudaRuntime::Impl {
   std::map<uintptr_t, Event> events_ ABSL_GUARDED_BY(mu_);
   std::map<uintptr_t, Block> blocks_ ABSL_GUARDED_BY(mu_);  // by address
   std::vector<Pool> pools_ ABSL_GUARDED_BY(mu_);            // by device
+  std::vector<std::unique_ptr<internal::MemfdArena>> arenas_ ABSL_GUARDED_BY(mu_);  // by device: pool memory
+  internal::ImportTable imports_;
   std::vector<CudaPoolStats> stats_ ABSL_GUARDED_BY(mu_);   // by device
 };
 
@@ -613,6 +719,13 @@ absl::StatusOr<EmulatedCudaOptions> EmulatedCudaOptions::from_environment() {
           absl::StrCat("FERRY_EMULATE_CUDA_GBPS=\"", v, "\": expected a copy speed in GB/s, 0 (none) or more"));
     }
     options.copy_gbps = gbps;
+  }
+  if (const char* v = std::getenv("FERRY_EMULATE_CUDA_IPC"); v != nullptr && *v != '\0') {
+    const std::string s(v);
+    if (s != "0" && s != "1") {
+      return absl::InvalidArgumentError(absl::StrCat("FERRY_EMULATE_CUDA_IPC=\"", s, "\": expected 0 or 1"));
+    }
+    options.ipc = s == "1";
   }
   if (const char* v = std::getenv("FERRY_EMULATE_CUDA_POISON"); v != nullptr && *v != '\0') {
     const std::string s(v);
@@ -661,5 +774,25 @@ absl::Status EmulatedCudaRuntime::wait(CudaStream stream, CudaEvent event) { ret
 absl::Status EmulatedCudaRuntime::synchronize(CudaEvent event) { return impl_->synchronize(event); }
 absl::StatusOr<bool> EmulatedCudaRuntime::query(CudaEvent event) { return impl_->query(event); }
 std::vector<std::string> EmulatedCudaRuntime::misuses() const { return impl_->misuses(); }
+absl::StatusOr<int> EmulatedCudaRuntime::export_pool(int device) { return impl_->export_pool(device); }
+absl::StatusOr<CudaImportedPool> EmulatedCudaRuntime::import_pool(int fd) { return impl_->import_pool(fd); }
+void EmulatedCudaRuntime::release_imported_pool(CudaImportedPool pool) { impl_->release_imported_pool(pool); }
+absl::StatusOr<CudaPointerExport> EmulatedCudaRuntime::export_pointer(void* ptr) { return impl_->export_pointer(ptr); }
+absl::StatusOr<void*> EmulatedCudaRuntime::import_pointer(CudaImportedPool pool, const CudaPointerExport& data) {
+  return impl_->import_pointer(pool, data);
+}
+absl::Status EmulatedCudaRuntime::release_imported_pointer(void* ptr, CudaStream stream) {
+  return impl_->release_imported_pointer(ptr, stream);
+}
+absl::StatusOr<std::vector<CudaEvent>> EmulatedCudaRuntime::create_ipc_events(int device, int count) {
+  return impl_->create_ipc_events(device, count);
+}
+absl::StatusOr<CudaIpcEvents> EmulatedCudaRuntime::export_ipc_events(std::span<const CudaEvent> events) {
+  return impl_->export_ipc_events(events);
+}
+absl::StatusOr<std::vector<CudaEvent>> EmulatedCudaRuntime::import_ipc_events(int device, int fd,
+                                                                              std::string_view handles) {
+  return impl_->import_ipc_events(device, fd, handles);
+}
 
 }  // namespace ferry

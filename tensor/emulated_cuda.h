@@ -20,7 +20,10 @@
 //   with the reason on stderr, which fails any test): freeing memory that a queued
 //   copy still uses, a copy into or out of freed memory or past the end of a block,
 //   recording, waiting on or querying a destroyed event, using a destroyed stream, a
-//   double free.
+//   double free;
+// - CUDA IPC across processes: a device's pool memory is a memfd that export_pool
+//   hands out, an imported pointer is a mapping of it at the exported offset, and an
+//   inter-process event is a pair of counters in shared memory (EmulatedCudaOptions::ipc).
 //
 //   auto previous = set_cuda_runtime(std::make_shared<EmulatedCudaRuntime>(2));
 //   Tensor t = *Tensor::zeros({4}, DType::kFloat32, Device::cuda(1));
@@ -58,9 +61,16 @@ struct EmulatedCudaOptions {
   // "driver" (the host allocator). The default keeps everything, as ferry's real pool
   // does (cudaMemPoolAttrReleaseThreshold).
   uint64_t release_threshold = UINT64_MAX;
+  // CUDA IPC across processes (export_pool, import_pool, inter-process events): a
+  // device's pool memory is a memfd of pool_capacity bytes (sparse: only what is
+  // touched takes memory), which export_pool hands out and an importer maps; an
+  // inter-process event is a pair of counters in a memfd. Without `ipc` every IPC call
+  // fails, as on a runtime that cannot import (FERRY_EMULATE_CUDA_IPC=0).
+  bool ipc = true;
+  uint64_t pool_capacity = uint64_t{16} << 30;
 
   // The defaults, changed by FERRY_EMULATE_CUDA_DELAY_US (microseconds),
-  // FERRY_EMULATE_CUDA_GBPS (copy_gbps) and FERRY_EMULATE_CUDA_POISON=1. A malformed value is an error naming the variable.
+  // FERRY_EMULATE_CUDA_GBPS (copy_gbps), FERRY_EMULATE_CUDA_POISON=1 and FERRY_EMULATE_CUDA_IPC=0. A malformed value is an error naming the variable.
   static absl::StatusOr<EmulatedCudaOptions> from_environment();
 };
 
@@ -93,6 +103,15 @@ class EmulatedCudaRuntime final : public CudaRuntime {
   absl::Status wait(CudaStream stream, CudaEvent event) override;
   absl::Status synchronize(CudaEvent event) override;
   absl::StatusOr<bool> query(CudaEvent event) override;
+  absl::StatusOr<int> export_pool(int device) override;
+  absl::StatusOr<CudaImportedPool> import_pool(int fd) override;
+  void release_imported_pool(CudaImportedPool pool) override;
+  absl::StatusOr<CudaPointerExport> export_pointer(void* ptr) override;
+  absl::StatusOr<void*> import_pointer(CudaImportedPool pool, const CudaPointerExport& data) override;
+  absl::Status release_imported_pointer(void* ptr, CudaStream stream) override;
+  absl::StatusOr<std::vector<CudaEvent>> create_ipc_events(int device, int count) override;
+  absl::StatusOr<CudaIpcEvents> export_ipc_events(std::span<const CudaEvent> events) override;
+  absl::StatusOr<std::vector<CudaEvent>> import_ipc_events(int device, int fd, std::string_view handles) override;
 
   // Every misuse reported so far, oldest first.
   std::vector<std::string> misuses() const;
