@@ -267,7 +267,10 @@ absl::Status TCPStoreServer::Impl::wait_for_workers(int64_t n, std::chrono::mill
   if (mu_.AwaitWithTimeout(absl::Condition(&enough), absl::FromChrono(timeout))) return absl::OkStatus();
   return absl::DeadlineExceededError(absl::StrCat("store server on port ", port_, ": timed out after ",
                                                   internal::elapsed_since(start).count(), " ms waiting for ", n,
-                                                  " workers to connect; ", workers_admitted_, " did"));
+                                                  " workers to connect; ", workers_admitted_,
+                                                  " did (a worker is known by its rank only once it connects: the "
+                                                  "ranks that did connect name the missing ones when their own "
+                                                  "init times out)"));
 }
 
 void TCPStoreServer::Impl::publish() {

@@ -149,7 +149,8 @@ TEST(TCPStoreTest, Rank0WaitsForWorldSizeWorkers) {
   // Nobody else comes: the rank-0 create fails and says how many did.
   EXPECT_THAT(TCPStore::create("127.0.0.1", 0, true, 3, 300ms),
               StatusIs(absl::StatusCode::kDeadlineExceeded,
-                       AllOf(HasSubstr("waiting for 3 workers to connect"), HasSubstr("1 did"))));
+                       AllOf(HasSubstr("waiting for 3 workers to connect"), HasSubstr("1 did"),
+                             HasSubstr("name the missing ones"))));
 }
 
 TEST(TCPStoreTest, Rank0ReturnsOnceEveryWorkerConnected) {
