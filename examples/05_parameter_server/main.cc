@@ -12,7 +12,8 @@
 // rank under any env:// launcher (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set;
 // rank 0 is the driver, rank 1 the server, the others trainers):
 //   05_parameter_server [trainers=2] [steps=40]
-//   torchrun --nproc-per-node 4 ./05_parameter_server          (or: ferry run ...)
+//   ferry run --standalone --nproc-per-node 4 ./05_parameter_server
+//   torchrun --no-python --standalone --nproc-per-node 4 ./05_parameter_server   (the same)
 #include <sys/wait.h>
 #include <unistd.h>
 

@@ -12,7 +12,8 @@
 // rank under any env:// launcher (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set;
 // rank 0 is the driver, ranks 1.. the stages):
 //   06_pipeline [stages=3] [micro_batches=8] [rounds=3]
-//   torchrun --nproc-per-node 4 ./06_pipeline
+//   ferry run --standalone --nproc-per-node 4 ./06_pipeline
+//   torchrun --no-python --standalone --nproc-per-node 4 ./06_pipeline   (the same)
 #include <sys/wait.h>
 #include <unistd.h>
 
