@@ -31,4 +31,27 @@ if [ -n "$torch_consumer" ]; then
   echo "$out"
   test "$out" = "consumer_torch: same pointer"
 fi
+# The README's example, copied as it stands, builds against the install and runs under
+# the installed `ferry run`, printing what the README says it prints.
+if [ -n "${FERRY_README:-}" ]; then
+  mkdir -p "$work/readme"
+  awk '/^## A short example/{found=1} found && /^```cpp/{inside=1; next} inside && /^```/{exit} inside{print}' \
+    "$FERRY_README" >"$work/readme/main.cc"
+  test -s "$work/readme/main.cc"
+  cat >"$work/readme/CMakeLists.txt" <<'CMAKE'
+cmake_minimum_required(VERSION 3.25)
+project(readme_example LANGUAGES CXX)
+find_package(ferry REQUIRED)
+add_executable(example main.cc)
+target_link_libraries(example PRIVATE ferry::ferry)
+CMAKE
+  "$cmake" -S "$work/readme" -B "$work/build-readme" -G Ninja -DCMAKE_PREFIX_PATH="$work/prefix" \
+    >"$work/configure-readme.log"
+  "$cmake" --build "$work/build-readme" >"$work/build-readme.log"
+  expected='[rank0]: add(1, 2) = 3; scale({1, 2, 3}, 2) = {2, 4, 6}'
+  grep -qF "$expected" "$FERRY_README" || { echo "the README no longer says it prints: $expected" >&2; exit 1; }
+  out=$(timeout 60 "$work/prefix/bin/ferry" run --standalone --nproc-per-node 2 "$work/build-readme/example")
+  echo "$out"
+  test "$out" = "$expected"
+fi
 echo "install test passed"
