@@ -40,6 +40,15 @@ constexpr std::chrono::seconds kPoolShutdownDeadline{60};
 // join(): how soon a worker that arrived probes one that has not, without heartbeats.
 constexpr std::chrono::milliseconds kProbeWithoutHeartbeat{300};
 
+// How long a connection may hold more than AgentOptions::max_unsent_bytes without any
+// of it leaving before it is closed. The heartbeat is how long this worker waits to
+// hear from a peer before asking, and as long again for the answer before the peer is
+// lost; a peer that takes nothing for that long is treated the same. Without
+// heartbeats, the call timeout: its replies are then ones their callers gave up on.
+std::chrono::milliseconds unsent_deadline(const AgentOptions& options) {
+  return options.heartbeat.count() > 0 ? 2 * options.heartbeat : options.rpc_timeout;
+}
+
 // Whether a sealed message on a connection that carries calls both ways is a request
 // (served here) rather than a reply (to a call of ours), read from its header's type
 // byte without parsing it. One too short to tell is a request: the server refuses it.
@@ -80,6 +89,10 @@ absl::StatusOr<std::shared_ptr<Agent>> Agent::start(WorkerInfo self, std::shared
   if (options.num_worker_threads < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("num_worker_threads must be at least 1, got ", options.num_worker_threads));
+  }
+  if (options.max_unsent_bytes < (size_t{1} << 20)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_unsent_bytes must be at least 1 MiB, got ", options.max_unsent_bytes));
   }
   if (options.handshake_timeout.count() <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("handshake_timeout must be > 0 ms, got ",
@@ -123,7 +136,9 @@ void Agent::build(RequestHandler handler) {
   barrier_ = std::make_unique<internal::JoinBarrier>(self_, *store_, members_, options_.store_prefix, options_.heartbeat);
   links_ = std::make_unique<Links>(
       self_.name, *transport_, *calls_, handshake_,
-      Links::Settings{options_.max_requests_in_flight, options_.heartbeat, options_.handshake_timeout}, owner, lost);
+      Links::Settings{options_.max_requests_in_flight, options_.heartbeat, options_.handshake_timeout,
+                      options_.max_unsent_bytes, unsent_deadline(options_)},
+      owner, lost);
   outbox_ = std::make_unique<internal::Outbox>(self_, options_.rpc_timeout, members_, *barrier_, channels_, *calls_,
                                                *links_, *pool_, *stats_, trace_.get(), owner, lost);
   server_ = std::make_unique<internal::Server>(

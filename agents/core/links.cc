@@ -434,11 +434,12 @@ void Links::pause(const std::shared_ptr<Connection>& connection) {
     // A connection carrying calls both ways is never paused: the replies to this
     // worker's own calls would wait behind it. Requests past the cap are refused.
     if (s.outgoing || s.shared.load(std::memory_order_acquire)) return;
+    if (s.reads_paused.load(std::memory_order_seq_cst)) return;  // paused for its backlog
     // The flag goes up before the count is read again, and a reply lowers the count
     // before it reads the flag: one of the two sees the other, so a reply that came
     // meanwhile never leaves the connection paused with room under the cap.
     s.reads_paused.store(true, std::memory_order_seq_cst);
-    if (s.serving.load(std::memory_order_seq_cst) < settings_.max_requests_in_flight) {
+    if (s.serving.load(std::memory_order_seq_cst) < settings_.max_requests_in_flight && !s.backlogged) {
       s.reads_paused.store(false, std::memory_order_seq_cst);
       return;
     }
@@ -456,11 +457,112 @@ void Links::request_done(Connection& connection) {
   if (!s.reads_paused.load(std::memory_order_seq_cst)) return;
   Locked lock(s.flow_mu);
   if (!s.reads_paused.load(std::memory_order_seq_cst) ||
-      s.serving.load(std::memory_order_seq_cst) >= settings_.max_requests_in_flight) {
+      s.serving.load(std::memory_order_seq_cst) >= settings_.max_requests_in_flight || s.backlogged) {
     return;
   }
   s.reads_paused.store(false, std::memory_order_seq_cst);
   connection.resume_reads();
+}
+
+// ---- Backlogs: what a peer leaves unread.
+
+namespace {
+
+bool over(const Connection::Backlog& b, size_t bytes, int messages) {
+  return b.bytes > bytes || b.messages > static_cast<uint64_t>(messages);
+}
+
+}  // namespace
+
+void Links::check_backlog(const std::shared_ptr<Connection>& connection) {
+  const Connection::Backlog backlog = connection->unsent();
+  const int cap = settings_.max_requests_in_flight;
+  if (!over(backlog, settings_.max_unsent_bytes, cap)) return;
+  Session& s = *connection->session();
+  bool watch = false;
+  bool keepalive = false;
+  bool too_much = false;
+  {
+    Locked lock(s.flow_mu);
+    if (s.closed.load(std::memory_order_acquire)) return;
+    if (!s.backlogged) {
+      s.backlogged = true;
+      s.backlog_least = backlog;
+      s.backlog_fell = Clock::now();
+      watch = true;
+    }
+    if (!s.outgoing && !s.shared.load(std::memory_order_acquire)) {
+      if (!s.reads_paused.load(std::memory_order_seq_cst)) {
+        s.reads_paused.store(true, std::memory_order_seq_cst);
+        connection->pause_reads();
+        backlog_pauses_.fetch_add(1, std::memory_order_relaxed);
+        keepalive = settings_.heartbeat.count() > 0 && !s.keepalive_armed;
+        if (keepalive) s.keepalive_armed = true;
+      }
+    } else {
+      // Its requests cannot be stopped, and a ferry caller sends at most its cap: a peer
+      // that sent past it while reading nothing is closed before it costs more.
+      too_much = backlog.messages > 4 * static_cast<uint64_t>(cap);
+    }
+  }
+  if (too_much) {
+    close_backlogged(connection, backlog, "the peer keeps sending requests past max_requests_in_flight");
+    return;
+  }
+  if (keepalive) keep_alive(connection);
+  if (watch) watch_backlog(connection, 0);
+}
+
+void Links::watch_backlog(const std::weak_ptr<Connection>& connection, int tries) {
+  // Soon at first, so that a caller that reads again is served again at once; then
+  // less often while the backlog stays.
+  const auto wait = std::chrono::milliseconds(1 << std::min(tries, 4));
+  timer_.run_at(Clock::now() + wait, [this, owner = owner_, connection, tries] {
+    std::shared_ptr<void> alive = owner.lock();
+    std::shared_ptr<Connection> c = connection.lock();
+    if (!alive || !c) return;
+    const Connection::Backlog backlog = c->unsent();
+    Session& s = *c->session();
+    bool expired = false;
+    {
+      Locked lock(s.flow_mu);
+      if (s.closed.load(std::memory_order_acquire)) {
+        s.backlogged = false;
+        return;
+      }
+      if (!over(backlog, settings_.max_unsent_bytes / 2, settings_.max_requests_in_flight / 2)) {
+        s.backlogged = false;
+        if (s.reads_paused.load(std::memory_order_seq_cst) &&
+            s.serving.load(std::memory_order_seq_cst) < settings_.max_requests_in_flight) {
+          s.reads_paused.store(false, std::memory_order_seq_cst);
+          c->resume_reads();
+        }
+        return;
+      }
+      if (backlog.bytes < s.backlog_least.bytes || backlog.messages < s.backlog_least.messages) {
+        s.backlog_least.bytes = std::min(s.backlog_least.bytes, backlog.bytes);
+        s.backlog_least.messages = std::min(s.backlog_least.messages, backlog.messages);
+        s.backlog_fell = Clock::now();
+      }
+      expired = settings_.unsent_deadline.count() > 0 && Clock::now() - s.backlog_fell >= settings_.unsent_deadline;
+    }
+    if (expired) {
+      close_backlogged(c, backlog,
+                       absl::StrCat("none of it left for ", settings_.unsent_deadline.count(),
+                                    " ms: the peer is not reading"));
+      return;
+    }
+    watch_backlog(c, tries + 1);
+  });
+}
+
+void Links::close_backlogged(const std::shared_ptr<Connection>& connection, Connection::Backlog backlog,
+                             std::string_view why) {
+  FERRY_LOG(WARNING) << self_name_ << ": closing the connection with " << describe(*connection->session()) << ": "
+                     << backlog.messages << " messages (" << backlog.bytes << " bytes) written to it wait unsent, "
+                     << why;
+  backlog_closed_.fetch_add(1, std::memory_order_relaxed);
+  connection->close();
 }
 
 void Links::keep_alive(const std::shared_ptr<Connection>& connection) {
@@ -540,6 +642,8 @@ void Links::debug_info(std::map<std::string, std::string>& info) const {
   info["reads_paused"] = std::to_string(reads_paused_.load());
   info["requests_refused_at_cap"] = std::to_string(requests_refused_.load());
   info["requests_in_flight_peak"] = std::to_string(serving_peak_.load());
+  info["backlog_pauses"] = std::to_string(backlog_pauses_.load());
+  info["backlog_closed"] = std::to_string(backlog_closed_.load());
   {
     Locked lock(links_mu_);
     size_t on_theirs = 0;

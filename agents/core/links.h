@@ -47,6 +47,11 @@ class Links {
     int max_requests_in_flight = 1024;
     std::chrono::milliseconds heartbeat{0};
     std::chrono::milliseconds handshake_timeout{0};
+    // The backlog bound (AgentOptions::max_unsent_bytes, and max_requests_in_flight
+    // messages), and how long a connection over it may go without its backlog falling
+    // before it is closed (zero: never).
+    size_t max_unsent_bytes = size_t{64} << 20;
+    std::chrono::milliseconds unsent_deadline{0};
   };
   // `lost(peer, why)`: a link's acceptor sent no challenge within the handshake timeout.
   // `owner` keeps this object alive while a timer task runs (the agent that holds it).
@@ -99,6 +104,12 @@ class Links {
   bool take_request(const std::shared_ptr<Connection>& connection);
   // One of its requests was answered: reads resume if they paused at the cap.
   void request_done(Connection& connection);
+  // A message was taken from `connection` (on the thread delivering it): past the
+  // backlog bound (Connection::unsent) its reads pause until the backlog falls to
+  // half, and it is closed if the backlog does not fall for the deadline. One whose
+  // reads never pause (it carries this worker's calls) is watched the same, and closed
+  // at once past four times the bound's messages.
+  void check_backlog(const std::shared_ptr<Connection>& connection);
 
   // ---- Ends.
   enum class Loss {
@@ -125,6 +136,9 @@ class Links {
   void write_counted(const std::shared_ptr<Connection>& connection, Wire wire, uint64_t id);
   void pause(const std::shared_ptr<Connection>& connection);
   void keep_alive(const std::shared_ptr<Connection>& connection);
+  // The timer's look at a backlogged connection, `tries` looks after it became so.
+  void watch_backlog(const std::weak_ptr<Connection>& connection, int tries);
+  void close_backlogged(const std::shared_ptr<Connection>& connection, Connection::Backlog backlog, std::string_view why);
 
   const std::string self_name_;
   Transport& transport_;
@@ -151,6 +165,8 @@ class Links {
   std::atomic<uint64_t> links_shared_{0};
   std::atomic<uint64_t> reads_paused_{0};
   std::atomic<uint64_t> requests_refused_{0};
+  std::atomic<uint64_t> backlog_pauses_{0};
+  std::atomic<uint64_t> backlog_closed_{0};
   std::atomic<int> serving_peak_{0};
 };
 

@@ -61,6 +61,16 @@ struct AgentOptions {
   // A request a transport delivers past a pause is answered kResourceExhausted, unrun.
   // At least 1.
   int max_requests_in_flight = 1024;
+  // What this worker lets pile up unsent on one connection before it stops taking that
+  // connection's requests: this many bytes, or max_requests_in_flight messages
+  // (Connection::unsent). A reply's room under max_requests_in_flight is freed when it
+  // is written, so without this a caller that never reads its replies would grow the
+  // worker by one per request. Past the bound the connection's reads pause (the flood
+  // waits in the caller) until the backlog falls to half; one whose backlog does not
+  // fall for two heartbeats (the rpc_timeout without heartbeats) is closed, the peer
+  // named in the log. A connection whose reads cannot pause (it carries this worker's
+  // calls too) is closed once it holds four times the messages. At least 1 MiB.
+  size_t max_unsent_bytes = size_t{64} << 20;
   // Device channels tried before staging, in order (Agent::channel_for).
   std::vector<std::shared_ptr<DeviceChannel>> device_channels;
   // The metrics endpoint's port (docs/observability.md; 0: any free one); unset:

@@ -59,6 +59,9 @@ void Server::set_control_handler(RequestHandler handler) {
 
 void Server::on_request(const std::shared_ptr<Connection>& from, Wire wire) {
   Session& s = *from->session();
+  // A reply's room under the cap is freed once it is written, not once it has left:
+  // what its caller leaves unread is bounded here, before more is taken.
+  links_.check_backlog(from);
   absl::StatusOr<Message> request = Message::parse(std::move(wire.metadata), std::move(wire.tensors));
   if (!request.ok()) {
     FERRY_LOG(WARNING) << self_.name << ": dropping connection from " << describe(s) << ": " << request.status();

@@ -77,6 +77,14 @@ struct Session {
   RankedMutex flow_mu{LockRank::kFlow};
   std::atomic<bool> reads_paused{false};
   bool keepalive_armed ABSL_GUARDED_BY(flow_mu) = false;  // a kBusy timer is set
+  // More than AgentOptions::max_unsent_bytes (or max_requests_in_flight messages)
+  // waits unsent on it (Connection::unsent): its reads stay paused, whatever `serving`
+  // says, until the backlog falls to half; the call table's timer watches it meanwhile
+  // (Links::check_backlog). The least backlog seen and when it last fell, for the
+  // deadline.
+  bool backlogged ABSL_GUARDED_BY(flow_mu) = false;
+  Connection::Backlog backlog_least ABSL_GUARDED_BY(flow_mu);
+  std::chrono::steady_clock::time_point backlog_fell ABSL_GUARDED_BY(flow_mu);
   // Incoming: `shareable` once the peer was told it is accepted (nothing of ours may
   // reach it before that verdict), `shared` once this worker's own calls to the peer
   // go on it too (Connection::carries_calls_to). A shared connection's reads are never

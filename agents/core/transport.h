@@ -90,6 +90,26 @@ class Connection {
   virtual void pause_reads() = 0;
   virtual void resume_reads() = 0;
 
+  // What this side holds written and not yet gone: messages and their bytes (tensors
+  // included) still queued, or handed on but still held for the peer (a transport
+  // whose peer reads tensors in place counts those it holds for that; one that bounds
+  // them by other means need not). "Gone" is as far as the transport can tell: taken
+  // by the kernel, copied into the peer's ring, a write's completion reported. It is
+  // how the core learns that a peer stops reading: it reads this after each request
+  // it takes from a connection, pauses the connection's reads past its bound
+  // (AgentOptions::max_unsent_bytes, and max_requests_in_flight messages), and reads
+  // it again on the call table's timer until it falls to half the bound (then reads
+  // resume) or it has not fallen for its deadline (then the connection is closed);
+  // docs/hardening.md, "Backpressure". So it must be cheap (an atomic read, no
+  // lock another thread holds while writing) and callable from any thread, holding
+  // the core's locks; it never blocks or calls back. A transport that cannot tell
+  // returns zeros (the default), and the core then never pauses for it.
+  struct Backlog {
+    uint64_t messages = 0;
+    uint64_t bytes = 0;
+  };
+  virtual Backlog unsent() const { return {}; }
+
   // For a connection a peer opened: whether this worker's own calls to the worker
   // whose listen() record is `address` may go on it too, rather than on a second
   // connection (one per pair of workers halves what set-up, descriptors and teardown

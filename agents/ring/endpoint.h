@@ -52,6 +52,7 @@ struct Endpoint : std::enable_shared_from_this<Endpoint> {
   std::string name;
   size_t ring_bytes = 0;
   size_t in_place_bytes = 0;
+  size_t max_held_bytes = 0;  // RingOptions::max_held_bytes, per connection
   bool two_way = true;  // accepted connections carry this worker's calls too
   bool any_user = false;  // peers of other users get past the hello (RingOptions::any_user)
   std::string socket_name;
@@ -142,6 +143,9 @@ struct Endpoint : std::enable_shared_from_this<Endpoint> {
 
   std::atomic<uint64_t> opened{0}, accepted{0}, refused{0}, sleeps{0}, in_place_reads{0}, messages_in{0},
       messages_out{0}, driven{0}, news_steps{0}, stepped_away{0};
+  // Bytes of tensors all connections hold for their peers to read in place, and tensors
+  // sent by copy because their connection held RingOptions::max_held_bytes.
+  std::atomic<uint64_t> held_bytes{0}, copied_past_held{0};
   PollWindow window;  // the data thread's polls
 
   // Rings the data thread, except for a new pipe (kAdd): its first message rings (a peer

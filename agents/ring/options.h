@@ -23,6 +23,11 @@ struct RingOptions {
   // Tensors at least this large are read in place from the sender when the peer allows
   // it. Unset (0): FERRY_RING_IN_PLACE_KB, else 64 KiB. SIZE_MAX: never.
   size_t in_place_bytes = 0;
+  // Bytes of tensors one connection holds for its peer to read in place, until the
+  // peer acknowledges them: while it holds this many, the next tensors cross the ring
+  // by copy, so a peer that never acknowledges costs at most this (and one message).
+  // Unset (0): FERRY_RING_HELD_MB, else 64 MiB.
+  size_t max_held_bytes = 0;
   // With at least this many connections, a poll reads only the rings whose peer
   // announced something new (a bit in this worker's bell) instead of checking every
   // ring: 256 workers on one host each have 510. Unset (0): 16. 1: always.

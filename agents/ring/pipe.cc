@@ -140,6 +140,10 @@ void Pipe::write(Wire wire) {
   Fixed fixed{kMessage, static_cast<uint32_t>(n), static_cast<uint64_t>(wire.metadata.size()), 0};
   const bool in_place = peer_reads_me();
   std::vector<Tensor> held;
+  // Past the bound, tensors go by copy: a peer that never acknowledges what it read in
+  // place pins no more than that.
+  uint64_t holding = in_place ? held_bytes_.load(std::memory_order_relaxed) : 0;
+  uint64_t held_sum = 0;
   uint64_t total = head.size() + wire.metadata.size();
   char* entry_at = head.data() + sizeof(Fixed);
   char* target_at = entry_at + n * sizeof(Entry);
@@ -147,10 +151,14 @@ void Pipe::write(Wire wire) {
     const Tensor& t = wire.tensors[i];
     const std::string& target = i < wire.targets.size() ? wire.targets[i] : std::string();
     Entry e{t.nbytes(), 0, static_cast<uint32_t>(target.size()), 0};
-    if (in_place && e.length >= home->in_place_bytes && e.length > 0) {
+    const bool large = in_place && e.length >= home->in_place_bytes && e.length > 0;
+    if (large && holding < home->max_held_bytes) {
       e.address = reinterpret_cast<uint64_t>(t.data());
       held.push_back(t);
+      holding += e.length;
+      held_sum += e.length;
     } else {
+      if (large) home->copied_past_held.fetch_add(1, std::memory_order_relaxed);
       total += e.length;
     }
     std::memcpy(entry_at + i * sizeof(Entry), &e, sizeof(e));
@@ -164,6 +172,8 @@ void Pipe::write(Wire wire) {
     if (!held.empty()) {
       fixed.seq = next_seq_++;
       held_.emplace(fixed.seq, std::move(held));
+      held_bytes_.fetch_add(held_sum, std::memory_order_relaxed);
+      home->held_bytes.fetch_add(held_sum, std::memory_order_relaxed);
     }
     std::memcpy(head.data(), &fixed, sizeof(fixed));
     uint64_t free = 0;
@@ -182,7 +192,10 @@ void Pipe::write(Wire wire) {
       for (size_t i = 0; i < n; ++i) {
         if (reinterpret_cast<const Entry*>(entry_at)[i].address == 0) out.tensors.push_back(std::move(wire.tensors[i]));
       }
+      out.bytes = total;
+      queued_bytes_ += total;
       queue_.push_back(std::move(out));
+      count_unsent_locked();
       if (queue_.size() == 1) close_now = pump_locked();
     }
   }
@@ -227,7 +240,10 @@ void Pipe::let_go() {
   {
     std::lock_guard<std::mutex> lock(tx_mu_);
     held.swap(held_);
+    for (const auto& [seq, tensors] : held) drop_held_locked(tensors);
     queue_.clear();
+    queued_bytes_ = 0;
+    count_unsent_locked();
   }
   if (fd_ >= 0) shutdown(fd_, SHUT_RDWR);
 }
@@ -243,8 +259,12 @@ bool Pipe::pump_locked() {
       if (free == 0) break;  // the peer rings us when it frees space
     }
     moved_ = true;
-    if (queue_.front().advance(tx_, free)) queue_.pop_front();
+    if (queue_.front().advance(tx_, free)) {
+      queued_bytes_ -= queue_.front().bytes;
+      queue_.pop_front();
+    }
   }
+  count_unsent_locked();
   if (tx_.unpublished()) publish_locked();
   tx_pending_.store(!queue_.empty(), std::memory_order_release);
   return queue_.empty() && close_when_written_;
@@ -258,8 +278,22 @@ void Pipe::publish_locked() {
   }
 }
 
+void Pipe::count_unsent_locked() {
+  unsent_messages_.store(queue_.size(), std::memory_order_relaxed);
+  unsent_bytes_.store(queued_bytes_, std::memory_order_relaxed);
+}
+
+void Pipe::drop_held_locked(const std::vector<Tensor>& tensors) {
+  uint64_t bytes = 0;
+  for (const Tensor& t : tensors) bytes += t.nbytes();
+  held_bytes_.fetch_sub(bytes, std::memory_order_relaxed);
+  if (std::shared_ptr<Endpoint> home = home_.lock()) home->held_bytes.fetch_sub(bytes, std::memory_order_relaxed);
+}
+
 bool Pipe::fail_locked(const char* why) {
   queue_.clear();
+  queued_bytes_ = 0;
+  count_unsent_locked();
   tx_pending_.store(false);
   if (std::shared_ptr<Endpoint> home = home_.lock()) end(*home, absl::DataLossError(why));
   return false;
@@ -353,6 +387,7 @@ bool Pipe::receive(Endpoint& home, const std::shared_ptr<TransportEvents>& event
           {
             std::lock_guard<std::mutex> lock(tx_mu_);
             done = held_.extract(fixed_.seq);
+            if (!done.empty()) drop_held_locked(done.mapped());
           }
           break;
         }
@@ -431,7 +466,10 @@ bool Pipe::receive(Endpoint& home, const std::shared_ptr<TransportEvents>& event
           std::memcpy(ack.head.data(), &a, sizeof(a));
           std::lock_guard<std::mutex> lock(tx_mu_);
           if (writable_.load() || close_when_written_) {
+            ack.bytes = ack.head.size();
+            queued_bytes_ += ack.bytes;
             queue_.push_back(std::move(ack));
+            count_unsent_locked();
             if (queue_.size() == 1) pump_locked();
           }
         }

@@ -42,6 +42,7 @@ struct Outgoing {
   std::string head;  // the fixed part, the entries and the targets
   std::string metadata;
   std::vector<Tensor> tensors;  // those whose bytes go through the ring
+  uint64_t bytes = 0;           // all of the above, for Pipe::unsent()
   size_t part = 0;
   uint64_t offset = 0;
 
@@ -105,6 +106,13 @@ class Pipe final : public Connection, public std::enable_shared_from_this<Pipe> 
 
   void close_after_writes() override;
 
+  // The messages waiting in the queue for room in the ring, and their bytes. Tensors
+  // held for the peer to read in place are not counted: RingOptions::max_held_bytes
+  // bounds them.
+  Backlog unsent() const override {
+    return Backlog{unsent_messages_.load(std::memory_order_relaxed), unsent_bytes_.load(std::memory_order_relaxed)};
+  }
+
   // Data thread: continues writes that did not fit. True when it moved something.
   bool pump() {
     if (!tx_pending_.load(std::memory_order_acquire)) return false;
@@ -150,6 +158,11 @@ class Pipe final : public Connection, public std::enable_shared_from_this<Pipe> 
   bool pump_locked();
   void publish_locked();
   bool fail_locked(const char* why);
+  // Under tx_mu_: unsent()'s copy of the queue's size.
+  void count_unsent_locked();
+  // Under tx_mu_: the tensors held for the message `seq` are let go (acknowledged, or
+  // the connection ends); counts them out.
+  void drop_held_locked(const std::vector<Tensor>& tensors);
 
   // Gives the bytes read back to the peer, waking it if it waits for room.
   void release_read();
@@ -185,6 +198,10 @@ class Pipe final : public Connection, public std::enable_shared_from_this<Pipe> 
   std::deque<Outgoing> queue_;                     // guarded by tx_mu_
   std::map<uint64_t, std::vector<Tensor>> held_;   // guarded by tx_mu_: read in place, not acked
   uint64_t next_seq_ = 1;                          // guarded by tx_mu_
+  uint64_t queued_bytes_ = 0;                      // guarded by tx_mu_
+  std::atomic<uint64_t> held_bytes_{0};            // written under tx_mu_: the tensors in held_
+  std::atomic<uint64_t> unsent_messages_{0};       // written under tx_mu_
+  std::atomic<uint64_t> unsent_bytes_{0};          // written under tx_mu_
   bool close_when_written_ = false;                // guarded by tx_mu_
   bool moved_ = false;                             // guarded by tx_mu_
   std::atomic<bool> tx_pending_{false};

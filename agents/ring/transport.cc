@@ -60,6 +60,9 @@ RingTransport::RingTransport(std::string name, RingOptions options) : endpoint_(
   e.name = std::move(name);
   e.ring_bytes = pick(options.ring_bytes, "FERRY_RING_KB", 256);
   e.in_place_bytes = pick(options.in_place_bytes, "FERRY_RING_IN_PLACE_KB", 64);
+  e.max_held_bytes = options.max_held_bytes != 0
+                         ? options.max_held_bytes
+                         : static_cast<size_t>(env_int("FERRY_RING_HELD_MB", 64, 1, int64_t{1} << 20)) << 20;
   e.reader = std::make_unique<ring::SplitReader>(pick(options.split_bytes, "FERRY_RING_SPLIT_KB", 8192));
   e.two_way = options.two_way.value_or(env_int("FERRY_RING_TWO_WAY", 1, 0, 1) != 0);
   e.any_user = options.any_user.value_or(env_int("FERRY_RING_ANY_USER", 0, 0, 1) != 0);
@@ -275,6 +278,9 @@ std::map<std::string, std::string> RingTransport::debug_info() const {
           {"ring_messages_in", std::to_string(e.messages_in.load())},
           {"ring_messages_out", std::to_string(e.messages_out.load())},
           {"ring_in_place_reads", std::to_string(e.in_place_reads.load())},
+          {"ring_held_bytes", std::to_string(e.held_bytes.load())},
+          {"ring_max_held_bytes", std::to_string(e.max_held_bytes)},
+          {"ring_copied_past_held", std::to_string(e.copied_past_held.load())},
           {"ring_split_reads", std::to_string(e.reader->split_reads())},
           {"ring_sleeps", std::to_string(e.sleeps.load())},
           {"ring_driven", std::to_string(e.driven.load())},

@@ -70,6 +70,7 @@ void Conn::queue_hello(const HostPort& listening) {
   std::lock_guard<std::mutex> lock(send_mu_);
   queued_bytes_ += out.bytes;
   queue_.push_back(std::move(out));
+  count_unsent_locked();
 }
 
 void Conn::write(Wire wire) {
@@ -113,6 +114,7 @@ void Conn::push(Out out) {
     }
     queued_bytes_ += out.bytes;
     queue_.push_back(std::move(out));
+    count_unsent_locked();
     home->messages_out.fetch_add(1, std::memory_order_relaxed);
     if (flushing_ || connecting_ || want_out_) return;
     flushing_ = true;
@@ -179,7 +181,17 @@ void Conn::flush() {
       done.push_back(std::move(front));
       queue_.pop_front();
     }
+    count_unsent_locked();
   }
+}
+
+void Conn::count_unsent_locked() {
+  unsent_bytes_.store(queued_bytes_, std::memory_order_relaxed);
+  unsent_messages_.store(queue_.size(), std::memory_order_relaxed);
+}
+
+Connection::Backlog Conn::unsent() const {
+  return Backlog{unsent_messages_.load(std::memory_order_relaxed), unsent_bytes_.load(std::memory_order_relaxed)};
 }
 
 void Conn::update_interest_locked() {
@@ -306,18 +318,20 @@ void Conn::on_events(Endpoint& home, const std::shared_ptr<TransportEvents>& eve
 
 bool Conn::read_socket(Endpoint& home, const std::shared_ptr<TransportEvents>& events) {
   std::shared_ptr<Conn> self = shared_from_this();  // a callback may drop the others' references
-  if (!carry_.empty()) {
-    // Resumed, and the socket spoke (its end) before the loop took what the pause left.
-    std::string held = std::move(carry_);
-    carry_.clear();
-    if (!feed(home, events, held.data(), held.size())) return false;
-    if (paused_.load(std::memory_order_seq_cst)) return true;
-  }
   for (int turn = 0; turn < kReadsPerTurn; ++turn) {
     if (ended_.load(std::memory_order_acquire)) return false;
     if (paused_.load(std::memory_order_seq_cst)) {
       set_reading(false);
       return true;
+    }
+    if (!carry_.empty()) {
+      // Resumed (from another thread, even between two reads of this loop) before the
+      // kResume command took what the pause left: that goes first, or the stream
+      // would be read out of order.
+      std::string held = std::move(carry_);
+      carry_.clear();
+      if (!feed(home, events, held.data(), held.size())) return false;
+      continue;
     }
     size_t left = 0;
     char* direct = landing(left);

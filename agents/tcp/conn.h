@@ -53,6 +53,8 @@ class Conn final : public Connection, public std::enable_shared_from_this<Conn> 
   void close_after_writes() override;
   void pause_reads() override;
   void resume_reads() override;
+  // The frames queued and their bytes: what the socket has not taken yet.
+  Backlog unsent() const override;
   // An accepted connection whose opener's hello named `address`'s tcp line, from the
   // host that line names (the opener binds its socket to the host it listens on).
   bool carries_calls_to(const std::string& address) const override;
@@ -91,6 +93,8 @@ class Conn final : public Connection, public std::enable_shared_from_this<Conn> 
   // Sends what is queued until the queue is empty or the socket full; the caller owns
   // flushing_. Any thread.
   void flush();
+  // Under send_mu_: unsent()'s copy of the queue's size.
+  void count_unsent_locked();
   // Under send_mu_: the epoll interest for reading_ and want_out_.
   void update_interest_locked();
   void set_reading(bool on);
@@ -127,6 +131,8 @@ class Conn final : public Connection, public std::enable_shared_from_this<Conn> 
   bool reading_ = true;             // EPOLLIN wanted; guarded by send_mu_
   bool close_when_written_ = false; // guarded by send_mu_
   bool interest_set_ = false;       // registered with epoll; guarded by send_mu_
+  std::atomic<uint64_t> unsent_messages_{0};
+  std::atomic<uint64_t> unsent_bytes_{0};
   std::atomic<bool> writable_{true};
   std::atomic<bool> ended_{false};
   std::atomic<bool> paused_{false};

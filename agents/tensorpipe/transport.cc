@@ -1,5 +1,6 @@
 #include "agents/tensorpipe/transport.h"
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 
@@ -60,11 +61,15 @@ class TensorPipeTransport::State::Pipe final : public Connection, public std::en
 
   void write(Wire wire) override {
     if (closed_.load(std::memory_order_acquire) || pipe_ == nullptr) return;
+    uint64_t bytes = wire.metadata.size();
+    for (const Tensor& t : wire.tensors) bytes += t.nbytes();
+    bytes_in_flight_.fetch_add(bytes, std::memory_order_relaxed);
     in_flight_.fetch_add(1, std::memory_order_acq_rel);
     std::weak_ptr<Pipe> weak = weak_from_this();
-    write_wire(pipe_, std::move(wire), [weak](const tp::Error& error) {
+    write_wire(pipe_, std::move(wire), [weak, bytes](const tp::Error& error) {
       std::shared_ptr<Pipe> self = weak.lock();
       if (!self) return;
+      self->bytes_in_flight_.fetch_sub(bytes, std::memory_order_relaxed);
       const bool last = self->in_flight_.fetch_sub(1, std::memory_order_acq_rel) == 1;
       if (error) {
         self->report(absl::UnavailableError(absl::StrCat("sending failed: ", error.what())));
@@ -84,6 +89,12 @@ class TensorPipeTransport::State::Pipe final : public Connection, public std::en
     closed_.store(true, std::memory_order_release);
     close_when_written_.store(true, std::memory_order_release);
     if (pipe_ != nullptr && in_flight_.load(std::memory_order_acquire) == 0) pipe_->close();
+  }
+
+  // A message is unsent until TensorPipe reports its write done.
+  Backlog unsent() const override {
+    const int messages = in_flight_.load(std::memory_order_relaxed);
+    return Backlog{static_cast<uint64_t>(std::max(messages, 0)), bytes_in_flight_.load(std::memory_order_relaxed)};
   }
 
   // A paused pipe still reads, and holds what comes aside until resumed. It cannot
@@ -170,6 +181,7 @@ class TensorPipeTransport::State::Pipe final : public Connection, public std::en
   std::atomic<bool> closed_{false};
   std::atomic<bool> close_when_written_{false};
   std::atomic<int> in_flight_{0};
+  std::atomic<uint64_t> bytes_in_flight_{0};
   std::atomic<bool> reported_{false};
   HeldReads held_;  // what is read while paused; the drainer delivers it
 };

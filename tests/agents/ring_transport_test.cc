@@ -403,6 +403,38 @@ TEST(RingTransport, LargeTensorsAreReadInPlaceAndSmallOnesCrossTheRing) {
   EXPECT_EQ(info(*a.transport, "ring_in_place_reads"), "1");
 }
 
+// A peer that says it reads in place and never acknowledges what it read (issue 45,
+// finding 7) pins at most RingOptions::max_held_bytes (and one message) of the
+// worker's tensors: past that, tensors cross the ring by copy, where what the peer
+// leaves unread is the core's backlog (Connection::unsent, tests/agents/backlog_test).
+TEST(RingTransport, APeerThatNeverAcknowledgesPinsAtMostTheHeldBound) {
+  constexpr size_t kBound = size_t{1} << 20;
+  constexpr size_t kTensor = 256 << 10;
+  Side worker(make_ring_transport("worker", RingOptions{.in_place_bytes = 65536, .max_held_bytes = kBound}));
+  constexpr size_t kRing = 4096;
+  RawRing peer(kRing);
+  ASSERT_NE(peer.segment, MAP_FAILED);
+  int fd = connect_raw(socket_name(worker.address));
+  ASSERT_GE(fd, 0);
+  Hello hello;
+  hello.pid = static_cast<uint32_t>(getpid());
+  hello.ring_bytes = kRing;
+  hello.reads_you = 1;  // a claim it never makes good on: no acknowledgement comes
+  send_with_fds(fd, &hello, sizeof(hello), {peer.segment_fd, peer.bell_fd});
+  ASSERT_TRUE(worker.events->wait_for([&] { return !worker.events->accepted_.empty(); }));
+  std::shared_ptr<Connection> to_peer = worker.events->accepted_[0];
+  std::vector<float> data(kTensor / sizeof(float), 2.0f);
+  constexpr int kMessages = 40;
+  for (int i = 0; i < kMessages; ++i) to_peer->write(Wire{"reply", {Tensor::from_vector(data)}, {""}});
+  const uint64_t held = std::stoull(info(*worker.transport, "ring_held_bytes"));
+  EXPECT_GE(held, kBound) << "tensors were read in place up to the bound";
+  EXPECT_LE(held, kBound + kTensor) << "a peer that never acknowledges pinned " << held << " bytes";
+  EXPECT_EQ(std::stoull(info(*worker.transport, "ring_copied_past_held")), kMessages - held / kTensor);
+  // What went by copy waits in the worker's queue, for the core to see.
+  EXPECT_GT(to_peer->unsent().bytes, kTensor);
+  close(fd);
+}
+
 // A tensor at least RingOptions::split_bytes large is read by two threads at once, and
 // arrives whole, byte for byte, in both directions.
 TEST(RingTransport, ALargeTensorIsReadByTwoThreadsAtOnce) {
