@@ -1,6 +1,7 @@
 #include "backends/agent_backend_options.h"
 
 #include "absl/strings/str_cat.h"
+#include "agents/cuda_ipc/cuda_ipc.h"
 #include "base/auth.h"
 #include "base/status.h"
 
@@ -62,6 +63,10 @@ AgentOptions AgentBackendOptions::agent_options() const {
   agent.rpc_timeout = rpc_timeout;
   agent.auth_token = internal::auth::job_token(auth_token);
   agent.device_maps = device_maps();
+  // CUDA tensors to a worker on this host go device to device where both can share
+  // their pools (agents/cuda_ipc/cuda_ipc.h); staging carries the rest.
+  agent.device_channels.push_back(make_cuda_ipc_channel());
+  if (!device_channel.empty()) agent.device_channel = device_channel;
   return agent;
 }
 

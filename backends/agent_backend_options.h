@@ -43,6 +43,10 @@ class AgentBackendOptions : public RpcBackendOptions, public DeviceMapOptions {
   // The job token (docs/security.md): unset reads FERRY_AUTH_TOKEN; "" means none. See
   // AgentOptions::auth_token for what it guards.
   std::optional<std::string> auth_token;
+  // The device channel every CUDA tensor must take ("cuda_ipc", or "staging" to keep
+  // tensors in host memory): a call that would take another fails saying why. ""
+  // reads FERRY_DEVICE_CHANNEL, and without it any channel goes. (AgentOptions::device_channel.)
+  std::string device_channel;
 
   // kInvalidArgument, saying what was expected: num_worker_threads outside [1, 4096], a
   // negative rpc_timeout or heartbeat, a deprecated spelling that disagrees with the

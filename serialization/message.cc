@@ -15,6 +15,7 @@ const char* message_type_name(MessageType type) {
     case MessageType::kControl: return "control";
     case MessageType::kBusy: return "busy";
     case MessageType::kChunk: return "chunk";
+    case MessageType::kNotice: return "notice";
   }
   return "unknown";
 }
@@ -78,7 +79,7 @@ absl::StatusOr<Message> Message::parse(std::string wire, std::vector<Tensor> ten
                                                       kVersion));
   }
   uint8_t type = static_cast<uint8_t>(wire[3]);
-  if (type < 1 || type > 7) return absl::DataLossError(absl::StrCat("message has unknown type ", type));
+  if (type < 1 || type > 8) return absl::DataLossError(absl::StrCat("message has unknown type ", type));
   uint64_t id = 0;
   std::memcpy(&id, wire.data() + 8, 8);
   uint32_t timeout_ms = 0;

@@ -35,6 +35,8 @@ enum class MessageType : uint8_t {
                   // pipe at its cap (backpressure); counts as a reply for the heartbeat
   kChunk = 7,     // a piece of a large device tensor staged through host memory, written
                   // ahead of the message that names it (agents/core/cuda_staging.h)
+  kNotice = 8,    // a device channel's word to its counterpart in the peer (a copy passed,
+                  // a pool refused), handled by the channel, never by the server
 };
 
 const char* message_type_name(MessageType type);

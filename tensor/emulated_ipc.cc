@@ -175,7 +175,9 @@ absl::StatusOr<void*> ImportTable::import_pointer(uintptr_t handle, const void* 
     return absl::InvalidArgumentError(
         absl::StrCat("import_pointer: ", x.bytes, " bytes at offset ", x.offset, " lie outside the imported pool"));
   }
-  pointers_[reinterpret_cast<uintptr_t>(p)] = it->second;
+  auto& open = pointers_[reinterpret_cast<uintptr_t>(p)];
+  open.first = it->second;
+  ++open.second;
   return p;
 }
 
@@ -186,7 +188,8 @@ bool ImportTable::has_pointer(const void* p) {
 
 void ImportTable::release_pointer(const void* p) {
   absl::MutexLock lock(&mu_);
-  pointers_.erase(reinterpret_cast<uintptr_t>(p));
+  auto it = pointers_.find(reinterpret_cast<uintptr_t>(p));
+  if (it != pointers_.end() && --it->second.second == 0) pointers_.erase(it);
 }
 
 std::string encode_event_handles(const IpcEventHandles& handles) {

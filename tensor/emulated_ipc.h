@@ -100,7 +100,9 @@ class ImportTable {
   absl::Mutex mu_;
   uintptr_t next_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<uintptr_t, std::shared_ptr<ImportedArena>> pools_ ABSL_GUARDED_BY(mu_);     // by handle
-  std::map<uintptr_t, std::shared_ptr<ImportedArena>> pointers_ ABSL_GUARDED_BY(mu_);  // by address
+  // By address: the pool's mapping, and how many imports of that pointer are open (the
+  // same allocation may be imported again before an earlier import is released).
+  std::map<uintptr_t, std::pair<std::shared_ptr<ImportedArena>, int>> pointers_ ABSL_GUARDED_BY(mu_);
 };
 
 // Inter-process event handles of the emulator: the segment's id and slot count, then

@@ -63,6 +63,18 @@ bool is_chunk(const std::string& metadata) {
   return metadata.size() >= Message::kHeaderSize && static_cast<MessageType>(metadata[3]) == MessageType::kChunk;
 }
 
+// Whether a sealed message is a device channel's notice (agents/core/device_channel.h).
+bool is_notice(const std::string& metadata) {
+  return metadata.size() >= Message::kHeaderSize && static_cast<MessageType>(metadata[3]) == MessageType::kNotice;
+}
+
+// AgentOptions::device_channel, else FERRY_DEVICE_CHANNEL.
+std::string required_channel(const std::optional<std::string>& option) {
+  if (option.has_value()) return *option;
+  const char* env = std::getenv("FERRY_DEVICE_CHANNEL");
+  return env == nullptr ? std::string() : std::string(env);
+}
+
 }  // namespace
 
 Agent::Agent(WorkerInfo self, std::shared_ptr<Store> store, AgentOptions options, std::unique_ptr<Transport> transport)
@@ -71,7 +83,8 @@ Agent::Agent(WorkerInfo self, std::shared_ptr<Store> store, AgentOptions options
       options_(std::move(options)),
       transport_(std::move(transport)),
       activity_(std::make_shared<internal::Activity>()),
-      channels_(options_.device_channels, options_.device_maps, options_.reverse_device_maps, options_.devices),
+      channels_(options_.device_channels, options_.device_maps, options_.reverse_device_maps, options_.devices,
+                required_channel(options_.device_channel)),
       handshake_(self_.name, self_.id, options_.auth_token) {}
 
 absl::StatusOr<std::shared_ptr<Agent>> Agent::start(WorkerInfo self, std::shared_ptr<Store> store,
@@ -100,6 +113,7 @@ absl::StatusOr<std::shared_ptr<Agent>> Agent::start(WorkerInfo self, std::shared
   }
   std::shared_ptr<Agent> agent(new Agent(std::move(self), std::move(store), std::move(options), std::move(transport)));
   agent->build(std::move(handler));
+  agent->attach_channels();
   absl::StatusOr<std::string> address = agent->transport_->listen(agent);
   if (!address.ok()) {
     agent->shutdown();
@@ -116,7 +130,7 @@ absl::StatusOr<std::shared_ptr<Agent>> Agent::start(WorkerInfo self, std::shared
   }
   absl::StatusOr<std::unique_ptr<internal::PublishedMetrics>> metrics = internal::serve_metrics(
       agent->options_.metrics_port, agent->self_.name, *agent->store_, kMetricsStorePrefix, *agent->stats_,
-      [staging = agent->channels_.staging()] { return staging->prometheus(); });
+      agent->channels_.prometheus());
   if (!metrics.ok()) {
     agent->shutdown();
     return metrics.status();
@@ -345,6 +359,10 @@ void Agent::on_message(const std::shared_ptr<Connection>& connection, Wire wire)
   }
   // Chunks land as they come, and the message naming them takes what landed, here on
   // the delivering thread: the connection's order guarantees they came first.
+  if (is_notice(wire.metadata)) {
+    channels_.on_notice(s.peer, wire);
+    return;
+  }
   const bool chunk = is_chunk(wire.metadata);
   absl::Status chunked = chunk ? channels_.land_chunk(s.peer, std::move(wire)) : channels_.claim_chunked(s.peer, wire);
   if (!chunked.ok()) {
@@ -412,7 +430,36 @@ absl::Status Agent::check_claim(int id, const std::string& claimed) const {
   return absl::OkStatus();
 }
 
+void Agent::on_descriptor(const std::shared_ptr<Connection>& connection, uint64_t tag, int fd, std::string note) {
+  channels_.on_descriptor(connection, tag, fd, std::move(note));
+}
+
+void Agent::attach_channels() {
+  internal::Channels::Core core;
+  core.self_id = self_.id;
+  core.peer_id = [this](std::string_view name) {
+    const internal::Member* m = members_.snapshot()->find(name);
+    return m == nullptr ? -1 : m->info.id;
+  };
+  core.pass_descriptor = [this](int peer, uint64_t tag, int fd, std::string_view note) -> absl::Status {
+    std::shared_ptr<const Membership::Table> table = members_.snapshot();
+    const internal::Member* m = table->find(peer);
+    if (m == nullptr) return absl::NotFoundError(absl::StrCat("worker id ", peer, " is not a member"));
+    std::shared_ptr<Connection> connection = links_->connection_to(*m);
+    if (connection == nullptr) {
+      return absl::UnavailableError(absl::StrCat("no connection to worker \"", m->info.name, "\""));
+    }
+    return connection->pass_descriptor(tag, fd, note);
+  };
+  core.write = [this](int peer, Wire wire) {
+    std::shared_ptr<const Membership::Table> table = members_.snapshot();
+    if (const internal::Member* m = table->find(peer)) links_->send(*m, std::move(wire), 0);
+  };
+  channels_.attach(std::move(core));
+}
+
 void Agent::on_closed(const std::shared_ptr<Connection>& connection, absl::Status why) {
+  channels_.drop_descriptors(connection.get());
   Session* s = connection->session();
   if (s == nullptr) return;
   switch (links_->closed(connection, why)) {

@@ -175,6 +175,9 @@ class Agent final : public RpcAgent, public TransportEvents, public std::enable_
                          std::span<const uint64_t> tensor_bytes) override;
   void on_message(const std::shared_ptr<Connection>& connection, Wire wire) override;
   void on_closed(const std::shared_ptr<Connection>& connection, absl::Status why) override;
+  void on_descriptor(const std::shared_ptr<Connection>& connection, uint64_t tag, int fd, std::string note) override;
+  // Gives the device channels the core's services (internal::Channels::Core).
+  void attach_channels();
 
  private:
   Agent(WorkerInfo self, std::shared_ptr<Store> store, AgentOptions options, std::unique_ptr<Transport> transport);

@@ -1,9 +1,15 @@
 #include "agents/core/channels.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
 #include "agents/core/buffer_pool.h"
+#include "agents/core/session.h"
+#include "base/logging.h"
 #include "base/status.h"
+#include "serialization/message.h"
 #include "tensor/cuda.h"
 
 namespace ferry::internal {
@@ -38,16 +44,32 @@ void pin_if_cuda(const std::vector<Device>& handled) {
   if (runtime->device_count() > 0) pin_receive_buffers(std::move(runtime));
 }
 
+// Labels of a Prometheus series take a name as it is, but for '"' and '\\'.
+std::string label(const std::string& v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out;
+}
+
 }  // namespace
 
 Channels::Channels(std::vector<std::shared_ptr<DeviceChannel>> channels, DeviceMaps device_maps,
-                   DeviceMaps reverse_device_maps, const std::vector<Device>& devices)
+                   DeviceMaps reverse_device_maps, const std::vector<Device>& devices, std::string required)
     : channels_(std::move(channels)),
       staging_(std::make_shared<CudaStaging>(devices.empty() ? devices_of(device_maps, reverse_device_maps)
                                                              : devices)),
+      required_(std::move(required)),
       device_maps_(std::make_shared<const DeviceMaps>(std::move(device_maps))),
       reverse_device_maps_(std::make_shared<const DeviceMaps>(std::move(reverse_device_maps))) {
   pin_if_cuda(staging_->devices());
+}
+
+void Channels::attach(Core core) {
+  core_ = std::move(core);
+  for (const std::shared_ptr<DeviceChannel>& channel : channels_) channel->attach(this);
 }
 
 DeviceChannel& Channels::for_peer(const PeerAddress& peer) {
@@ -57,18 +79,153 @@ DeviceChannel& Channels::for_peer(const PeerAddress& peer) {
   return *staging_;
 }
 
+absl::StatusOr<DeviceChannel*> Channels::choose(const PeerAddress& peer) {
+  if (required_ == staging_->name()) return staging_.get();
+  DeviceChannel& chosen = for_peer(peer);
+  if (required_.empty() || chosen.name() == required_) return &chosen;
+  std::string why = "no such channel is configured in this worker";
+  for (const std::shared_ptr<DeviceChannel>& channel : channels_) {
+    if (channel->name() == required_) why = channel->why_not(peer.address);
+  }
+  return absl::FailedPreconditionError(absl::StrCat("device tensors to worker \"", peer.info.name,
+                                                    "\" would take the ", std::string(chosen.name()), " channel, but this worker requires the ",
+                                                    required_, " channel (FERRY_DEVICE_CHANNEL / device_channel): ", why));
+}
+
+void Channels::count(const std::string& peer, const std::vector<std::string>& targets) {
+  if (!any_device_target(targets)) return;
+  absl::MutexLock lock(&counts_->mu);
+  for (const std::string& t : targets) {
+    if (!t.empty()) ++counts_->by_peer[{peer, std::string(channel_of_target(t))}];
+  }
+}
+
 absl::Status Channels::stage_request(const PeerAddress& peer, std::vector<Tensor>& tensors,
                                      std::vector<std::string>& targets, WriteAhead write_ahead) {
   std::shared_ptr<const DeviceMaps> maps = device_maps_.load();
-  return for_peer(peer).stage_outgoing(tensors, targets, map_towards(*maps, peer.info.name), peer.info.name,
-                                       write_ahead);
+  DeviceChannel* channel = staging_.get();
+  for (const Tensor& t : tensors) {
+    if (t.device().is_cpu()) continue;
+    FERRY_ASSIGN_OR_RETURN(channel, choose(peer));
+    break;
+  }
+  FERRY_RETURN_IF_ERROR(
+      channel->stage_outgoing(tensors, targets, map_towards(*maps, peer.info.name), peer.info.name, write_ahead));
+  count(peer.info.name, targets);
+  return absl::OkStatus();
 }
 
 absl::Status Channels::stage_reply(const PeerAddress* member, const std::string& caller, std::vector<Tensor>& tensors,
                                    std::vector<std::string>& targets, WriteAhead write_ahead) {
   std::shared_ptr<const DeviceMaps> reverse = reverse_device_maps_.load();
-  DeviceChannel& channel = member == nullptr ? *staging_ : for_peer(*member);
-  return channel.stage_outgoing(tensors, targets, map_towards(*reverse, caller), caller, write_ahead);
+  DeviceChannel* channel = staging_.get();
+  if (member != nullptr) {
+    for (const Tensor& t : tensors) {
+      if (t.device().is_cpu()) continue;
+      FERRY_ASSIGN_OR_RETURN(channel, choose(*member));
+      break;
+    }
+  }
+  FERRY_RETURN_IF_ERROR(channel->stage_outgoing(tensors, targets, map_towards(*reverse, caller), caller, write_ahead));
+  count(caller, targets);
+  return absl::OkStatus();
+}
+
+void Channels::forget(int peer) {
+  staging_->forget(peer);
+  for (const std::shared_ptr<DeviceChannel>& channel : channels_) channel->forget(peer);
+}
+
+// A notice's payload: the channel's name, a '\0', then what that channel wrote.
+void Channels::notify(int peer, std::string_view channel, std::string payload) {
+  if (!core_.write) return;
+  Message m(MessageType::kNotice, 0);
+  m.buffer().append(channel.data(), channel.size());
+  m.buffer().push_back('\0');
+  m.buffer().append(payload);
+  Wire wire;
+  wire.metadata = m.seal();
+  core_.write(peer, std::move(wire));
+}
+
+void Channels::on_notice(int peer, const Wire& wire) {
+  std::string_view body(wire.metadata);
+  body.remove_prefix(std::min(body.size(), Message::kHeaderSize));
+  size_t nul = body.find('\0');
+  std::string_view name = body.substr(0, nul);
+  for (const std::shared_ptr<DeviceChannel>& channel : channels_) {
+    if (nul == std::string_view::npos || channel->name() != name) continue;
+    absl::Status handled = channel->on_notice(peer, body.substr(nul + 1));
+    if (!handled.ok()) FERRY_LOG(WARNING) << "a " << name << " notice from worker id " << peer << ": " << handled;
+    return;
+  }
+  FERRY_LOG(WARNING) << "a notice from worker id " << peer << " for no channel of this worker (\"" << name << "\")";
+}
+
+absl::Status Channels::pass_descriptor(int peer, uint64_t tag, int fd, std::string_view note) {
+  if (!core_.pass_descriptor) return absl::FailedPreconditionError("the channels are not attached to an agent");
+  return core_.pass_descriptor(peer, tag, fd, note);
+}
+
+void Channels::on_descriptor(const std::shared_ptr<Connection>& connection, uint64_t tag, int fd, std::string note) {
+  absl::MutexLock lock(&held_mu_);
+  size_t from_it = 0;
+  for (const auto& [t, h] : held_) from_it += h.key == connection.get() ? 1 : 0;
+  // Bounded: a peer may pass descriptors before it has authenticated.
+  if (from_it >= kMaxHeldPerConnection || held_.count(tag) != 0) {
+    if (fd >= 0) ::close(fd);
+    return;
+  }
+  held_.emplace(tag, Held{connection, connection.get(), PassedDescriptor{fd, std::move(note)}});
+  held_cv_.SignalAll();
+}
+
+void Channels::drop_descriptors(const Connection* connection) {
+  absl::MutexLock lock(&held_mu_);
+  for (auto it = held_.begin(); it != held_.end();) {
+    if (it->second.key != connection) {
+      ++it;
+      continue;
+    }
+    if (it->second.passed.fd >= 0) ::close(it->second.passed.fd);
+    it = held_.erase(it);
+  }
+}
+
+absl::StatusOr<PassedDescriptor> Channels::take_descriptor(int peer, uint64_t tag, std::chrono::milliseconds wait) {
+  const absl::Time deadline = absl::Now() + absl::FromChrono(wait);
+  absl::MutexLock lock(&held_mu_);
+  for (;;) {
+    auto it = held_.find(tag);
+    if (it != held_.end()) {
+      std::shared_ptr<Connection> from = it->second.from.lock();
+      Session* s = from == nullptr ? nullptr : from->session();
+      // Only from that peer, once it proved who it is (open is set after the peer id).
+      if (s == nullptr || !s->open.load(std::memory_order_acquire) || s->peer != peer) {
+        return absl::NotFoundError(absl::StrCat("descriptor ", tag, " did not come from worker id ", peer,
+                                                " on a connection it authenticated"));
+      }
+      PassedDescriptor out = std::move(it->second.passed);
+      held_.erase(it);
+      return out;
+    }
+    if (held_cv_.WaitWithDeadline(&held_mu_, deadline)) break;
+  }
+  return absl::NotFoundError(absl::StrCat("descriptor ", tag, " from worker id ", peer, " did not arrive within ",
+                                          wait.count(), " ms"));
+}
+
+std::function<std::string()> Channels::prometheus() const {
+  return [staging = staging_, counts = counts_] {
+    std::string out = staging->prometheus();
+    absl::MutexLock lock(&counts->mu);
+    if (!counts->by_peer.empty()) out += "# TYPE ferry_device_tensors_total counter\n";
+    for (const auto& [key, n] : counts->by_peer) {
+      absl::StrAppend(&out, "ferry_device_tensors_total{peer=\"", label(key.first), "\",channel=\"", key.second, "\"} ", n,
+                      "\n");
+    }
+    return out;
+  };
 }
 
 absl::Status Channels::land(std::vector<Tensor>& tensors, const std::vector<std::string>& targets) {
@@ -89,9 +246,23 @@ void Channels::set_device_maps(DeviceMaps device_maps, DeviceMaps reverse_device
 
 void Channels::debug_info(std::map<std::string, std::string>& info) const {
   for (const auto& [key, value] : staging_->debug_info()) info[key] = value;
+  {
+    // "device_tensors.<peer>.<channel>": how many device tensors took that channel.
+    absl::MutexLock lock(&counts_->mu);
+    for (const auto& [key, n] : counts_->by_peer) info[absl::StrCat("device_tensors.", key.first, ".", key.second)] = absl::StrCat(n);
+  }
+  if (!required_.empty()) info["device_channel_required"] = required_;
   for (const std::shared_ptr<DeviceChannel>& channel : channels_) {
     for (const auto& [key, value] : channel->debug_info()) info[key] = value;
   }
 }
 
 }  // namespace ferry::internal
+
+namespace ferry {
+
+void TransportEvents::on_descriptor(const std::shared_ptr<Connection>&, uint64_t, int fd, std::string) {
+  if (fd >= 0) ::close(fd);
+}
+
+}  // namespace ferry

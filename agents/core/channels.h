@@ -7,16 +7,27 @@
 // device map towards the callee and a reply's through the reverse map towards the
 // caller, and lands what arrives. It calls only the channels.
 //
+// It also serves the channels that move bytes themselves (ChannelPort): descriptors
+// peers pass are held here, bounded, until a message of that authenticated peer asks
+// for them; notices go to and come from the channels by name. It counts, per peer,
+// which channel each device tensor took (debug_info, prometheus), and enforces
+// AgentOptions::device_channel.
+//
 // Threads: any; a dynamic group's set_device_maps may run beside calls, which then
 // see either the old maps or the new ones.
 #pragma once
 
+#include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "agents/core/cuda_staging.h"
 #include "agents/core/device_channel.h"
 #include "agents/core/membership.h"
@@ -25,14 +36,26 @@
 
 namespace ferry::internal {
 
-class Channels {
+class Channels final : public ChannelPort {
  public:
-  // `devices` empty: those the maps name.
+  // `devices` empty: those the maps name. `required`: AgentOptions::device_channel.
   Channels(std::vector<std::shared_ptr<DeviceChannel>> channels, DeviceMaps device_maps,
-           DeviceMaps reverse_device_maps, const std::vector<Device>& devices);
+           DeviceMaps reverse_device_maps, const std::vector<Device>& devices, std::string required = "");
 
-  // The channel tensors to `peer` take.
+  // What the agent does for ChannelPort, given once before any call: pass a
+  // descriptor to a member, write a message to a member, resolve a name.
+  struct Core {
+    int self_id = -1;
+    std::function<absl::Status(int peer, uint64_t tag, int fd, std::string_view note)> pass_descriptor;
+    std::function<void(int peer, Wire wire)> write;
+    std::function<int(std::string_view name)> peer_id;
+  };
+  void attach(Core core);
+
+  // The channel tensors to `peer` take. With a required channel that does not reach
+  // it, an error saying why.
   DeviceChannel& for_peer(const PeerAddress& peer);
+  absl::StatusOr<DeviceChannel*> choose(const PeerAddress& peer);
   // A request's tensors towards `peer`, through this worker's device map. `write_ahead`
   // writes what must precede the request on its connection (a large tensor's chunks).
   absl::Status stage_request(const PeerAddress& peer, std::vector<Tensor>& tensors, std::vector<std::string>& targets,
@@ -53,15 +76,58 @@ class Channels {
   }
   // The staging channel, for its counters (CudaStaging::prometheus).
   std::shared_ptr<const CudaStaging> staging() const { return staging_; }
-  // A lost peer's unfinished chunked tensors are dropped.
-  void forget(int peer) { staging_->forget(peer); }
+  // A lost peer's unfinished chunked tensors, and what other channels hold for it, are
+  // dropped.
+  void forget(int peer);
+  // A kNotice message from worker `peer`, for the channel it names.
+  void on_notice(int peer, const Wire& wire);
+  // A descriptor a peer passed on `connection` (TransportEvents::on_descriptor), held
+  // until taken, at most kMaxHeldPerConnection per connection; and those of a
+  // connection that ended, closed.
+  void on_descriptor(const std::shared_ptr<Connection>& connection, uint64_t tag, int fd, std::string note);
+  void drop_descriptors(const Connection* connection);
+  static constexpr size_t kMaxHeldPerConnection = 16;
+  // Counters of staging and of the channel each device tensor took, per peer, as
+  // Prometheus series: CudaStaging::prometheus's, and
+  //   ferry_device_tensors_total{peer, channel}
+  std::function<std::string()> prometheus() const;
+
+  // ChannelPort.
+  int self_id() const override { return core_.self_id; }
+  int peer_id(std::string_view peer) const override { return core_.peer_id ? core_.peer_id(peer) : -1; }
+  absl::Status pass_descriptor(int peer, uint64_t tag, int fd, std::string_view note) override;
+  absl::StatusOr<PassedDescriptor> take_descriptor(int peer, uint64_t tag, std::chrono::milliseconds wait) override
+      ABSL_LOCKS_EXCLUDED(held_mu_);
+  void notify(int peer, std::string_view channel, std::string payload) override;
+  const std::string& required_channel() const override { return required_; }
+  DeviceChannel& staging() override { return *staging_; }
   // Dynamic groups: the maps and devices change as workers join.
   void set_device_maps(DeviceMaps device_maps, DeviceMaps reverse_device_maps, std::vector<Device> devices);
   void debug_info(std::map<std::string, std::string>& info) const;
 
  private:
+  // Counts the channel of every device tensor of a message staged for `peer`.
+  void count(const std::string& peer, const std::vector<std::string>& targets);
+
+  struct Held {
+    std::weak_ptr<Connection> from;
+    const Connection* key = nullptr;
+    PassedDescriptor passed;
+  };
+  // Device tensors by (peer, channel), shared with the metrics endpoint.
+  struct Counts {
+    absl::Mutex mu;
+    std::map<std::pair<std::string, std::string>, uint64_t> by_peer ABSL_GUARDED_BY(mu);
+  };
+
   const std::vector<std::shared_ptr<DeviceChannel>> channels_;
   const std::shared_ptr<CudaStaging> staging_;
+  const std::string required_;
+  Core core_;  // set once by attach(), before any call
+  const std::shared_ptr<Counts> counts_ = std::make_shared<Counts>();
+  absl::Mutex held_mu_;
+  absl::CondVar held_cv_;
+  std::map<uint64_t, Held> held_ ABSL_GUARDED_BY(held_mu_);  // by tag
   SharedSlot<const DeviceMaps> device_maps_;
   SharedSlot<const DeviceMaps> reverse_device_maps_;
 };

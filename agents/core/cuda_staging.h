@@ -94,7 +94,7 @@ class CudaStaging final : public DeviceChannel {
   // complete (its chunks must precede the message on the connection).
   absl::Status claim_chunked(int peer, Wire& wire) ABSL_LOCKS_EXCLUDED(mu_);
   // Drops the transfers `peer` left unfinished (it was lost).
-  void forget(int peer) ABSL_LOCKS_EXCLUDED(mu_);
+  void forget(int peer) override ABSL_LOCKS_EXCLUDED(mu_);
 
   // Moves every received buffer whose target is a device to that device. Errors: a
   // target that does not parse, or that is not among this worker's devices.

@@ -18,6 +18,7 @@
 //   FERRY_RETURN_IF_ERROR(channel.land_incoming(tensors, targets));   // on the receiver
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -26,6 +27,7 @@
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "agents/core/transport.h"
 #include "device_maps/device_map.h"
 #include "tensor/device.h"
@@ -37,6 +39,43 @@ namespace ferry {
 // channel streams a large tensor as pieces written while it copies the next ones.
 using WriteAhead = absl::FunctionRef<void(Wire)>;
 
+class DeviceChannel;
+
+// A descriptor a peer passed (Connection::pass_descriptor) and its note; the fd is
+// owned by whoever holds this (-1: none came).
+struct PassedDescriptor {
+  int fd = -1;
+  std::string note;
+};
+
+// What the agent core offers a channel that moves bytes itself (a CUDA IPC channel):
+// descriptors and notices to and from its counterpart in a peer. Thread-safe;
+// implemented by the core (agents/core/channels.h), which outlives the channel's use
+// of it.
+class ChannelPort {
+ public:
+  virtual ~ChannelPort() = default;
+  // This worker's id, and the id of the member named `peer` (-1: none).
+  virtual int self_id() const = 0;
+  virtual int peer_id(std::string_view peer) const = 0;
+  // Passes descriptor `fd` (borrowed) and `note` to worker `peer` on the connection its
+  // messages take, opened if need be, ahead of every message written after this
+  // returns. Errors: the peer is unknown; its connection cannot pass descriptors
+  // (kUnimplemented, naming the transport's reason).
+  virtual absl::Status pass_descriptor(int peer, uint64_t tag, int fd, std::string_view note) = 0;
+  // What worker `peer` passed with `tag`, now the caller's, waiting up to `wait` for it
+  // (it is on its way when a message naming it came). Errors (kNotFound): nothing came
+  // with that tag from that peer, on a connection it authenticated, in time.
+  virtual absl::StatusOr<PassedDescriptor> take_descriptor(int peer, uint64_t tag, std::chrono::milliseconds wait) = 0;
+  // Sends `payload` to the channel of the same name() in worker `peer` (its
+  // on_notice), behind what was written to it before. Dropped when the peer is gone.
+  virtual void notify(int peer, std::string_view channel, std::string payload) = 0;
+  // The channel required for every device tensor (AgentOptions::device_channel; ""
+  // none), and the staging channel, which a channel hands a message it cannot move.
+  virtual const std::string& required_channel() const = 0;
+  virtual DeviceChannel& staging() = 0;
+};
+
 // Thread-safe: calls for different messages run concurrently.
 class DeviceChannel {
  public:
@@ -46,6 +85,23 @@ class DeviceChannel {
   // Whether this channel can move tensors to the worker at `peer_address` (its
   // transport's address record): same host, what both sides support, ...
   virtual bool reaches(const std::string& peer_address) const = 0;
+  // Why reaches(peer_address) is false, in words for an error: "another host", ...
+  virtual std::string why_not(const std::string& peer_address) const {
+    (void)peer_address;
+    return "the channel does not reach it";
+  }
+  // The core's services (above), given once before any other call; a channel that
+  // needs none ignores them.
+  virtual void attach(ChannelPort* port) { (void)port; }
+  // A notice from this channel's counterpart in worker `peer` (ChannelPort::notify),
+  // on the transport thread that received it: it must not block. An error closes
+  // nothing; it is logged.
+  virtual absl::Status on_notice(int peer, std::string_view payload) {
+    (void)peer, (void)payload;
+    return absl::OkStatus();
+  }
+  // Worker `peer` was lost: drop what is held for it.
+  virtual void forget(int peer) { (void)peer; }
 
   // Makes every device tensor of `tensors` ready to travel to `peer` and sets
   // targets[i] (resized to tensors.size(); "" for CPU tensors). `map` (null: none) maps

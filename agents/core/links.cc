@@ -81,6 +81,31 @@ void Links::send(const PeerAddress& peer, Wire wire, uint64_t counted) {
   }
 }
 
+std::shared_ptr<Connection> Links::connection_to(const PeerAddress& peer) {
+  Link link;
+  bool opens = false;
+  {
+    Locked lock(links_mu_);
+    auto [it, inserted] = links_.try_emplace(peer.info.id);
+    if (inserted) {
+      if (std::shared_ptr<Connection> theirs = share_incoming(peer)) {
+        it->second.session = std::shared_ptr<Session>(theirs, theirs->session());
+        it->second.connection = std::move(theirs);
+      } else {
+        it->second.session = handshake_.opener(peer.info.id, peer.info.name);
+        opens = true;
+      }
+    }
+    link = it->second;
+  }
+  if (opens) open(peer, link.session);
+  if (link.connection != nullptr) return link.connection;
+  Locked lock(links_mu_);
+  auto it = links_.find(peer.info.id);
+  if (it == links_.end() || it->second.session != link.session) return nullptr;
+  return it->second.connection;
+}
+
 std::shared_ptr<Connection> Links::share_incoming(const PeerAddress& peer) {
   std::shared_ptr<Connection> connection;
   {

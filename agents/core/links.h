@@ -63,6 +63,9 @@ class Links {
   // use. `counted`: the call id of a kRequest, which waits for room under
   // max_requests_in_flight; 0 for anything else.
   void send(const PeerAddress& peer, Wire wire, uint64_t counted);
+  // The connection messages to `peer` take now, opened (or shared) if there is none
+  // yet; null if the link was dropped meanwhile. Its handshake may still be running.
+  std::shared_ptr<Connection> connection_to(const PeerAddress& peer);
   // A reply to request `id` came on `connection`: its room goes to the next held one.
   void answered(const std::shared_ptr<Connection>& connection, uint64_t id);
   // A message on `connection` that is a reply to one of our calls: its room is freed

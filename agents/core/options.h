@@ -73,6 +73,10 @@ struct AgentOptions {
   size_t max_unsent_bytes = size_t{64} << 20;
   // Device channels tried before staging, in order (Agent::channel_for).
   std::vector<std::shared_ptr<DeviceChannel>> device_channels;
+  // A device channel every device tensor must take ("cuda_ipc"; "" for none): a call
+  // whose tensors to a peer would take another (staging, as a fallback) fails instead,
+  // saying why that channel does not reach the peer. Unset: FERRY_DEVICE_CHANNEL.
+  std::optional<std::string> device_channel;
   // The metrics endpoint's port (docs/observability.md; 0: any free one); unset:
   // FERRY_METRICS_PORT decides, and without it there is no endpoint.
   std::optional<int> metrics_port;

@@ -25,6 +25,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -124,6 +125,17 @@ class Connection {
     return false;
   }
 
+  // Passes a duplicate of the descriptor `fd` (borrowed; -1: none) with `note` (at most
+  // kMaxDescriptorNote bytes) to the peer, which receives it before any message written
+  // on this connection after this returns (TransportEvents::on_descriptor). A device
+  // channel hands a CUDA pool to a peer on the same host so. Only a transport with a
+  // Unix socket under it can; the others return kUnimplemented saying so.
+  virtual absl::Status pass_descriptor(uint64_t tag, int fd, std::string_view note) {
+    (void)tag, (void)fd, (void)note;
+    return absl::UnimplementedError("this transport cannot pass file descriptors");
+  }
+  static constexpr size_t kMaxDescriptorNote = 8192;
+
   // The core's state for this connection. A transport passes it to the constructor
   // (for connections it opens through connect()) and never reads it; the core sets it
   // on accepted connections in on_accepted, before any other event of theirs.
@@ -151,6 +163,12 @@ class TransportEvents {
   // The connection ended (the peer closed it, a read or write failed, or a connect
   // failed); its last event.
   virtual void on_closed(const std::shared_ptr<Connection>& connection, absl::Status why) = 0;
+  // The peer passed descriptor `fd` (owned by the callee from here on; -1: none) with
+  // `tag` and `note` (Connection::pass_descriptor). Unlike the events above, it may come
+  // on another transport thread, beside the connection's messages, and even before the
+  // connection's handshake is done: the callee holds it for whoever asks by tag, in a
+  // bounded store. The default closes it.
+  virtual void on_descriptor(const std::shared_ptr<Connection>& connection, uint64_t tag, int fd, std::string note);
 };
 
 // Thread-safe.

@@ -502,12 +502,30 @@ void Endpoint::on_socket(uint64_t id, uint32_t what) {
     return;
   }
   for (;;) {
-    Packet p;
+    // A packet is a Packet, and for a kDescriptor its note after it.
+    struct {
+      Packet p;
+      char note[Connection::kMaxDescriptorNote];
+    } in;
+    Packet& p = in.p;
     std::vector<int> fds;
-    ssize_t n = receive_with_fds(s.fd, &p, sizeof(p), fds);
+    ssize_t n = receive_with_fds(s.fd, &in, sizeof(in), fds);
     if (n == -EAGAIN || n == -EWOULDBLOCK) {
       if ((what & (EPOLLHUP | EPOLLERR)) == 0) return;
       n = 0;
+    }
+    if (n >= static_cast<ssize_t>(sizeof(Packet)) && p.magic == kMagic && p.kind == kDescriptor && fds.size() <= 1 &&
+        p.ring_bytes == static_cast<uint64_t>(n) - sizeof(Packet)) {
+      // The core holds it (bounded) until a message of the authenticated peer names it.
+      std::shared_ptr<TransportEvents> e = events.lock();
+      int fd = fds.empty() ? -1 : fds[0];
+      fds.clear();
+      if (e != nullptr) {
+        e->on_descriptor(pipe, p.probe_addr, fd, std::string(in.note, static_cast<size_t>(p.ring_bytes)));
+      } else if (fd >= 0) {
+        ::close(fd);
+      }
+      continue;
     }
     // The reply must name the pid the record named (what is read in place is read from
     // the process the kernel connected us to, whatever either says).

@@ -1,5 +1,6 @@
 #include "agents/ring/pipe.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -201,6 +202,33 @@ void Pipe::write(Wire wire) {
   }
   home->messages_out.fetch_add(1, std::memory_order_relaxed);
   if (close_now) close();
+}
+
+absl::Status Pipe::pass_descriptor(uint64_t tag, int fd, std::string_view note) {
+  if (note.size() > kMaxDescriptorNote) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a descriptor's note of ", note.size(), " bytes (at most ", kMaxDescriptorNote, ")"));
+  }
+  if (fd_ < 0 || closing_.load()) return absl::UnavailableError("the ring connection is closed");
+  std::string packet(sizeof(Packet), '\0');
+  Packet p;
+  p.kind = kDescriptor;
+  p.pid = static_cast<uint32_t>(getpid());
+  p.probe_addr = tag;
+  p.ring_bytes = note.size();
+  std::memcpy(packet.data(), &p, sizeof(p));
+  packet.append(note);
+  const int fds[] = {fd};
+  std::span<const int> passed(fds, fd >= 0 ? 1 : 0);
+  // The socket does not block; a full one (a peer's control thread far behind) gets a
+  // bounded wait.
+  for (int tries = 0;; ++tries) {
+    if (send_with_fds(fd_, packet.data(), packet.size(), passed)) return absl::OkStatus();
+    if ((errno != EAGAIN && errno != EWOULDBLOCK) || tries == 100) break;
+    pollfd out{fd_, POLLOUT, 0};
+    poll(&out, 1, 10);
+  }
+  return absl::UnavailableError(absl::StrCat("passing a descriptor over the ring's socket: ", errno_text(errno)));
 }
 
 void Pipe::close() {

@@ -95,6 +95,10 @@ class Pipe final : public Connection, public std::enable_shared_from_this<Pipe> 
 
   void write(Wire wire) override;
   void close() override;
+  // Over the connection's Unix socket (a kDescriptor packet), which the peer's control
+  // thread reads: it arrives before whatever this side writes on the rings afterwards
+  // is read, since the peer's core asks for it only on a message written after it.
+  absl::Status pass_descriptor(uint64_t tag, int fd, std::string_view note) override;
 
   // A paused pipe's ring is not read: it fills, and the peer's writes wait in its own
   // queue (Outgoing) for room, as for any slow reader. Only the requests' ring stops;

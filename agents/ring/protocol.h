@@ -33,7 +33,10 @@ inline constexpr uint32_t kMaxTargetBytes = 4096;
 // in place: the connector probes the acceptor before it connects, with the probe its
 // address carries, so no third packet (and no third wake-up of the acceptor's control
 // thread) is needed for that.
-enum PacketKind : uint32_t { kHello = 1, kReply = 2 };
+// kDescriptor: after the hello, either side may pass a descriptor (Connection::
+// pass_descriptor): a Packet whose probe_addr is the tag and ring_bytes the length of
+// the note that follows it in the same packet, with the descriptor, if any, attached.
+enum PacketKind : uint32_t { kHello = 1, kReply = 2, kDescriptor = 3 };
 struct Packet {
   uint32_t magic = kMagic;
   uint32_t version = kVersion;

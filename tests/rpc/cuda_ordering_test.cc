@@ -24,10 +24,13 @@ namespace {
 
 constexpr int64_t kElements = 1024;
 
+// Without IPC, so that tensors take the staging channel (tests/rpc/cuda_ipc_test.cc
+// covers the cuda_ipc channel the workers of one host choose otherwise).
 std::shared_ptr<EmulatedCudaRuntime> emulator(std::chrono::microseconds delay) {
   EmulatedCudaOptions options;
   options.copy_delay = delay;
   options.poison = true;
+  options.ipc = false;
   return std::make_shared<EmulatedCudaRuntime>(1, options);
 }
 

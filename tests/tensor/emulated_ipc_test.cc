@@ -58,6 +58,9 @@ TEST(EmulatedIpc, AnImportedPointerIsTheExportersMemory) {
   void* q = *importer.import_pointer(pool, *exporter.export_pointer(p));
   EXPECT_NE(p, q);  // another mapping of the same bytes
   CudaStream s = *importer.create_stream(0);
+  // The same allocation imported twice (two tensors in flight): each import is released.
+  EXPECT_EQ(*importer.import_pointer(pool, *exporter.export_pointer(p)), q);
+  ASSERT_OK(importer.release_imported_pointer(q, s));
   EXPECT_EQ(read_back(importer, q, s), std::vector<unsigned char>(kBytes, 7));
   // Writes through the import are the exporter's bytes too.
   std::vector<unsigned char> nines(kBytes, 9);
