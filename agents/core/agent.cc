@@ -130,7 +130,9 @@ absl::StatusOr<std::shared_ptr<Agent>> Agent::start(WorkerInfo self, std::shared
   }
   absl::StatusOr<std::unique_ptr<internal::PublishedMetrics>> metrics = internal::serve_metrics(
       agent->options_.metrics_port, agent->self_.name, *agent->store_, kMetricsStorePrefix, *agent->stats_,
-      agent->channels_.prometheus());
+      [channels = agent->channels_.prometheus(), routes = agent->links_->prometheus()] {
+        return channels() + routes();
+      });
   if (!metrics.ok()) {
     agent->shutdown();
     return metrics.status();

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "agents/core/call_table.h"
+#include "agents/core/transport_set.h"
 #include "base/logging.h"
 #include "serialization/message.h"
 
@@ -40,9 +41,11 @@ Links::Links(std::string self_name, Transport& transport, CallTable& timer, cons
 void Links::send(const PeerAddress& peer, Wire wire, uint64_t counted) {
   Link link;
   bool opens = false;
+  bool created = false;
   {
     Locked lock(links_mu_);
     auto [it, inserted] = links_.try_emplace(peer.info.id);
+    created = inserted;
     if (inserted) {
       if (std::shared_ptr<Connection> theirs = share_incoming(peer)) {
         // The peer's connection to us carries our calls to it too: no second one.
@@ -55,6 +58,7 @@ void Links::send(const PeerAddress& peer, Wire wire, uint64_t counted) {
     }
     link = it->second;
   }
+  if (created) note_route(peer);
   Session& s = *link.session;
   if (!s.open.load(std::memory_order_acquire)) {
     Locked lock(s.mu);
@@ -280,7 +284,41 @@ void Links::flush(const std::shared_ptr<Connection>& connection) {
   }
 }
 
+void Links::note_route(const PeerAddress& peer) {
+  // Outside links_mu_: the transport's debug_info takes its own locks.
+  std::string via = transport_name_for(transport_, peer.address);
+  FERRY_LOG(INFO) << self_name_ << ": calls to worker \"" << peer.info.name << "\" (id " << peer.info.id << ") go over "
+                  << via;
+  absl::MutexLock lock(&routes_->mu);
+  routes_->by_peer[peer.info.id] = {peer.info.name, std::move(via)};
+}
+
+std::function<std::string()> Links::prometheus() const {
+  return [routes = routes_] {
+    auto label = [](const std::string& text) {
+      std::string out;
+      for (char c : text) {
+        if (c == '"' || c == '\\') out.push_back('\\');
+        out.push_back(c == '\n' ? ' ' : c);
+      }
+      return out;
+    };
+    absl::MutexLock lock(&routes->mu);
+    if (routes->by_peer.empty()) return std::string();
+    std::string out = "# TYPE ferry_peer_transport gauge\n";
+    for (const auto& [id, route] : routes->by_peer) {
+      absl::StrAppend(&out, "ferry_peer_transport{peer=\"", label(route.first), "\",transport=\"", label(route.second),
+                      "\"} 1\n");
+    }
+    return out;
+  };
+}
+
 void Links::drop(int peer, bool left) {
+  {
+    absl::MutexLock lock(&routes_->mu);
+    routes_->by_peer.erase(peer);
+  }
   std::shared_ptr<Connection> connection;
   {
     Locked lock(links_mu_);
@@ -669,6 +707,14 @@ void Links::debug_info(std::map<std::string, std::string>& info) const {
   info["requests_in_flight_peak"] = std::to_string(serving_peak_.load());
   info["backlog_pauses"] = std::to_string(backlog_pauses_.load());
   info["backlog_closed"] = std::to_string(backlog_closed_.load());
+  {
+    absl::MutexLock lock(&routes_->mu);
+    std::string routes;
+    for (const auto& [id, route] : routes_->by_peer) {
+      absl::StrAppend(&routes, routes.empty() ? "" : ",", route.first, ":", route.second);
+    }
+    info["transports_by_peer"] = routes;
+  }
   {
     Locked lock(links_mu_);
     size_t on_theirs = 0;

@@ -31,6 +31,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "agents/core/handshake.h"
 #include "agents/core/lock_order.h"
 #include "agents/core/membership.h"
@@ -123,8 +124,12 @@ class Links {
   };
   Loss closed(const std::shared_ptr<Connection>& connection, const absl::Status& why);
 
-  // Counters for debug_info.
+  // Counters for debug_info, and "transports_by_peer": "b:ring,c:tcp".
   void debug_info(std::map<std::string, std::string>& info) const;
+  // The metrics endpoint's series of which transport reaches each linked peer
+  // (ferry_peer_transport{peer,transport} 1). The function may outlive this object;
+  // any thread.
+  std::function<std::string()> prometheus() const;
   uint64_t refused() const { return handshakes_refused_.load(std::memory_order_relaxed); }
   void count_refused() { handshakes_refused_.fetch_add(1, std::memory_order_relaxed); }
 
@@ -142,6 +147,8 @@ class Links {
   // The timer's look at a backlogged connection, `tries` looks after it became so.
   void watch_backlog(const std::weak_ptr<Connection>& connection, int tries);
   void close_backlogged(const std::shared_ptr<Connection>& connection, Connection::Backlog backlog, std::string_view why);
+  // Records, and logs at info level, the transport a new link to `peer` goes over.
+  void note_route(const PeerAddress& peer);
 
   const std::string self_name_;
   Transport& transport_;
@@ -156,6 +163,13 @@ class Links {
   // one peer never gets two connections from us.
   mutable RankedMutex links_mu_{LockRank::kLinks};
   absl::flat_hash_map<int, Link> links_ ABSL_GUARDED_BY(links_mu_);
+  // Each linked peer's name and the transport it is reached by, by id. A leaf lock;
+  // shared with prometheus()'s function.
+  struct Routes {
+    absl::Mutex mu;
+    std::map<int, std::pair<std::string, std::string>> by_peer ABSL_GUARDED_BY(mu);
+  };
+  const std::shared_ptr<Routes> routes_ = std::make_shared<Routes>();
   mutable RankedMutex accepted_mu_{LockRank::kAccepted};
   // Accepted connections still in their handshake, oldest first (at most
   // kMaxUnauthenticated + 1, so a linear erase is cheap).

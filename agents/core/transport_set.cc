@@ -32,8 +32,16 @@ absl::StatusOr<std::string> TransportSet::listen(std::weak_ptr<TransportEvents> 
   return record;
 }
 
+const Transport& TransportSet::part_for(const std::string& address) const {
+  for (size_t i = 0; i + 1 < parts_.size(); ++i) {
+    if (part_reaches(i, address)) return *parts_[i];
+  }
+  return *parts_.back();
+}
+
 std::shared_ptr<Connection> TransportSet::connect(std::shared_ptr<internal::Session> session,
                                                   const std::string& peer_name, const std::string& address) {
+  // part_for's choice, without the const.
   for (size_t i = 0; i + 1 < parts_.size(); ++i) {
     if (part_reaches(i, address)) return parts_[i]->connect(std::move(session), peer_name, address);
   }
@@ -72,6 +80,14 @@ std::map<std::string, std::string> TransportSet::debug_info() const {
   }
   out["transports"] = transports;
   return out;
+}
+
+std::string transport_name_for(const Transport& transport, const std::string& address) {
+  const auto* set = dynamic_cast<const TransportSet*>(&transport);
+  const Transport& part = set != nullptr ? set->part_for(address) : transport;
+  std::map<std::string, std::string> info = part.debug_info();
+  auto it = info.find("transports");
+  return it == info.end() || it->second.empty() ? std::string("unnamed") : it->second;
 }
 
 }  // namespace ferry

@@ -268,6 +268,8 @@ TEST(TransportRegistry, EachPeerIsReachedByTheFirstTransportThatReachesIt) {
   ASSERT_OK((*a)->send(2, Message(MessageType::kRequest, 0), 20s).result().status());
   EXPECT_EQ((*a)->debug_info().at("ring_opened"), "1");  // to b; c is reached over TCP
   EXPECT_EQ((*a)->debug_info().at("tcp_opened"), "1");
+  // And it says which: in debug_info (and the metrics, and one info line per peer).
+  EXPECT_EQ((*a)->debug_info().at("transports_by_peer"), "b:ring,c:tcp");
   for (auto* agent : {&*a, &*b, &*c}) (*agent)->shutdown();
 }
 

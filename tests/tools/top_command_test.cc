@@ -98,6 +98,8 @@ TEST(TopCommand, OnceJsonShowsEveryWorkerAndOneThatStopsAnswering) {
       EXPECT_EQ((*w)["functions"][0]["name"], "add") << w->dump(2);
       EXPECT_GT((*w)["bytes_out_per_s"].get<double>(), 0);
       EXPECT_EQ((*w)["errors_made"].get<uint64_t>(), 0u);
+      // Each calls one peer, through TensorPipe's transports (this agent's only ones).
+      EXPECT_EQ((*w)["transports"], nlohmann::json({{"shm,uv", 1}})) << w->dump(2);
     }
     // worker0 serves both others.
     EXPECT_GT((*worker(first, "worker0"))["served"].get<uint64_t>(), 0u);

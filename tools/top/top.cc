@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <future>
+#include <string_view>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/str_format.h"
 #include "metrics/metrics_server.h"
 #include "stats/prometheus.h"
@@ -15,6 +17,24 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double seconds_between(const StatsSnapshot& a, const StatsSnapshot& b) { return b.time - a.time; }
+
+// Peers by transport, from the lines `ferry_peer_transport{peer="b",transport="ring"} 1`
+// of a worker's metrics.
+std::map<std::string, int> transports_in(std::string_view text) {
+  std::map<std::string, int> counts;
+  constexpr std::string_view kSeries = "ferry_peer_transport{";
+  constexpr std::string_view kLabel = "transport=\"";
+  for (absl::string_view line : absl::StrSplit(absl::string_view(text.data(), text.size()), '\n')) {
+    if (!absl::StartsWith(line, absl::string_view(kSeries.data(), kSeries.size()))) continue;
+    const size_t at = line.find(absl::string_view(kLabel.data(), kLabel.size()));
+    if (at == absl::string_view::npos) continue;
+    const size_t from = at + kLabel.size();
+    const size_t to = line.find('"', from);
+    if (to == absl::string_view::npos) continue;
+    ++counts[std::string(line.substr(from, to - from))];
+  }
+  return counts;
+}
 
 double epoch_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -142,6 +162,7 @@ absl::Status JobView::refresh(std::chrono::milliseconds timeout) {
       continue;
     }
     w.error.clear();
+    w.transports = transports_in(*text);
     w.last_answer = Clock::now();
     w.previous = std::move(w.latest);
     w.latest = *std::move(snapshot);
@@ -170,6 +191,8 @@ nlohmann::json JobView::json() const {
     j["lease_expired"] = !w.departed && w.lease_expired;
     const Clock::time_point since = w.last_answer.value_or(w.first_seen);
     j["silent_seconds"] = answering || w.departed ? 0.0 : std::chrono::duration<double>(now - since).count();
+    // Which transport reaches how many of its peers: {"ring": 3, "tcp": 4}.
+    j["transports"] = w.transports;
     if (!w.latest.has_value()) {
       workers.push_back(j);
       continue;
@@ -249,12 +272,16 @@ std::vector<std::string> JobView::table(int width) const {
       // The latency shown is the made calls' where the worker makes calls, else the
       // served ones'.
       const nlohmann::json& l = made["count"].get<uint64_t>() > 0 ? made : served;
-      line = absl::StrFormat("%-12s %8s %8s %4d/%-4d %8.3f %8.3f %7d %8s %8s  fn %s | peers %s", name,
+      std::string via;
+      for (const auto& [transport, n] : w["transports"].items()) {
+        absl::StrAppendFormat(&via, "%s%s %d", via.empty() ? " | via " : ", ", transport, n.get<int>());
+      }
+      line = absl::StrFormat("%-12s %8s %8s %4d/%-4d %8.3f %8.3f %7d %8s %8s  fn %s | peers %s%s", name,
                              rate(w["made_per_s"]), rate(w["served_per_s"]), w["in_flight_made"].get<int64_t>(),
                              w["in_flight_served"].get<int64_t>(), l["p50_ms"].get<double>(),
                              l["p99_ms"].get<double>(),
                              static_cast<int>(w["errors_made"].get<uint64_t>() + w["errors_served"].get<uint64_t>()),
-                             rate(w["bytes_in_per_s"], true), rate(w["bytes_out_per_s"], true), busiest, peers);
+                             rate(w["bytes_in_per_s"], true), rate(w["bytes_out_per_s"], true), busiest, peers, via);
     }
     if (width > 0 && static_cast<int>(line.size()) > width) line.resize(static_cast<size_t>(width));
     lines.push_back(line);

@@ -41,6 +41,8 @@ struct WorkerView {
   std::optional<double> departed;
   // It never left, and its store lease expired (MetricsEndpoint::lease_expired): it died.
   bool lease_expired = false;
+  // How many of its peers each transport reaches (its ferry_peer_transport series).
+  std::map<std::string, int> transports;
 };
 
 class JobView {
