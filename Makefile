@@ -11,6 +11,9 @@
 #               FUZZ_SECONDS
 #   make check-layers  every #include of the library folders points down the layers
 #               (scripts/check_layers.py, README.md "Layout"); test-plain runs it first
+#   make check-docs    the README and docs/ point only at files, make targets, CMake
+#               targets and ferry options that exist (scripts/check_docs.py); test-plain
+#               runs it once the ferry tool is built
 BUILD      ?= build
 SAN_BUILD  ?= build-san
 FUZZ_BUILD ?= build-fuzz
@@ -29,7 +32,7 @@ LINE_TABLES := -DCMAKE_C_FLAGS_RELWITHDEBINFO='-O2 -g1 -DNDEBUG' -DCMAKE_CXX_FLA
 # CUDA's runtime maps memory where ASan's shadow gap would be.
 SAN_ENV    := ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
-.PHONY: all deps build demo test test-plain test-san test-tsan fuzz fuzz-build fuzz-smoke check-layers clean
+.PHONY: all deps build demo test test-plain test-san test-tsan fuzz fuzz-build fuzz-smoke check-layers check-docs clean
 
 all: build
 
@@ -63,7 +66,12 @@ check-layers:
 	python3 scripts/check_layers.py --self-test
 	python3 scripts/check_layers.py
 
-test-plain: check-layers build
+# The ferry tool answers --help for the README's commands.
+check-docs: build
+	python3 scripts/check_docs.py --self-test --ferry $(BUILD)/tools/ferry
+	python3 scripts/check_docs.py --ferry $(BUILD)/tools/ferry
+
+test-plain: check-layers build check-docs
 	ctest --test-dir $(BUILD) -j $(JOBS) --output-on-failure $(CTEST_RETRY) $(CTEST_ARGS)
 	$(call prune,$(BUILD))
 

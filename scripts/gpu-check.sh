@@ -4,13 +4,14 @@
 # how to carry it). In one command, under 8 minutes:
 #   1. the gpu-labelled tests (their binaries, run directly: ctest's files name the
 #      paths of the machine that built them);
-#   2. ferry bench rpc --device cuda on shm and uv, which measures, in the same run, the
-#      CPU echo, the CUDA echo, a pinned cudaMemcpy there and back and a device-to-device
-#      copy there and back;
+#   2. ferry bench rpc --device cuda on the ring (CUDA tensors over the cuda_ipc channel)
+#      and on TensorPipe's shm (over pinned staging), which measures, in the same run,
+#      the CPU echo, the CUDA echo, a pinned cudaMemcpy there and back and a
+#      device-to-device copy there and back;
 #   3. PyTorch's CUDA RPC (../shared/bench/torch_cuda_rpc.py, or $TORCH_BENCH), when
 #      python3 can import torch with CUDA.
 # It writes gpu-check.json (every step, its exit code and time, the bench's JSON, the
-# PyTorch figures) and summary.txt (the figures issue 41 asks for) into the output folder.
+# PyTorch figures) and summary.txt (the CUDA echoes beside their floors) into the output folder.
 #
 #   scripts/gpu-check.sh [BUILD_DIR] [OUT_DIR]        # defaults: build, gpu-check-<time>
 #   FERRY_EMULATE_CUDA=1 scripts/gpu-check.sh         # the same on the emulated runtime
@@ -98,7 +99,7 @@ step example_02_cuda 120 sh -c 'out=$("$0" 3 --device cuda 2>&1); rc=$?; echo "$
 # 2. ferry's figures, with the floors in the same run.
 EMULATE=""
 if [ -n "${FERRY_EMULATE_CUDA:-}" ]; then EMULATE="--emulate-cuda"; fi
-step bench_rpc_cuda 330 "$BUILD/tools/ferry" bench rpc --device cuda $EMULATE --transports shm,uv \
+step bench_rpc_cuda 330 "$BUILD/tools/ferry" bench rpc --device cuda $EMULATE --transports ring,shm \
   --iterations "$ITERATIONS" --json
 # The log holds the progress lines on stderr too: keep the JSON object alone.
 sed -n '/^{/,/^}/p' "$OUT/bench_rpc_cuda.log" > "$OUT/ferry_bench_rpc_cuda.json"

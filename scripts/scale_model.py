@@ -64,7 +64,7 @@ class Params:
     client_us: float = 10.0  # client CPU per store request (docs/store.md: ~10 us)
     net_us: float = 15.0  # one-way latency between a worker and a store server
     # Calibrated on this host from `ferry bench init --transports uv` before the agent
-    # rewrite (docs/bench_init_before.json): a worker's CPU grows by ~2.3 ms per peer
+    # rewrite (bench/results/init_eager_scheme.json): a worker's CPU grows by ~2.3 ms per peer
     # (one pipe each way plus half a Gloo pair) from ~16 ms at N -> 0. How the 2.3 ms
     # splits between pipes and Gloo pairs is a guess.
     start_cpu_us: float = 16000.0  # a worker's fixed start cost: context, listeners, threads
