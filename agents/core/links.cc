@@ -38,9 +38,8 @@ Links::Links(std::string self_name, Transport& transport, CallTable& timer, cons
       owner_(std::move(owner)),
       lost_(std::move(lost)) {}
 
-void Links::send(const PeerAddress& peer, Wire wire, uint64_t counted) {
+Links::Link Links::link_to(const PeerAddress& peer, bool& opens) {
   Link link;
-  bool opens = false;
   bool created = false;
   {
     Locked lock(links_mu_);
@@ -59,6 +58,12 @@ void Links::send(const PeerAddress& peer, Wire wire, uint64_t counted) {
     link = it->second;
   }
   if (created) note_route(peer);
+  return link;
+}
+
+void Links::send(const PeerAddress& peer, Wire wire, uint64_t counted) {
+  bool opens = false;
+  Link link = link_to(peer, opens);
   Session& s = *link.session;
   if (!s.open.load(std::memory_order_acquire)) {
     Locked lock(s.mu);
@@ -86,22 +91,8 @@ void Links::send(const PeerAddress& peer, Wire wire, uint64_t counted) {
 }
 
 std::shared_ptr<Connection> Links::connection_to(const PeerAddress& peer) {
-  Link link;
   bool opens = false;
-  {
-    Locked lock(links_mu_);
-    auto [it, inserted] = links_.try_emplace(peer.info.id);
-    if (inserted) {
-      if (std::shared_ptr<Connection> theirs = share_incoming(peer)) {
-        it->second.session = std::shared_ptr<Session>(theirs, theirs->session());
-        it->second.connection = std::move(theirs);
-      } else {
-        it->second.session = handshake_.opener(peer.info.id, peer.info.name);
-        opens = true;
-      }
-    }
-    link = it->second;
-  }
+  Link link = link_to(peer, opens);
   if (opens) open(peer, link.session);
   if (link.connection != nullptr) return link.connection;
   Locked lock(links_mu_);

@@ -138,6 +138,10 @@ class Links {
     std::shared_ptr<Session> session;
     std::shared_ptr<Connection> connection;
   };
+  // The link to `peer`, made on its first use: on the peer's own connection when that
+  // carries our calls too, else with a session this worker opens (`opens` set: the
+  // caller calls open()).
+  Link link_to(const PeerAddress& peer, bool& opens);
   std::shared_ptr<Connection> share_incoming(const PeerAddress& peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(links_mu_);
   void open(const PeerAddress& peer, std::shared_ptr<Session> session);
   void expect_challenge(const PeerAddress& peer, const std::shared_ptr<Session>& session);
