@@ -9,6 +9,7 @@ TransportSet::TransportSet(std::vector<std::unique_ptr<Transport>> parts, std::v
     : parts_(std::move(parts)), judges_(std::move(judges)) {
   FERRY_CHECK(!parts_.empty()) << "a TransportSet needs at least one part";
   FERRY_CHECK(judges_.empty() || judges_.size() == parts_.size()) << "a TransportSet needs one judge per part";
+  for (const std::unique_ptr<Transport>& part : parts_) names_.push_back(transport_name_for(*part, ""));
 }
 
 bool TransportSet::part_reaches(size_t i, const std::string& address) const {
@@ -32,20 +33,18 @@ absl::StatusOr<std::string> TransportSet::listen(std::weak_ptr<TransportEvents> 
   return record;
 }
 
-const Transport& TransportSet::part_for(const std::string& address) const {
+size_t TransportSet::part_index(const std::string& address) const {
   for (size_t i = 0; i + 1 < parts_.size(); ++i) {
-    if (part_reaches(i, address)) return *parts_[i];
+    if (part_reaches(i, address)) return i;
   }
-  return *parts_.back();
+  return parts_.size() - 1;
 }
+
+const std::string& TransportSet::name_for(const std::string& address) const { return names_[part_index(address)]; }
 
 std::shared_ptr<Connection> TransportSet::connect(std::shared_ptr<internal::Session> session,
                                                   const std::string& peer_name, const std::string& address) {
-  // part_for's choice, without the const.
-  for (size_t i = 0; i + 1 < parts_.size(); ++i) {
-    if (part_reaches(i, address)) return parts_[i]->connect(std::move(session), peer_name, address);
-  }
-  return parts_.back()->connect(std::move(session), peer_name, address);
+  return parts_[part_index(address)]->connect(std::move(session), peer_name, address);
 }
 
 bool TransportSet::reaches(const std::string& address) const {
@@ -83,9 +82,8 @@ std::map<std::string, std::string> TransportSet::debug_info() const {
 }
 
 std::string transport_name_for(const Transport& transport, const std::string& address) {
-  const auto* set = dynamic_cast<const TransportSet*>(&transport);
-  const Transport& part = set != nullptr ? set->part_for(address) : transport;
-  std::map<std::string, std::string> info = part.debug_info();
+  if (const auto* set = dynamic_cast<const TransportSet*>(&transport)) return set->name_for(address);
+  std::map<std::string, std::string> info = transport.debug_info();
   auto it = info.find("transports");
   return it == info.end() || it->second.empty() ? std::string("unnamed") : it->second;
 }

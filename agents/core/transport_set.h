@@ -46,20 +46,24 @@ class TransportSet final : public Transport {
   std::map<std::string, std::string> debug_info() const override;
 
   const std::vector<std::unique_ptr<Transport>>& parts() const { return parts_; }
-  // The part connect() goes through for the worker whose record is `address`.
-  const Transport& part_for(const std::string& address) const;
+  // The name of the part connect() goes through for the worker whose record is
+  // `address` (its debug_info()'s "transports", read once when the set is made).
+  const std::string& name_for(const std::string& address) const;
 
  private:
   bool part_reaches(size_t i, const std::string& address) const;
+  // The index of the part connect() goes through for `address`.
+  size_t part_index(const std::string& address) const;
 
   std::vector<std::unique_ptr<Transport>> parts_;
   std::vector<Judge> judges_;  // empty, or one per part
+  std::vector<std::string> names_;  // one per part
 };
 
 // The name of the transport that `transport` reaches the worker whose record is
 // `address` by, as connect() chooses it: "ring", "tcp", or a TensorPipe part's names
 // ("shm,uv"). For the log, debug_info and the metrics; asks the part's debug_info(), so
-// call it once per peer, not per message.
+// call it once per peer, not per message (a TransportSet answers from its cache).
 std::string transport_name_for(const Transport& transport, const std::string& address);
 
 // `transport` itself, or the first part of a TransportSet that is a T; null if none.
