@@ -615,7 +615,9 @@ class EmulatedCudaRuntime::Impl {
       return absl::InvalidArgumentError(
           absl::StrCat("release_imported_pointer of ", reinterpret_cast<uintptr_t>(ptr), ", which is not imported"));
     }
-    (*st)->enqueue([this, ptr] { imports_.release_pointer(ptr); });
+    // As a free: on an idle stream it runs here, so what the channel queues after it
+    // (its event's record) does not wait for the stream's thread.
+    (*st)->enqueue([this, ptr] { imports_.release_pointer(ptr); }, /*run_if_idle=*/options_.copy_delay.count() == 0);
     return absl::OkStatus();
   }
 
