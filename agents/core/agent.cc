@@ -398,11 +398,15 @@ void Agent::handshake(const std::shared_ptr<Connection>& connection, const Wire&
     case HandshakeStep::Kind::kNone:
       return;
     case HandshakeStep::Kind::kSend:
+      // With flush, the acceptor's challenge proved the token: the transport may share
+      // with it what it keeps from strangers (Connection::authenticated).
+      if (step.flush) connection->authenticated();
       connection->write(*std::move(step.reply));
       if (step.flush) links_->flush(connection);
       return;
     case HandshakeStep::Kind::kAdmit:
       links_->admit(connection, /*replace=*/handshake_.uses_token());
+      connection->authenticated();
       if (step.reply) connection->write(*std::move(step.reply));
       // Only behind the verdict may our own calls follow on it.
       links_->allow_sharing(*connection);

@@ -136,6 +136,14 @@ class Connection {
   }
   static constexpr size_t kMaxDescriptorNote = 8192;
 
+  // The core found the peer at the other end to be a member: it proved the job token
+  // (without a token in use: its handshake is done). Called once, on any thread,
+  // holding none of the core's locks; it must not block or call back. A transport that
+  // shares something with a peer only once the peer is known (the ring: the page that
+  // wakes this worker, which every authenticated peer writes) hands it over here; what
+  // the peer sends before that still arrives. The default does nothing.
+  virtual void authenticated() {}
+
   // The core's state for this connection. A transport passes it to the constructor
   // (for connections it opens through connect()) and never reads it; the core sets it
   // on accepted connections in on_accepted, before any other event of theirs.

@@ -440,7 +440,7 @@ void Endpoint::accept_hello(uint64_t id, int fd) {
   if (!any_user) {
     if (absl::Status same = check_peer_user(fd); !same.ok()) return refuse(std::string(same.message()));
   }
-  if (n != sizeof(Packet) || hello.magic != kMagic || hello.kind != kHello || fds.size() != 2) {
+  if (n != sizeof(Packet) || hello.magic != kMagic || hello.kind != kHello || fds.size() != 1) {
     return refuse("not a ring hello");
   }
   if (hello.version != kVersion) {
@@ -456,8 +456,6 @@ void Endpoint::accept_hello(uint64_t id, int fd) {
   absl::StatusOr<Mapping> segment = map_peer_memfd(fds[0], ring::kHeaderBytes + 2 * rb, /*exact=*/true);
   if (!segment.ok()) return refuse(std::string(segment.status().message()));
   void* token = sync_token(fds[0]);
-  absl::StatusOr<std::shared_ptr<const Mapping>> peer_bell = map_peer_bell(fds[1]);
-  if (!peer_bell.ok()) return refuse(std::string(peer_bell.status().message()));
   close_all(fds);
   auto pipe = std::make_shared<Pipe>(nullptr, weak_from_this(), /*side=*/1);
   pipe->attach(fd, *std::move(segment), rb, token);
@@ -467,19 +465,20 @@ void Endpoint::accept_hello(uint64_t id, int fd) {
   // claims: a peer must not make this worker read another process's memory for it.
   const pid_t pid = socket_peer_pid(fd);
   const bool reads = reads_in_place(pid, hello.probe_addr, hello.probe_value);
+  pipe->set_peer_pid(pid);
+  pipe->name_peer_slot(hello.slot);
   Packet reply;
   reply.kind = kReply;
   reply.pid = static_cast<uint32_t>(getpid());
   reply.reads_you = reads ? 1 : 0;
   reply.slot = pipe->own_slot;
   pipe->set_peer_reads_me(hello.reads_you != 0);
-  const int reply_fds[] = {bell_fd};
-  if (!send_with_fds(fd, &reply, sizeof(reply), reply_fds)) {
+  // No bell: the peer gets it once the core authenticated it (Pipe::authenticated).
+  if (!send_with_fds(fd, &reply, sizeof(reply), {})) {
     refused.fetch_add(1);
     give_slot(pipe->own_slot);
     return;  // the pipe, never shared, closes the socket
   }
-  pipe->meet(*std::move(peer_bell), pid, hello.slot);
   accepted.fetch_add(1);
   post({Command::kAdd, pipe, absl::OkStatus()});
   std::lock_guard<std::mutex> lock(mu);  // already in the epoll set, under this id
@@ -527,16 +526,26 @@ void Endpoint::on_socket(uint64_t id, uint32_t what) {
       }
       continue;
     }
+    const bool packet = n == sizeof(Packet) && p.magic == kMagic;
+    if (packet && p.kind == kWake && fds.empty()) {
+      pipe->on_wake(*this);
+      continue;
+    }
     // The reply must name the pid the record named (what is read in place is read from
     // the process the kernel connected us to, whatever either says).
-    if (n > 0 && n == sizeof(Packet) && p.magic == kMagic && p.kind == kReply && fds.size() == 1 &&
-        !pipe->accepted() && !pipe->met() && (p.slot < ring::kSlots || p.slot == ring::kNoSlot) &&
-        static_cast<pid_t>(p.pid) == pipe->named_pid()) {
+    if (packet && p.kind == kReply && fds.empty() && !pipe->accepted() && !pipe->replied() &&
+        (p.slot < ring::kSlots || p.slot == ring::kNoSlot) && static_cast<pid_t>(p.pid) == pipe->named_pid()) {
+      pipe->set_replied();
+      pipe->set_peer_reads_me(p.reads_you != 0);
+      pipe->name_peer_slot(p.slot);
+      continue;
+    }
+    // The peer's bell, once its core authenticated this worker (after its reply).
+    if (packet && p.kind == kBell && fds.size() == 1 && !pipe->met() && (pipe->accepted() || pipe->replied())) {
       absl::StatusOr<std::shared_ptr<const Mapping>> bell_map = map_peer_bell(fds[0]);
       close_all(fds);
       if (bell_map.ok()) {
-        pipe->set_peer_reads_me(p.reads_you != 0);
-        pipe->meet(*std::move(bell_map), pipe->peer_pid(), p.slot);
+        pipe->meet(*std::move(bell_map));
         continue;
       }
     }

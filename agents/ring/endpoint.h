@@ -9,7 +9,9 @@
 //   while it waits (base/progress.h) steps the rings in its place meanwhile (drive,
 //   enter_driver, leave_driver); step_mu lets one thread step at a time.
 // - The control thread (run_control) accepts sockets, exchanges the memfds (the hello
-//   and its reply, agents/ring/protocol.h) and watches each socket for its end.
+//   and its reply, then the bells once each core authenticated its peer,
+//   agents/ring/protocol.h), takes the wakes of peers that have no bell yet, and
+//   watches each socket for its end.
 //
 // Ownership: RingTransport (agents/ring/transport.h) owns the endpoint and starts and
 // joins its threads; the threads and the progress registration hold it too (shared),
@@ -143,6 +145,9 @@ struct Endpoint : std::enable_shared_from_this<Endpoint> {
 
   std::atomic<uint64_t> opened{0}, accepted{0}, refused{0}, sleeps{0}, in_place_reads{0}, messages_in{0},
       messages_out{0}, driven{0}, news_steps{0}, stepped_away{0};
+  // kWake packets taken (peers that have no bell of this worker's yet), and those not
+  // acted on (an unauthenticated peer past Pipe::kMaxUnauthenticatedWakes).
+  std::atomic<uint64_t> wakes{0}, wakes_ignored{0};
   // Bytes of tensors all connections hold for their peers to read in place, and tensors
   // sent by copy because their connection held RingOptions::max_held_bytes.
   std::atomic<uint64_t> held_bytes{0}, copied_past_held{0};

@@ -114,17 +114,62 @@ void Pipe::attach(int fd, Mapping segment, uint64_t ring_bytes, void* token) {
   rx_ = ring::Consumer(in, in_data, ring_bytes);
 }
 
-void Pipe::meet(std::shared_ptr<const Mapping> bell, pid_t pid, uint32_t peer_slot) {
-  peer_pid_.store(pid, std::memory_order_relaxed);
-  peer_slot_.store(peer_slot, std::memory_order_relaxed);
+void Pipe::meet(std::shared_ptr<const Mapping> bell) {
   peer_bell_map_ = std::move(bell);
   peer_bell_.store(static_cast<ring::Bell*>(peer_bell_map_->ptr), std::memory_order_release);
-  ring::ring(peer_bell_.load(), peer_slot);
+  ring::ring(peer_bell_.load(), peer_slot_.load(std::memory_order_relaxed));
+}
+
+void Pipe::authenticated() {
+  if (fd_ < 0 || closing_.load() || authenticated_.exchange(true)) return;
+  std::shared_ptr<Endpoint> home = home_.lock();
+  if (!home) return;
+  Packet p;
+  p.kind = kBell;
+  p.pid = static_cast<uint32_t>(getpid());
+  const int fds[] = {home->bell_fd};
+  // One try: between two workers the socket holds at most a wake each way and the
+  // descriptors passed, so a full one is a peer that stopped reading it.
+  if (!send_with_fds(fd_, &p, sizeof(p), fds)) {
+    end(*home, absl::UnavailableError(absl::StrCat("cannot hand the peer this worker's bell: ", errno_text(errno))));
+  }
+}
+
+void Pipe::on_wake(Endpoint& home) {
+  if (shared_ == nullptr) return;
+  shared_->wake_sent[1 - side_].store(0, std::memory_order_seq_cst);
+  home.wakes.fetch_add(1, std::memory_order_relaxed);
+  // Only a peer that connected to us can be a stranger: one we connected to is the
+  // member its record named, whose wakes are answered as its bell's would be.
+  if (accepted() && !authenticated_.load(std::memory_order_acquire) &&
+      ++unauthenticated_wakes_ > kMaxUnauthenticatedWakes) {
+    home.wakes_ignored.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  ring::ring(home.bell, own_slot);
+}
+
+void Pipe::wake_peer() {
+  if (ring::Bell* bell = peer_bell_.load(std::memory_order_acquire)) {
+    ring::ring(bell, peer_slot_.load(std::memory_order_relaxed));
+    return;
+  }
+  if (fd_ < 0 || shared_ == nullptr) return;
+  // Ordered after what was published, as ring() orders it against the news.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  std::atomic<uint32_t>& sent = shared_->wake_sent[side_];
+  if (sent.load(std::memory_order_seq_cst) != 0 || sent.exchange(1, std::memory_order_seq_cst) != 0) return;
+  Packet p;
+  p.kind = kWake;
+  p.pid = static_cast<uint32_t>(getpid());
+  if (::send(fd_, &p, sizeof(p), MSG_DONTWAIT | MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(p))) {
+    sent.store(0, std::memory_order_relaxed);  // the next write tries again
+  }
 }
 
 bool Pipe::carries_calls_to(const std::string& address) const {
   RingRecord r;
-  return two_way_ && met() && parse_record(address, r) && r.pid > 0 && r.pid == peer_pid();
+  return two_way_ && accepted() && parse_record(address, r) && r.pid > 0 && r.pid == peer_pid();
 }
 
 void Pipe::write(Wire wire) {
@@ -301,9 +346,7 @@ bool Pipe::pump_locked() {
 void Pipe::publish_locked() {
   tsan_release(tsan_token_);
   tx_.publish();
-  if (ring::Bell* bell = peer_bell_.load(std::memory_order_acquire)) {
-    ring::ring(bell, peer_slot_.load(std::memory_order_relaxed));
-  }
+  wake_peer();
 }
 
 void Pipe::count_unsent_locked() {
@@ -328,11 +371,7 @@ bool Pipe::fail_locked(const char* why) {
 }
 
 void Pipe::release_read() {
-  if (rx_.unreleased() && rx_.release()) {
-    if (ring::Bell* bell = peer_bell_.load(std::memory_order_acquire)) {
-      ring::ring(bell, peer_slot_.load(std::memory_order_relaxed));
-    }
-  }
+  if (rx_.unreleased() && rx_.release()) wake_peer();
 }
 
 // Copies ring bytes into `buffer` until it holds `need`; true once it does.

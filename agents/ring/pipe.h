@@ -67,10 +67,28 @@ class Pipe final : public Connection, public std::enable_shared_from_this<Pipe> 
   void attach(int fd, Mapping segment, uint64_t ring_bytes, void* token);
   bool attached() const { return shared_ != nullptr; }
 
-  // Control thread: the peer's bell is mapped; from now on writes wake it and set
-  // `peer_slot` in its news (what was written before is announced here).
-  void meet(std::shared_ptr<const Mapping> bell, pid_t pid, uint32_t peer_slot);
+  // Acceptor before the pipe is shared, connector on the reply (control thread): the
+  // peer's process as the kernel reports it (acceptor), and its bit in the peer's news.
+  void name_peer_slot(uint32_t peer_slot) { peer_slot_.store(peer_slot, std::memory_order_relaxed); }
+  void set_peer_pid(pid_t pid) { peer_pid_.store(pid, std::memory_order_relaxed); }
+  // Connector, control thread: the acceptor's reply came (once).
+  bool replied() const { return replied_; }
+  void set_replied() { replied_ = true; }
+  // Control thread: the peer's bell came (kBell, once its core authenticated this
+  // worker) and is mapped; from now on writes ring it and set the peer's slot in its
+  // news (what was written before is announced here). Until then a write wakes the
+  // peer over the socket (kWake).
+  void meet(std::shared_ptr<const Mapping> bell);
   bool met() const { return peer_bell_.load(std::memory_order_acquire) != nullptr; }
+  // The core authenticated the peer: it gets this worker's bell (a kBell packet). A
+  // socket that cannot take the packet ends the connection.
+  void authenticated() override;
+  // Control thread: the peer says it wrote (kWake). Rings this worker's own bell for
+  // this pipe; on an accepted pipe whose peer is not authenticated yet, at most
+  // kMaxUnauthenticatedWakes times (the data thread still reads every ring each
+  // kReadAllEvery).
+  void on_wake(Endpoint& home);
+  static constexpr uint32_t kMaxUnauthenticatedWakes = 256;
   bool accepted() const { return side_ == 1; }
   // Acceptor, before the pipe is shared: whether the core may send its own calls on it
   // (RingOptions::two_way). Each direction has its own ring, so either side's calls
@@ -170,6 +188,8 @@ class Pipe final : public Connection, public std::enable_shared_from_this<Pipe> 
 
   // Gives the bytes read back to the peer, waking it if it waits for room.
   void release_read();
+  // Tells the peer there is something for it: its bell, or before it came, a kWake.
+  void wake_peer();
 
   // The receive side's state between calls: which part of a frame comes next.
   enum class Stage { kFixed, kEntries, kTargets, kMetadata, kTensors };
@@ -188,11 +208,14 @@ class Pipe final : public Connection, public std::enable_shared_from_this<Pipe> 
   ring::SegmentHeader* shared_ = nullptr;
   std::shared_ptr<const Mapping> peer_bell_map_;  // shared with the peer's other pipes
   std::atomic<ring::Bell*> peer_bell_{nullptr};
-  std::atomic<pid_t> peer_pid_{0};  // set before peer_bell_
+  std::atomic<pid_t> peer_pid_{0};
   pid_t named_pid_ = 0;             // connector: set before the pipe is shared
-  std::atomic<uint32_t> peer_slot_{ring::kNoSlot};  // set before peer_bell_
+  std::atomic<uint32_t> peer_slot_{ring::kNoSlot};  // set before the peer's bell comes
   void* tsan_token_ = nullptr;  // set before the pipe is shared
   std::atomic<bool> peer_reads_me_{false};
+  std::atomic<bool> authenticated_{false};  // this worker's bell went to the peer
+  bool replied_ = false;                    // control thread only
+  uint32_t unauthenticated_wakes_ = 0;      // control thread only
   std::atomic<bool> writable_{true};
   std::atomic<bool> closing_{false};
   std::atomic<bool> paused_{false};

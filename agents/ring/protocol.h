@@ -19,8 +19,10 @@ namespace ferry::internal::ring {
 
 inline constexpr uint32_t kMagic = 0x676e6972;  // "ring"
 // 2: the bell's news; 3: the probe in the address, no verdict; 4: an acceptor may send its
-// own calls on a connection (a worker of version 3 would take them for stray replies).
-inline constexpr uint32_t kVersion = 4;
+// own calls on a connection (a worker of version 3 would take them for stray replies);
+// 5: bells travel only once the core authenticated the peer (kBell), wakes before that
+// over the socket (kWake).
+inline constexpr uint32_t kVersion = 5;
 inline constexpr size_t kMinRing = 4096;
 inline constexpr size_t kMaxRing = size_t{1} << 30;
 // A message announcing more tensors, or a longer target, is refused before anything is
@@ -28,15 +30,19 @@ inline constexpr size_t kMaxRing = size_t{1} << 30;
 inline constexpr uint32_t kMaxTensors = 1 << 16;
 inline constexpr uint32_t kMaxTargetBytes = 4096;
 
-// Socket packets: the hello (with the segment's and the connector's bell's memfds) and
-// the reply (with the acceptor's bell). Each says whether its sender can read the other
-// in place: the connector probes the acceptor before it connects, with the probe its
-// address carries, so no third packet (and no third wake-up of the acceptor's control
-// thread) is needed for that.
+// Socket packets: the hello (with the segment's memfd) and the reply. Each says whether
+// its sender can read the other in place: the connector probes the acceptor before it
+// connects, with the probe its address carries, so no third packet (and no third
+// wake-up of the acceptor's control thread) is needed for that.
 // kDescriptor: after the hello, either side may pass a descriptor (Connection::
 // pass_descriptor): a Packet whose probe_addr is the tag and ring_bytes the length of
 // the note that follows it in the same packet, with the descriptor, if any, attached.
-enum PacketKind : uint32_t { kHello = 1, kReply = 2, kDescriptor = 3 };
+// kBell: the sender's bell (its memfd attached), sent once its core authenticated the
+// receiver (Connection::authenticated): every peer that holds a worker's bell can
+// write it, so a stranger never gets it. kWake: the sender wrote and has no bell of
+// the receiver's to ring (SegmentHeader::wake_sent); the receiver's control thread
+// rings its own bell for it, for an unauthenticated peer a bounded number of times.
+enum PacketKind : uint32_t { kHello = 1, kReply = 2, kDescriptor = 3, kBell = 4, kWake = 5 };
 struct Packet {
   uint32_t magic = kMagic;
   uint32_t version = kVersion;

@@ -34,6 +34,10 @@ struct SegmentHeader {
   // Set by a side before it lets go of tensors the other side may still be reading in
   // place (index 0: the connector, 1: the acceptor).
   alignas(kLine) std::atomic<uint32_t> closed[2] = {0, 0};
+  // Set by a side (indexed as `closed`) that told the other over the socket that it
+  // wrote (a kWake packet: it has no bell of the other's yet), and cleared by the
+  // other's control thread as the packet arrives: one such packet at a time each way.
+  alignas(kLine) std::atomic<uint32_t> wake_sent[2] = {0, 0};
 };
 inline constexpr size_t kHeaderBytes = 4096;
 static_assert(sizeof(SegmentHeader) <= kHeaderBytes);
@@ -44,11 +48,13 @@ inline constexpr size_t kNewsWords = (kBellBytes - 2 * kLine) / sizeof(uint64_t)
 inline constexpr uint32_t kSlots = static_cast<uint32_t>(kNewsWords * 64);
 inline constexpr uint32_t kNoSlot = UINT32_MAX;
 
-// An endpoint's wake-up word, in a page of its own that every peer maps, and its news:
+// An endpoint's wake-up word, in a page of its own that every authenticated peer maps
+// (a peer gets it only once this worker's core found it a member: Connection::
+// authenticated; before, it wakes this worker over the socket), and its news:
 // one bit per connection into it (the connection's slot, chosen by this endpoint),
 // which the peer sets after it writes, so that an endpoint with many connections
 // reads only those with something new instead of checking every ring on each poll.
-// A peer can set or clear any bit; the owner treats news as a hint and reads every
+// Such a peer can set or clear any bit; the owner treats news as a hint and reads every
 // ring again whenever it wakes from sleep.
 struct Bell {
   alignas(kLine) std::atomic<uint32_t> seq{0};

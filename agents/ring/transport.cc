@@ -190,7 +190,7 @@ std::shared_ptr<Connection> RingTransport::connect(std::shared_ptr<Session> sess
   pipe->own_slot = e.take_slot();  // given back at kAdd if the pipe never comes up
   hello.slot = pipe->own_slot;
   void* token = ring::sync_token(segment->first);
-  const int hello_fds[] = {segment->first, e.bell_fd};
+  const int hello_fds[] = {segment->first};  // the bell follows once the acceptor is authenticated
   bool sent = ring::send_with_fds(fd, &hello, sizeof(hello), hello_fds);
   int err = errno;
   ::close(segment->first);
@@ -287,6 +287,8 @@ std::map<std::string, std::string> RingTransport::debug_info() const {
           {"ring_stepped_away", std::to_string(e.stepped_away.load())},
           {"ring_parked", e.parked.load() ? "1" : "0"},
           {"ring_news_steps", std::to_string(e.news_steps.load())},
+          {"ring_wakes", std::to_string(e.wakes.load())},
+          {"ring_wakes_ignored", std::to_string(e.wakes_ignored.load())},
           {"ring_poll_us", std::to_string(e.window.get().count())}};
 }
 

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -30,6 +31,7 @@
 #include "absl/strings/str_split.h"
 #include "agents/core/transport_set.h"
 #include "agents/ring/factory.h"
+#include "agents/ring/pipe.h"
 #include "agents/ring/protocol.h"
 #include "agents/ring/ring.h"
 #include "agents/ring/split_read.h"
@@ -39,8 +41,11 @@
 #include "base/thread_role.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "serialization/error.h"
+#include "store/file_store.h"
 #include "store/hash_store.h"
 #include "tests/agents/transport_events.h"
+#include "tests/testing/multi_process.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/threads.h"
 
@@ -77,7 +82,7 @@ int connect_raw(const std::string& name) {
 // valid hello.
 struct Hello {
   uint32_t magic = 0x676e6972;
-  uint32_t version = 4;
+  uint32_t version = 5;
   uint32_t kind = 1;
   uint32_t pid = 0;
   uint32_t reads_you = 0;
@@ -103,14 +108,15 @@ int memfd_of(size_t bytes, bool sealed) {
 }
 
 // Connects to the worker at `address` as a raw peer and says a valid hello with
-// `segment_fd` and `bell_fd`; the socket, or -1.
-int say_hello(const std::string& address, int segment_fd, int bell_fd, uint64_t ring_bytes) {
+// `segment_fd` (no bell: a peer hands over its bell once authenticated); the socket,
+// or -1.
+int say_hello(const std::string& address, int segment_fd, uint64_t ring_bytes) {
   int fd = connect_raw(socket_name(address));
   if (fd < 0) return fd;
   Hello hello;
   hello.pid = static_cast<uint32_t>(getpid());
   hello.ring_bytes = ring_bytes;
-  send_with_fds(fd, &hello, sizeof(hello), {segment_fd, bell_fd});
+  send_with_fds(fd, &hello, sizeof(hello), {segment_fd});
   return fd;
 }
 
@@ -163,15 +169,16 @@ TEST(RingTransport, HostileHellosAreRefusedAndTheWorkerGoesOn) {
   stray_slot.slot = internal::ring::kSlots;
   std::vector<Case> cases = {
       {"no descriptors", Hello{}, {}},
-      {"wrong magic", wrong_magic, {memfd_of(segment, true), memfd_of(4096, true)}},
-      {"a ring that is not a power of two", odd_ring, {memfd_of(segment, true), memfd_of(4096, true)}},
-      {"a ring of 1 TiB", huge_ring, {memfd_of(segment, true), memfd_of(4096, true)}},
-      {"another protocol version", later_version, {memfd_of(segment, true), memfd_of(4096, true)}},
-      {"a news slot beyond the bell", stray_slot, {memfd_of(segment, true), memfd_of(4096, true)}},
+      {"wrong magic", wrong_magic, {memfd_of(segment, true)}},
+      {"a ring that is not a power of two", odd_ring, {memfd_of(segment, true)}},
+      {"a ring of 1 TiB", huge_ring, {memfd_of(segment, true)}},
+      {"another protocol version", later_version, {memfd_of(segment, true)}},
+      {"a news slot beyond the bell", stray_slot, {memfd_of(segment, true)}},
       // A memfd the sender could shrink under the reader would fault it.
-      {"an unsealed segment", Hello{}, {memfd_of(segment, false), memfd_of(4096, true)}},
-      {"a segment smaller than announced", Hello{}, {memfd_of(4096, true), memfd_of(4096, true)}},
-      {"a bell too small", Hello{}, {memfd_of(segment, true), memfd_of(64, true)}},
+      {"an unsealed segment", Hello{}, {memfd_of(segment, false)}},
+      {"a segment smaller than announced", Hello{}, {memfd_of(4096, true)}},
+      // Version 4's hello, with the connector's bell.
+      {"two descriptors", Hello{}, {memfd_of(segment, true), memfd_of(4096, true)}},
   };
   int refused = 0;
   for (Case& c : cases) {
@@ -225,7 +232,7 @@ TEST(RingTransport, AHostileRingIsClosedSayingWhy) {
     RawRing peer(kRing);
     ASSERT_NE(peer.segment, MAP_FAILED);
     auto* header = peer.header;
-    int fd = say_hello(victim.address, peer.segment_fd, peer.bell_fd, kRing);
+    int fd = say_hello(victim.address, peer.segment_fd, kRing);
     ASSERT_GE(fd, 0);
     ASSERT_TRUE(victim.events->wait_for([&] { return !victim.events->accepted_.empty(); }));
     uint8_t* forward = peer.forward;
@@ -270,7 +277,7 @@ TEST(RingTransport, AMessagesTargetsAreNotBufferedBeforeTheCoreAdmitsIt) {
   constexpr size_t kRing = 4096;
   RawRing peer(kRing);
   ASSERT_NE(peer.segment, MAP_FAILED);
-  int fd = say_hello(victim.address, peer.segment_fd, peer.bell_fd, kRing);
+  int fd = say_hello(victim.address, peer.segment_fd, kRing);
   ASSERT_GE(fd, 0);
   ASSERT_TRUE(victim.events->wait_for([&] { return !victim.events->accepted_.empty(); }));
   // A message of 2 tensors, each with a 4 KiB target, 10 bytes of metadata; the
@@ -312,7 +319,7 @@ TEST(RingTransport, APeerThatMovesItsHeadAfterClosingCannotHoldTheWorker) {
   victim.events->set_after_message([](Connection&, const Wire& wire) {
     if (wire.metadata == "flooding") std::this_thread::sleep_for(std::chrono::milliseconds(1));
   });
-  int fd = say_hello(victim.address, peer.segment_fd, peer.bell_fd, kRing);
+  int fd = say_hello(victim.address, peer.segment_fd, kRing);
   ASSERT_GE(fd, 0);
   ASSERT_TRUE(victim.events->wait_for([&] { return !victim.events->accepted_.empty(); }));
   auto got = [&](const std::string& text) {
@@ -367,6 +374,23 @@ TEST(RingTransport, ReachesOnlyItsOwnHostAndNetworkNamespace) {
   EXPECT_THAT(std::string(a.events->closed_[0].second.message()), HasSubstr("no ring endpoint on this host"));
 }
 
+// Polls `done` for up to 20 s.
+bool eventually(const std::function<bool()>& done) {
+  auto until = std::chrono::steady_clock::now() + seconds(20);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+// Whether the acceptor's reply reached the connector `out` (it says the acceptor reads
+// in place): it travels on the socket, beside the ring, so a first message's arrival
+// does not say so.
+bool replied(Connection& out) {
+  return eventually([&] { return static_cast<internal::ring::Pipe&>(out).peer_reads_me(); });
+}
+
 // Large tensors are read straight out of the sender, either way, small ones cross the
 // ring, and both arrive intact, through messages much larger than the ring.
 TEST(RingTransport, LargeTensorsAreReadInPlaceAndSmallOnesCrossTheRing) {
@@ -374,9 +398,10 @@ TEST(RingTransport, LargeTensorsAreReadInPlaceAndSmallOnesCrossTheRing) {
   Side b(make_ring_transport("b", RingOptions{.ring_bytes = 8192, .in_place_bytes = 65536}));
   std::shared_ptr<Connection> out = a.transport->connect(nullptr, "b", b.address);
   // Whether the acceptor reads the connector in place comes with the acceptor's reply to
-  // the hello: wait for a first message.
+  // the hello.
   out->write(text("first"));
   ASSERT_TRUE(b.events->wait_for([&] { return b.events->received_.size() == 1; }));
+  ASSERT_TRUE(replied(*out));
   std::vector<float> big(1 << 20), small(1000);
   for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(i);
   for (size_t i = 0; i < small.size(); ++i) small[i] = -static_cast<float>(i);
@@ -420,7 +445,7 @@ TEST(RingTransport, APeerThatNeverAcknowledgesPinsAtMostTheHeldBound) {
   hello.pid = static_cast<uint32_t>(getpid());
   hello.ring_bytes = kRing;
   hello.reads_you = 1;  // a claim it never makes good on: no acknowledgement comes
-  send_with_fds(fd, &hello, sizeof(hello), {peer.segment_fd, peer.bell_fd});
+  send_with_fds(fd, &hello, sizeof(hello), {peer.segment_fd});
   ASSERT_TRUE(worker.events->wait_for([&] { return !worker.events->accepted_.empty(); }));
   std::shared_ptr<Connection> to_peer = worker.events->accepted_[0];
   std::vector<float> data(kTensor / sizeof(float), 2.0f);
@@ -444,6 +469,7 @@ TEST(RingTransport, ALargeTensorIsReadByTwoThreadsAtOnce) {
   std::shared_ptr<Connection> out = a.transport->connect(nullptr, "b", b.address);
   out->write(text("first"));
   ASSERT_TRUE(b.events->wait_for([&] { return b.events->received_.size() == 1; }));
+  ASSERT_TRUE(replied(*out));
   // An odd length: the halves meet on a page boundary, not in the middle.
   std::vector<uint8_t> big((3 << 20) + 12345);
   for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<uint8_t>(i * 131 + (i >> 12));
@@ -538,13 +564,11 @@ TEST(RingTransport, AConnectorReadsInPlaceBeforeTheAcceptorReplies) {
   Hello hello;
   std::vector<int> fds;
   ASSERT_EQ(receive_with_fds(fd, &hello, sizeof(hello), fds), static_cast<ssize_t>(sizeof(hello)));
-  ASSERT_EQ(fds.size(), 2u);
+  ASSERT_EQ(fds.size(), 1u) << "the hello carries the segment alone (the bell comes once authenticated)";
   EXPECT_EQ(hello.reads_you, 1u) << "the connector could not read the probe its peer's record names";
   const size_t rb = hello.ring_bytes;
   void* segment = mmap(nullptr, ring::kHeaderBytes + 2 * rb, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
-  void* bell = mmap(nullptr, ring::kBellBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fds[1], 0);
   ASSERT_NE(segment, MAP_FAILED);
-  ASSERT_NE(bell, MAP_FAILED);
   auto* header = static_cast<ring::SegmentHeader*>(segment);
   ring::Producer tx(&header->backward, static_cast<uint8_t*>(segment) + ring::kHeaderBytes + rb, rb);
   // One message, as the transport frames it: a 1 MiB tensor by address, then metadata.
@@ -567,7 +591,10 @@ TEST(RingTransport, AConnectorReadsInPlaceBeforeTheAcceptorReplies) {
   tx.put(&entry, sizeof(entry));
   tx.put("early", 5);
   tx.publish();
-  ring::ring(static_cast<ring::Bell*>(bell), hello.slot);
+  // No bell of the connector's: it is woken over the socket.
+  Hello wake;
+  wake.kind = ring::kWake;
+  send_with_fds(fd, &wake, sizeof(wake), {});
   ASSERT_TRUE(a.events->wait_for([&] { return a.events->received_.size() == 1 || !a.events->closed_.empty(); }));
   ASSERT_TRUE(a.events->closed_.empty()) << a.events->closed_[0].second;
   const Wire& got = a.events->received_[0].wire;
@@ -582,14 +609,11 @@ TEST(RingTransport, AConnectorReadsInPlaceBeforeTheAcceptorReplies) {
   reply.kind = 2;
   reply.pid = static_cast<uint32_t>(getpid() + 1);
   reply.slot = UINT32_MAX;
-  int reply_bell = memfd_of(ring::kBellBytes, true);
-  send_with_fds(fd, &reply, sizeof(reply), {reply_bell});
+  send_with_fds(fd, &reply, sizeof(reply), {});
   ASSERT_TRUE(a.events->wait_for([&] { return !a.events->closed_.empty(); }));
   EXPECT_THAT(std::string(a.events->closed_[0].second.message()), HasSubstr("unexpected packet"));
-  close(reply_bell);
   out->close();
   munmap(segment, ring::kHeaderBytes + 2 * rb);
-  munmap(bell, ring::kBellBytes);
   for (int f : fds) close(f);
   close(fd);
   close(listener);
@@ -616,7 +640,6 @@ TEST(RingTransport, AHelloCannotNameAnotherProcessToBeRead) {
   ASSERT_EQ(read(ready[0], &c, 1), 1);
   constexpr size_t kRing = 4096;
   int segment_fd = memfd_of(internal::ring::kHeaderBytes + 2 * kRing, true);
-  int bell_fd = memfd_of(internal::ring::kBellBytes, true);
   int fd = connect_raw(socket_name(a.address));
   ASSERT_GE(fd, 0);
   Hello hello;
@@ -624,7 +647,7 @@ TEST(RingTransport, AHelloCannotNameAnotherProcessToBeRead) {
   hello.ring_bytes = kRing;
   hello.probe_addr = reinterpret_cast<uint64_t>(&marker);
   hello.probe_value = 2;  // true in the child only
-  send_with_fds(fd, &hello, sizeof(hello), {segment_fd, bell_fd});
+  send_with_fds(fd, &hello, sizeof(hello), {segment_fd});
   Hello reply;
   std::vector<int> fds;
   ASSERT_EQ(receive_with_fds(fd, &reply, sizeof(reply), fds), static_cast<ssize_t>(sizeof(reply)));
@@ -632,18 +655,9 @@ TEST(RingTransport, AHelloCannotNameAnotherProcessToBeRead) {
   kill(child, SIGKILL);
   waitpid(child, nullptr, 0);
   for (int f : fds) close(f);
-  for (int f : {fd, segment_fd, bell_fd, ready[0], ready[1]}) close(f);
+  for (int f : {fd, segment_fd, ready[0], ready[1]}) close(f);
 }
 
-// Polls `done` for up to 20 s.
-bool eventually(const std::function<bool()>& done) {
-  auto until = std::chrono::steady_clock::now() + seconds(20);
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > until) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return true;
-}
 
 // A worker with many connections reads only the rings whose peer announced news
 // (a bit in its bell), not every ring on each poll; every message still arrives, on
@@ -722,8 +736,10 @@ TEST(RingTransport, APeersBellIsMappedOnceForAllItsConnections) {
   b_to_a->write(text("from b"));
   ASSERT_TRUE(b.events->wait_for([&] { return b.events->received_.size() == 2; }));
   ASSERT_TRUE(a.events->wait_for([&] { return a.events->received_.size() == 1; }));
-  EXPECT_EQ(info(*a.transport, "ring_peer_bells"), "1");
-  EXPECT_EQ(info(*b.transport, "ring_peer_bells"), "1");
+  // The bells travel on the sockets once each side counts the other as authenticated.
+  EXPECT_TRUE(eventually([&] {
+    return info(*a.transport, "ring_peer_bells") == "1" && info(*b.transport, "ring_peer_bells") == "1";
+  }));
   // Each bell by its own worker, and once by the other.
   EXPECT_EQ(bell_mappings() - before, 4);
   for (const auto& c : a_to_b) c->close();
@@ -744,52 +760,52 @@ TEST(RingTransport, APeersBellIsMappedOnceForAllItsConnections) {
   EXPECT_EQ(bell_mappings() - before, 2);
 }
 
-// Every peer maps a worker's bell and can write it: one that keeps clearing the
-// sleeping flag and the news (broken or hostile) delays the other peers' messages,
-// but only until the worker's data thread wakes by itself (kReadAllEvery) and reads
-// every ring; without that, none of them would ever arrive.
-TEST(RingTransport, APeerThatKeepsClearingTheBellDelaysOthersOnlyBriefly) {
-  Side hub(make_ring_transport("hub", RingOptions{.ring_bytes = 4096, .news_from = 2}));
+// A worker's bell (the page whose flags say whether it sleeps and which rings have
+// news) goes only to peers its core authenticated (Connection::authenticated): every
+// holder can write it, and one that kept clearing it would delay everyone's messages.
+// A peer without it wakes the worker over the socket, an unauthenticated one only so
+// many times. (With real workers and a hostile process: HostileProcessGetsNoBell below.)
+TEST(RingTransport, APeerGetsTheBellOnlyOnceAuthenticatedAndItsWakesAreBounded) {
+  namespace ring = internal::ring;
+  Side hub(make_ring_transport("hub", RingOptions{.ring_bytes = 4096}));
+  hub.events->authenticate_ = false;  // the test decides, as the core would
   constexpr size_t kRing = 4096;
-  int segment_fd = memfd_of(internal::ring::kHeaderBytes + 2 * kRing, true);
-  int own_bell_fd = memfd_of(internal::ring::kBellBytes, true);
-  int fd = say_hello(hub.address, segment_fd, own_bell_fd, kRing);
+  RawRing peer(kRing);
+  ASSERT_NE(peer.segment, MAP_FAILED);
+  int fd = say_hello(hub.address, peer.segment_fd, kRing);
   ASSERT_GE(fd, 0);
-  // The hub's reply carries its bell.
   Hello reply;
   std::vector<int> reply_fds;
   ASSERT_EQ(receive_with_fds(fd, &reply, sizeof(reply), reply_fds), static_cast<ssize_t>(sizeof(reply)));
-  ASSERT_EQ(reply_fds.size(), 1u);
-  const int hub_bell_fd = reply_fds[0];
-  void* mapped = mmap(nullptr, internal::ring::kBellBytes, PROT_READ | PROT_WRITE, MAP_SHARED, hub_bell_fd, 0);
-  ASSERT_NE(mapped, MAP_FAILED);
-  auto* bell = static_cast<internal::ring::Bell*>(mapped);
-  std::atomic<bool> stop{false};
-  std::thread clearer([&] {
-    while (!stop.load(std::memory_order_relaxed)) {
-      bell->sleeping.store(0);
-      for (std::atomic<uint64_t>& word : bell->news) word.store(0);
-      std::this_thread::yield();
-    }
-  });
-  // An honest peer (the hub now reads news: two connections) writes in turns with
-  // pauses, so that the hub sleeps in between; the clearer unsets what would wake it.
+  EXPECT_EQ(reply.kind, 2u);
+  EXPECT_TRUE(reply_fds.empty()) << "the reply to an unauthenticated hello carries a descriptor (the bell)";
+  for (int f : reply_fds) close(f);
+  // An honest peer's messages arrive before it is authenticated (woken over the socket),
+  // and once the hub authenticates it, it holds the hub's bell.
   Side spoke(make_ring_transport("spoke"));
   std::shared_ptr<Connection> out = spoke.transport->connect(nullptr, "hub", hub.address);
-  constexpr int kMessages = 20;
-  for (int m = 0; m < kMessages; ++m) {
-    out->write(text(absl::StrCat("m", m)));
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  const bool all = hub.events->wait_for([&] { return hub.events->received_.size() == kMessages; });
-  stop = true;
-  clearer.join();
-  EXPECT_TRUE(all) << hub.events->messages() << " of " << kMessages << " messages arrived";
-  munmap(mapped, internal::ring::kBellBytes);
-  close(hub_bell_fd);
+  out->write(text("before"));
+  ASSERT_TRUE(hub.events->wait_for([&] { return hub.events->received_.size() == 1; }));
+  EXPECT_EQ(info(*spoke.transport, "ring_peer_bells"), "0");
+  hub.events->received_[0].connection->authenticated();
+  EXPECT_TRUE(eventually([&] { return info(*spoke.transport, "ring_peer_bells") == "1"; }));
+  // The raw peer floods wakes: past the bound they are taken off its socket and
+  // dropped, not rung.
+  constexpr int kFlood = 2000;
+  Hello wake;
+  wake.kind = ring::kWake;
+  for (int i = 0; i < kFlood; ++i) send_with_fds(fd, &wake, sizeof(wake), {});
+  const std::string dropped = std::to_string(kFlood - ring::Pipe::kMaxUnauthenticatedWakes);
+  EXPECT_TRUE(eventually([&] { return info(*hub.transport, "ring_wakes_ignored") == dropped; }))
+      << info(*hub.transport, "ring_wakes_ignored") << " wakes dropped, expected " << dropped;
+  // It was never sent a bell (nor anything else).
+  timeval tv{0, 200000};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  char byte;
+  EXPECT_EQ(recv(fd, &byte, 1, 0), -1) << "the unauthenticated peer was sent a packet";
+  out->write(text("after"));
+  ASSERT_TRUE(hub.events->wait_for([&] { return hub.events->received_.size() == 2; }));
   close(fd);
-  close(segment_fd);
-  close(own_bell_fd);
 }
 
 // A thread that polls while it waits (base/progress.h: a caller for its reply) takes
@@ -912,8 +928,7 @@ TEST(RingTransport, AnotherUsersHelloIsRefusedUnlessAnyUserIsAccepted) {
   auto hello_from_nobody = [](const std::string& address) {
     return as_nobody([&] {
       int segment_fd = memfd_of(4096 + 2 * 4096, true);
-      int bell_fd = memfd_of(4096, true);
-      int fd = say_hello(address, segment_fd, bell_fd, 4096);
+      int fd = say_hello(address, segment_fd, 4096);
       if (fd < 0) return 2;
       char reply[64];
       timeval tv{5, 0};
@@ -966,6 +981,98 @@ TEST(RingTransport, AWorkerDoesNotConnectToAnotherUsersRing) {
   int status = 0;
   ASSERT_EQ(waitpid(child, &status, 0), child);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+}
+
+// Real workers, and a stranger's process on the same host: it connects to a worker's
+// ring, says a valid hello by hand, and never authenticates. Had the reply handed it
+// the worker's bell, it would keep clearing the flag that says the worker sleeps (and
+// the news), and an honest worker's calls would wait for the worker to wake by itself
+// (up to kReadAllEvery, 100 ms). It gets no bell, floods wakes over the socket
+// instead, and an honest caller's small calls keep their usual latency.
+TEST(RingAgents, AStrangersProcessCannotDelayAWorkersCalls) {
+  namespace ring = internal::ring;
+  ferry::testing::TempDir dir;
+  auto store_at = [&] {
+    auto store = FileStore::create(dir.path() + "/store", {});
+    if (!store.ok()) throw RpcError(store.status());
+    return std::shared_ptr<Store>(std::move(*store));
+  };
+  ferry::testing::expect_all_succeed(ferry::testing::run_processes(3, [&](int rank) {
+    std::shared_ptr<Store> store = store_at();
+    if (rank == 2) {  // the stranger: no agent, no token
+      absl::StatusOr<Bytes> address = store->get("hub", seconds(30));
+      ASSERT_OK(address.status());
+      constexpr size_t kRing = 4096;
+      RawRing peer(kRing);
+      int fd = say_hello(std::string(address->begin(), address->end()), peer.segment_fd, kRing);
+      ASSERT_GE(fd, 0);
+      Hello reply;
+      std::vector<int> fds;
+      ASSERT_EQ(receive_with_fds(fd, &reply, sizeof(reply), fds), static_cast<ssize_t>(sizeof(reply)));
+      ring::Bell* bell = nullptr;
+      if (!fds.empty()) {
+        void* mapped = mmap(nullptr, ring::kBellBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
+        if (mapped != MAP_FAILED) bell = static_cast<ring::Bell*>(mapped);
+      }
+      EXPECT_EQ(bell, nullptr) << "a peer that never authenticated holds the worker's bell";
+      std::atomic<bool> stop{false};
+      std::thread tamper([&] {
+        Hello wake;
+        wake.kind = ring::kWake;
+        while (!stop.load(std::memory_order_relaxed)) {
+          if (bell != nullptr) {
+            bell->sleeping.store(0);
+            for (std::atomic<uint64_t>& word : bell->news) word.store(0);
+          } else {
+            (void)!send(fd, &wake, sizeof(wake), MSG_DONTWAIT | MSG_NOSIGNAL);
+          }
+          std::this_thread::sleep_for(std::chrono::microseconds(100));
+        }
+      });
+      ASSERT_OK(store->set("tampering", to_bytes("1")));
+      EXPECT_OK(store->wait({"done"}, seconds(60)));
+      stop.store(true);
+      tamper.join();
+      close(fd);
+      return;
+    }
+    RingAgentOptions options;
+    options.agent.auth_token = "ring-bell-test-token";
+    absl::StatusOr<std::shared_ptr<Agent>> made = RingAgent::create(
+        store, absl::StrCat("w", rank), rank, 2, options, [](const Message& m, const WorkerInfo&) {
+          Message reply(MessageType::kResponse, m.id());
+          reply.buffer() += m.payload();
+          return reply;
+        });
+    ASSERT_OK(made.status());
+    Agent& agent = **made;
+    if (rank == 0) {
+      ASSERT_OK(store->set("hub", to_bytes(agent.address())));
+      ASSERT_OK(store->wait({"done"}, seconds(60)));
+      return;
+    }
+    auto call = [&] {
+      Message m(MessageType::kRequest, 0);
+      m.buffer() += "ping";
+      const auto start = std::chrono::steady_clock::now();
+      absl::StatusOr<Message> reply = agent.send(0, std::move(m), seconds(10)).result();
+      EXPECT_OK(reply.status());
+      return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    };
+    call();  // the connection and its handshake
+    ASSERT_OK(store->wait({"tampering"}, seconds(30)));
+    // Pauses between calls let the worker's threads go to sleep, as they would between
+    // a real program's calls: that sleep is what a cleared flag would stretch.
+    std::vector<double> ms;
+    for (int i = 0; i < 31; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      ms.push_back(call());
+    }
+    std::sort(ms.begin(), ms.end());
+    EXPECT_LT(ms[ms.size() / 2], 20.0) << "median call " << ms[ms.size() / 2] << " ms (slowest " << ms.back()
+                                       << " ms) while a stranger held a connection";
+    ASSERT_OK(store->set("done", to_bytes("1")));
+  }, seconds(90)));
 }
 
 TEST(RingTransport, OptionsAreChecked) {

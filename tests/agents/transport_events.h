@@ -5,6 +5,7 @@
 // listening transport with its recorder.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
@@ -33,6 +34,7 @@ class Recorder final : public TransportEvents {
   };
 
   void on_accepted(const std::shared_ptr<Connection>& connection) override {
+    if (authenticate_) connection->authenticated();
     std::lock_guard<std::mutex> lock(mu_);
     accepted_.push_back(connection);
     cv_.notify_all();
@@ -44,6 +46,7 @@ class Recorder final : public TransportEvents {
     return absl::OkStatus();
   }
   void on_message(const std::shared_ptr<Connection>& connection, Wire wire) override {
+    if (authenticate_) connection->authenticated();  // the connector's side: once it hears back
     std::lock_guard<std::mutex> lock(mu_);
     received_.push_back({connection, std::move(wire), std::this_thread::get_id()});
     // As the core does from on_message (Connection::pause_reads).
@@ -74,6 +77,9 @@ class Recorder final : public TransportEvents {
     return received_.size();
   }
 
+  // Stands in for the core's handshake (Connection::authenticated): a peer counts as
+  // authenticated once its connection is accepted, or once it delivers a message.
+  std::atomic<bool> authenticate_{true};
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<std::shared_ptr<Connection>> accepted_;
