@@ -51,6 +51,7 @@ absl::Status AgentBackendOptions::validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat(h.name, " must be >= 0 ms (0: off), got ", h.value.count(), " ms"));
   }
+  if (!cuda_ipc_min_bytes.has_value()) FERRY_RETURN_IF_ERROR(CudaIpcOptions::from_environment().status());
   return absl::OkStatus();
 }
 
@@ -65,7 +66,9 @@ AgentOptions AgentBackendOptions::agent_options() const {
   agent.device_maps = device_maps();
   // CUDA tensors to a worker on this host go device to device where both can share
   // their pools (agents/cuda_ipc/cuda_ipc.h); staging carries the rest.
-  agent.device_channels.push_back(make_cuda_ipc_channel());
+  CudaIpcOptions ipc = CudaIpcOptions::from_environment().value_or(CudaIpcOptions());
+  if (cuda_ipc_min_bytes.has_value()) ipc.min_bytes = *cuda_ipc_min_bytes;
+  agent.device_channels.push_back(make_cuda_ipc_channel(ipc));
   if (!device_channel.empty()) agent.device_channel = device_channel;
   return agent;
 }

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <optional>
 #include <string>
 
@@ -47,9 +48,16 @@ class AgentBackendOptions : public RpcBackendOptions, public DeviceMapOptions {
   // tensors in host memory): a call that would take another fails saying why. ""
   // reads FERRY_DEVICE_CHANNEL, and without it any channel goes. (AgentOptions::device_channel.)
   std::string device_channel;
+  // CUDA tensors of one message to a worker on this host that total fewer bytes than
+  // this take staging rather than cuda_ipc, which costs more per message than a few KiB
+  // of copies (CudaIpcOptions::min_bytes; docs/cuda.md). Unset reads
+  // FERRY_CUDA_IPC_MIN_BYTES, else kCudaIpcMinBytes (64 KiB); 0 sends every message
+  // over cuda_ipc where it can.
+  std::optional<size_t> cuda_ipc_min_bytes;
 
   // kInvalidArgument, saying what was expected: num_worker_threads outside [1, 4096], a
-  // negative rpc_timeout or heartbeat, a deprecated spelling that disagrees with the
+  // negative rpc_timeout or heartbeat, a malformed FERRY_CUDA_IPC_MIN_BYTES (when
+  // cuda_ipc_min_bytes is unset), a deprecated spelling that disagrees with the
   // current one. The error names the spelling the user set.
   virtual absl::Status validate() const;
 

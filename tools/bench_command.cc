@@ -31,6 +31,7 @@ struct BenchRpcFlags {
   std::string device = "cpu";
   bool emulate_cuda = false;
   int iterations = 0;  // 0: the mode's default
+  std::vector<int> echo_kib;  // empty: the mode's default sizes
   int repeat = 1;
   std::string pin = "none";
 };
@@ -77,6 +78,7 @@ void run_bench_rpc(const BenchRpcFlags& flags, ExitCode& exit_code) {
   options.device = flags.device;
   options.emulate_cuda = flags.emulate_cuda;
   if (flags.iterations > 0) options.iterations = flags.iterations;
+  for (int kib : flags.echo_kib) options.echo_sizes.push_back(static_cast<size_t>(kib) << 10);
   options.repeat = flags.repeat;
   options.pin = flags.pin == "cores";
   absl::StatusOr<bench::RpcBenchReport> report =
@@ -192,6 +194,11 @@ void add_bench_command(CLI::App& app, ExitCode& exit_code) {
   rpc->add_option("--iterations", flags->iterations,
                   "Latency samples per figure (default 10000; --quick: 300); the other counts scale with it")
       ->check(CLI::Range(1, 100000000));
+  rpc->add_option("--echo-kib", flags->echo_kib,
+                  "Echo sizes in KiB, comma-separated (default 4,64,1024,16384,65536; --quick: up to 1024), e.g. "
+                  "4,16,32,64 to find where a CUDA echo over cuda_ipc overtakes staging (docs/cuda.md)")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 1 << 20));
   rpc->add_option("--repeat", flags->repeat,
                   "Run every measurement this many times in fresh processes and report medians (default 1)")
       ->check(CLI::Range(1, 100));

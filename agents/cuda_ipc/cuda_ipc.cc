@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -97,7 +98,7 @@ absl::StatusOr<Descriptor> decode(std::string_view text) {
 
 class CudaIpcChannel final : public DeviceChannel {
  public:
-  CudaIpcChannel() : runtime_(cuda_runtime()) {}
+  explicit CudaIpcChannel(CudaIpcOptions options) : runtime_(cuda_runtime()), options_(options) {}
   ~CudaIpcChannel() override {
     absl::MutexLock lock(&mu_);
     for (auto& [device, stream] : streams_) (void)runtime_->synchronize(stream);
@@ -155,6 +156,16 @@ class CudaIpcChannel final : public DeviceChannel {
       by_device[device.index()].push_back(i);
     }
     if (by_device.empty()) return port_->staging().stage_outgoing(tensors, targets, map, peer, write_ahead);
+    if (port_->required_channel() != kName) {
+      size_t bytes = 0;
+      for (auto& [device, indices] : by_device) {
+        for (size_t i : indices) bytes += tensors[i].nbytes();
+      }
+      if (bytes < options_.min_bytes) {
+        small_staged_.fetch_add(1, std::memory_order_relaxed);
+        return port_->staging().stage_outgoing(tensors, targets, map, peer, write_ahead);
+      }
+    }
     {
       absl::MutexLock lock(&mu_);
       auto refused = refused_.find(id);
@@ -341,6 +352,8 @@ class CudaIpcChannel final : public DeviceChannel {
     info["cuda_ipc_tensors_landed"] = absl::StrCat(landed_);
     info["cuda_ipc_tensors_held"] = absl::StrCat(held);
     info["cuda_ipc_notices"] = absl::StrCat(notices_);
+    info["cuda_ipc_min_bytes"] = absl::StrCat(options_.min_bytes);
+    info["cuda_ipc_small_messages_staged"] = absl::StrCat(small_staged_.load(std::memory_order_relaxed));
     for (const auto& [peer, why] : refused_) info[absl::StrCat("cuda_ipc_refused.", peer)] = why;
     return info;
   }
@@ -533,8 +546,10 @@ class CudaIpcChannel final : public DeviceChannel {
   }
 
   const std::shared_ptr<CudaRuntime> runtime_;
+  const CudaIpcOptions options_;
   ChannelPort* port_ = nullptr;  // set by attach(), before any call
   std::atomic<uint64_t> next_token_{0};
+  std::atomic<uint64_t> small_staged_{0};  // messages under min_bytes, handed to staging
   absl::Mutex setup_mu_;   // one pass_once at a time (ordered before mu_)
   absl::Mutex import_mu_;  // one import_once at a time (ordered before mu_)
   mutable absl::Mutex mu_;
@@ -557,6 +572,21 @@ class CudaIpcChannel final : public DeviceChannel {
 
 }  // namespace
 
-std::shared_ptr<DeviceChannel> make_cuda_ipc_channel() { return std::make_shared<CudaIpcChannel>(); }
+absl::StatusOr<CudaIpcOptions> CudaIpcOptions::from_environment() {
+  CudaIpcOptions options;
+  const char* v = std::getenv("FERRY_CUDA_IPC_MIN_BYTES");
+  if (v == nullptr || *v == '\0') return options;
+  uint64_t bytes = 0;
+  if (!absl::SimpleAtoi(v, &bytes)) {
+    return absl::InvalidArgumentError(absl::StrCat("FERRY_CUDA_IPC_MIN_BYTES=\"", v,
+                                                   "\": expected a number of bytes (0: every message takes cuda_ipc)"));
+  }
+  options.min_bytes = static_cast<size_t>(bytes);
+  return options;
+}
+
+std::shared_ptr<DeviceChannel> make_cuda_ipc_channel(CudaIpcOptions options) {
+  return std::make_shared<CudaIpcChannel>(options);
+}
 
 }  // namespace ferry

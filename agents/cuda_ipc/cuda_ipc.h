@@ -27,17 +27,40 @@
 // A tensor passed to rpc_async must not be written to until the call completes: the
 // receiver reads it in place, after the producer's work queued before the call.
 //
+// Small messages take staging even on one host (CudaIpcOptions::min_bytes): the
+// channel's fixed cost per message (its event's record and wait on each side, and the
+// notice back) exceeds staging's copies of a few KiB. The per-peer counters
+// (device_tensors.<peer>.staging) count them as staged, which they are; with cuda_ipc
+// required, every message takes it whatever its size.
+//
 //   AgentOptions options;
 //   options.device_channels.push_back(ferry::make_cuda_ipc_channel());
 #pragma once
 
+#include <cstddef>
 #include <memory>
 
+#include "absl/status/statusor.h"
 #include "agents/core/device_channel.h"
 
 namespace ferry {
 
+// Where a CUDA echo over cuda_ipc overtakes staging on the emulated runtime
+// (docs/cuda.md has the table and the command that measures it on a GPU).
+inline constexpr size_t kCudaIpcMinBytes = size_t{64} << 10;
+
+struct CudaIpcOptions {
+  // A message whose device tensors to a peer total fewer bytes than this takes the
+  // staging channel (0: every message takes cuda_ipc where it can). Ignored where
+  // cuda_ipc is required (AgentOptions::device_channel).
+  size_t min_bytes = kCudaIpcMinBytes;
+
+  // The defaults, min_bytes changed by FERRY_CUDA_IPC_MIN_BYTES (bytes). A malformed
+  // value is an error naming the variable and what was expected.
+  static absl::StatusOr<CudaIpcOptions> from_environment();
+};
+
 // A cuda_ipc channel over the process's CUDA runtime (cuda_runtime()). Thread-safe.
-std::shared_ptr<DeviceChannel> make_cuda_ipc_channel();
+std::shared_ptr<DeviceChannel> make_cuda_ipc_channel(CudaIpcOptions options = {});
 
 }  // namespace ferry

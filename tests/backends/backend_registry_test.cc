@@ -1,5 +1,7 @@
 #include "backends/backend_registry.h"
 
+#include <cstdlib>
+
 #include "backends/tensorpipe/tensorpipe_backend.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
@@ -137,6 +139,16 @@ TEST(TensorPipeOptions, TheDeprecatedHeartbeatSpellingsStillWork) {
   EXPECT_EQ(o.agent_options().heartbeat, std::chrono::milliseconds(0));
   TensorPipeRpcBackendOptions copy = o;  // copies quietly
   EXPECT_EQ(copy.agent_options().heartbeat, std::chrono::milliseconds(0));
+}
+
+TEST(TensorPipeOptions, AMalformedCudaIpcThresholdInTheEnvironmentIsRefusedUnlessTheOptionIsSet) {
+  ASSERT_EQ(setenv("FERRY_CUDA_IPC_MIN_BYTES", "64k", 1), 0);
+  TensorPipeRpcBackendOptions o;
+  EXPECT_THAT(o.validate(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                     HasSubstr("FERRY_CUDA_IPC_MIN_BYTES=\"64k\": expected a number of bytes")));
+  o.cuda_ipc_min_bytes = 0;
+  EXPECT_OK(o.validate());
+  ASSERT_EQ(unsetenv("FERRY_CUDA_IPC_MIN_BYTES"), 0);
 }
 
 TEST(TensorPipeOptions, DeviceMapSettersMergeAndReject) {

@@ -10,6 +10,8 @@
 //   reads poisoned memory), and its pool memory comes back then;
 // - a receiver that cannot import refuses, naming why, and the sender then stages;
 // - with cuda_ipc required, a call that would stage fails, naming why;
+// - a message under cuda_ipc_min_bytes stages (unless cuda_ipc is required), and the
+//   per-peer counters say which channel each tensor took;
 // - a peer killed with tensors in flight: calls fail naming it, what was held for it
 //   is freed.
 #include <signal.h>
@@ -22,6 +24,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "agents/cuda_ipc/cuda_ipc.h"
 #include "gtest/gtest.h"
 #include "rpc/rpc.h"
 #include "tensor/cuda.h"
@@ -64,6 +67,9 @@ struct Workers {
   bool ipc = true;
   std::string required;  // rank 0's device_channel
   std::vector<std::string> transports;
+  // Both workers' cuda_ipc_min_bytes: 0 lets the small tensors of most cases take
+  // cuda_ipc; unset, the default threshold.
+  std::optional<size_t> min_bytes = 0;
 };
 
 void start(int rank, const std::string& dir, const Workers& setup = {}) {
@@ -72,6 +78,7 @@ void start(int rank, const std::string& dir, const Workers& setup = {}) {
   TensorPipeRpcBackendOptions options;
   options.init_method = "file://" + dir + "/store";
   options.num_worker_threads = 2;
+  options.cuda_ipc_min_bytes = setup.min_bytes;
   if (!setup.transports.empty()) options.transports = setup.transports;
   if (rank == 0) {
     options.device_channel = setup.required;
@@ -206,6 +213,35 @@ TEST(CudaIpc, WithCudaIpcRequiredACallThatWouldStageFailsSayingWhy) {
         // CPU tensors still go.
         EXPECT_EQ(rpc_sync<std::vector<float>>("worker1", "values", Tensor::from_vector<float>({1.0f, 2.0f})),
                   std::vector<float>({1.0f, 2.0f}));
+      }
+      ASSERT_OK(shutdown());
+    }));
+  }
+}
+
+TEST(CudaIpc, AMessageUnderTheThresholdStagesUnlessCudaIpcIsRequiredAndTheCountersSaySo) {
+  for (const std::string required : {"", "cuda_ipc"}) {
+    ferry::testing::TempDir dir;
+    ferry::testing::expect_all_succeed(ferry::testing::run_processes(2, [&](int rank) {
+      start(rank, dir.path(), Workers{.ipc = true, .required = required, .transports = {}, .min_bytes = std::nullopt});
+      if (rank == 0) {
+        const std::string small_channel = required.empty() ? "staging" : "cuda_ipc";
+        // 4 KiB, under the default threshold, both ways; only worker0 requires cuda_ipc
+        // (when it does), so worker1's reply stages either way.
+        std::vector<float> v = ramp(kElements, 1.0f);
+        Tensor small = *Tensor::from_vector<float>(v).to(Device::cuda(0));
+        EXPECT_EQ(*rpc_sync<Tensor>("worker1", "echo", small).to_vector<float>(), v);
+        EXPECT_EQ(info("device_tensors.worker1." + small_channel), "1") << "required: \"" << required << "\"";
+        EXPECT_EQ(rpc_sync<std::string>("worker1", "info", std::string("device_tensors.worker0.staging")), "1");
+        EXPECT_EQ(info("cuda_ipc_small_messages_staged"), required.empty() ? "1" : "0");
+        EXPECT_EQ(info("cuda_ipc_min_bytes"), absl::StrCat(kCudaIpcMinBytes));
+        // 1 MiB, over it.
+        std::vector<float> w = ramp(int64_t{1} << 18, 2.0f);
+        Tensor large = *Tensor::from_vector<float>(w).to(Device::cuda(0));
+        EXPECT_EQ(*rpc_sync<Tensor>("worker1", "echo", large).to_vector<float>(), w);
+        EXPECT_EQ(info("device_tensors.worker1.cuda_ipc"), required.empty() ? "1" : "2");
+        EXPECT_EQ(rpc_sync<std::string>("worker1", "info", std::string("device_tensors.worker0.cuda_ipc")), "1");
+        EXPECT_EQ(info("device_tensors.worker1.staging"), required.empty() ? "1" : "(none)");
       }
       ASSERT_OK(shutdown());
     }));

@@ -548,7 +548,9 @@ MeasurePlan make_plan(const RpcBenchOptions& options) {
   // Echo: as many round trips as fit a byte budget, at least 5 and at most n/10.
   size_t budget = options.quick ? 64 * kMiB : 4096 * kMiB;
   plan.echo_sizes = {4 * kKiB, 64 * kKiB, 1 * kMiB};
-  if (!options.quick) {
+  if (!options.echo_sizes.empty()) {
+    plan.echo_sizes = options.echo_sizes;
+  } else if (!options.quick) {
     plan.echo_sizes.push_back(16 * kMiB);
     plan.echo_sizes.push_back(64 * kMiB);
   }

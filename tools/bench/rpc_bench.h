@@ -48,6 +48,9 @@ struct RpcBenchOptions {
   bool emulate_cuda = false;
   // Latency samples per measurement (default 10,000; quick: 300).
   std::optional<int> iterations;
+  // Echo sizes in bytes, smallest first or not; empty: 4 KiB, 64 KiB and 1 MiB, then
+  // 16 and 64 MiB unless quick.
+  std::vector<size_t> echo_sizes;
   // Each measurement is run this many times (fresh processes each time); every figure
   // reported is the median over the repetitions.
   int repeat = 1;
