@@ -29,18 +29,23 @@ function(ferry_add_library)
   endif()
 endfunction()
 
-# ferry_add_test(NAME <name> SRCS ... DEPS ... LABELS ... [TIMEOUT s])
+# ferry_add_test(NAME <name> SRCS ... DEPS ... LABELS ... [TIMEOUT s] [NO_PCH])
 #
 # One gtest executable, every test discovered by gtest_discover_tests with the
-# given ctest LABELS and a TIMEOUT (default 60 s), so a hang is a failure.
+# given ctest LABELS and a TIMEOUT (default 60 s), so a hang is a failure. It reuses the
+# tests' precompiled header (tests/testing/pch.h) unless FERRY_TEST_PCH is off or the
+# test says NO_PCH (one built with other flags, such as libtorch's, cannot reuse it).
 function(ferry_add_test)
-  cmake_parse_arguments(FAT "" "NAME;TIMEOUT" "SRCS;DEPS;LABELS" ${ARGN})
+  cmake_parse_arguments(FAT "NO_PCH" "NAME;TIMEOUT" "SRCS;DEPS;LABELS" ${ARGN})
   if(NOT FAT_TIMEOUT)
     set(FAT_TIMEOUT 60)
   endif()
   add_executable(${FAT_NAME} ${FAT_SRCS})
   target_link_libraries(${FAT_NAME} PRIVATE ${FAT_DEPS} ferry_testing GTest::gmock GTest::gtest_main
     ferry_warnings ferry_sanitize)
+  if(TARGET ferry_test_pch AND NOT FAT_NO_PCH)
+    target_precompile_headers(${FAT_NAME} REUSE_FROM ferry_test_pch)
+  endif()
   gtest_discover_tests(${FAT_NAME}
     PROPERTIES TIMEOUT ${FAT_TIMEOUT}
     DISCOVERY_TIMEOUT 60)

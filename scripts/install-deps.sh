@@ -9,7 +9,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libssl-dev libncurses-dev
   libdlpack-dev libtorch-dev
-  clang-14 libfuzzer-14-dev
+  clang-14 libfuzzer-14-dev lld
   python3 python3-matplotlib
   python3-dev pybind11-dev python3-pytest python3-numpy python3-torch
   iproute2 liburing-dev
