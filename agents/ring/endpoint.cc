@@ -401,9 +401,9 @@ void Endpoint::on_listener() {
     int evicted = -1;
     {
       std::lock_guard<std::mutex> lock(mu);
-      pending_hellos.push_back(id);
+      pending_hellos.push_back({id, Clock::now() + hello_timeout});
       if (pending_hellos.size() > kMaxPendingHellos) {
-        auto it = sockets.find(pending_hellos.front());
+        auto it = sockets.find(pending_hellos.front().id);
         if (it != sockets.end()) {
           evicted = it->second.fd;
           sockets.erase(it);
@@ -427,7 +427,7 @@ void Endpoint::accept_hello(uint64_t id, int fd) {
   {
     std::lock_guard<std::mutex> lock(mu);
     sockets.erase(id);
-    std::erase(pending_hellos, id);
+    std::erase_if(pending_hellos, [id](const PendingHello& p) { return p.id == id; });
   }
   auto refuse = [&](const std::string& why) {
     if (!why.empty()) FERRY_LOG(WARNING) << name << ": refused a ring connection: " << why;
@@ -464,8 +464,10 @@ void Endpoint::accept_hello(uint64_t id, int fd) {
   // Read in place from the process the kernel says connected, whatever pid the hello
   // claims: a peer must not make this worker read another process's memory for it.
   const pid_t pid = socket_peer_pid(fd);
-  const bool reads = reads_in_place(pid, hello.probe_addr, hello.probe_value);
+  const int pidfd = socket_peer_pidfd(fd);
+  const bool reads = pidfd >= 0 && reads_in_place(pid, hello.probe_addr, hello.probe_value);
   pipe->set_peer_pid(pid);
+  pipe->set_peer_process(pidfd, reads);
   pipe->name_peer_slot(hello.slot);
   Packet reply;
   reply.kind = kReply;
@@ -562,11 +564,40 @@ void Endpoint::on_socket(uint64_t id, uint32_t what) {
   }
 }
 
+int Endpoint::expire_hellos() {
+  std::vector<int> overdue;
+  int wait_ms = -1;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    const Clock::time_point now = Clock::now();
+    while (!pending_hellos.empty()) {
+      const PendingHello& p = pending_hellos.front();
+      if (p.due > now) {
+        const auto left = std::chrono::ceil<std::chrono::milliseconds>(p.due - now).count();
+        wait_ms = static_cast<int>(std::min<int64_t>(left, 60000));
+        break;
+      }
+      if (auto it = sockets.find(p.id); it != sockets.end()) {
+        overdue.push_back(it->second.fd);
+        sockets.erase(it);
+      }
+      pending_hellos.pop_front();
+    }
+  }
+  for (int fd : overdue) {
+    epoll_ctl(epoll_fd, EPOLL_CTL_DEL, fd, nullptr);
+    ::close(fd);
+  }
+  hello_timeouts.fetch_add(overdue.size());
+  refused.fetch_add(overdue.size());
+  return wait_ms;
+}
+
 void Endpoint::run_control() {
   TransportThreadScope transport_thread;
   epoll_event events_out[64];
   for (;;) {
-    int n = epoll_wait(epoll_fd, events_out, 64, -1);
+    int n = epoll_wait(epoll_fd, events_out, 64, expire_hellos());
     if (n < 0) {
       if (errno == EINTR) continue;
       FERRY_LOG(ERROR) << name << ": ring epoll_wait failed: " << errno_text(errno);

@@ -93,7 +93,14 @@ struct Endpoint : std::enable_shared_from_this<Endpoint> {
     bool awaiting_hello = false;  // accepted, no pipe yet: the fd is owned here
   };
   absl::flat_hash_map<uint64_t, Socket> sockets;  // guarded by mu
-  std::deque<uint64_t> pending_hellos;             // guarded by mu
+  // Accepted sockets awaiting their hello, oldest first, each with when it is closed
+  // unsaid (hello_timeout after it came).
+  struct PendingHello {
+    uint64_t id;
+    std::chrono::steady_clock::time_point due;
+  };
+  std::deque<PendingHello> pending_hellos;  // guarded by mu
+  std::chrono::milliseconds hello_timeout{5000};
   std::atomic<uint64_t> next_id{16};               // below: the listener, the stop fd
 
   // Whoever steps holds step_mu: the data thread, or a thread that polls the rings
@@ -148,6 +155,7 @@ struct Endpoint : std::enable_shared_from_this<Endpoint> {
   // kWake packets taken (peers that have no bell of this worker's yet), and those not
   // acted on (an unauthenticated peer past Pipe::kMaxUnauthenticatedWakes).
   std::atomic<uint64_t> wakes{0}, wakes_ignored{0};
+  std::atomic<uint64_t> hello_timeouts{0};  // sockets closed for saying no hello in time
   // Bytes of tensors all connections hold for their peers to read in place, and tensors
   // sent by copy because their connection held RingOptions::max_held_bytes.
   std::atomic<uint64_t> held_bytes{0}, copied_past_held{0};
@@ -182,6 +190,9 @@ struct Endpoint : std::enable_shared_from_this<Endpoint> {
   void leave_driver(bool briefly = false);
   void run_control();
   void on_listener();
+  // Closes the sockets whose hello is overdue; how long until the next one is (-1: none
+  // waits), for the control thread's epoll_wait.
+  int expire_hellos();
   void on_socket(uint64_t id, uint32_t what);
   void accept_hello(uint64_t id, int fd);
   void watch(uint64_t id, int fd, std::weak_ptr<Pipe> pipe, bool awaiting_hello = false);

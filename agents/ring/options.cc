@@ -11,6 +11,10 @@ absl::Status validate(const RingOptions& options) {
         absl::StrCat("ring_bytes must be a power of two in [4096, 1073741824] (FERRY_RING_KB in [4, 1048576]), got ",
                      rb));
   }
+  if (options.hello_timeout.count() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("hello_timeout must not be negative, got ", options.hello_timeout.count(), " ms"));
+  }
   return absl::OkStatus();
 }
 

@@ -8,6 +8,7 @@
 //   FERRY_RETURN_IF_ERROR(validate(options));
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <optional>
 
@@ -46,6 +47,9 @@ struct RingOptions {
   // get past the ring's hello. Set it for a job that spans users; the job token then
   // decides who is let in. Unset: FERRY_RING_ANY_USER (0 or 1), else no.
   std::optional<bool> any_user = std::nullopt;
+  // How long a socket that connected may take to say its hello (a connector sends it
+  // at once) before it is closed. Unset (0): 5 s.
+  std::chrono::milliseconds hello_timeout{0};
 };
 
 // Checks `options` as given (before defaults): kInvalidArgument saying what was wrong.

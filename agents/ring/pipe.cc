@@ -98,6 +98,7 @@ bool Outgoing::advance(ring::Producer& tx, uint64_t& free) {
 
 Pipe::~Pipe() {
   if (fd_ >= 0) ::close(fd_);
+  if (peer_pidfd_ >= 0) ::close(peer_pidfd_);
 }
 
 void Pipe::attach(int fd, Mapping segment, uint64_t ring_bytes, void* token) {
@@ -420,8 +421,15 @@ absl::Status Pipe::admit(Endpoint& home) {
 }
 
 absl::Status Pipe::read_in_place(Endpoint& home, Tensor& tensor, uint64_t address) {
-  FERRY_RETURN_IF_ERROR(home.reader->read(peer_pid_.load(std::memory_order_relaxed),
-                                         static_cast<uint8_t*>(tensor.data()), address, tensor.nbytes()));
+  const pid_t pid = peer_pid_.load(std::memory_order_relaxed);
+  FERRY_RETURN_IF_ERROR(home.reader->read(pid, static_cast<uint8_t*>(tensor.data()), address, tensor.nbytes()));
+  // The read went by pid: if the peer's process is gone now, that pid may have been
+  // another process's by the time of the read.
+  if (peer_pidfd_ < 0 || process_exited(peer_pidfd_)) {
+    return absl::UnavailableError(absl::StrCat("the peer's process (pid ", pid,
+                                               ") exited around an in-place read; what was read, perhaps another "
+                                               "process's memory, is discarded"));
+  }
   home.in_place_reads.fetch_add(1, std::memory_order_relaxed);
   return absl::OkStatus();
 }
@@ -478,6 +486,10 @@ bool Pipe::receive(Endpoint& home, const std::shared_ptr<TransportEvents>& event
           if (e.target_bytes > kMaxTargetBytes) {
             return fail(absl::InvalidArgumentError(absl::StrCat("a tensor's target of ", e.target_bytes,
                                                                 " bytes; at most ", kMaxTargetBytes)));
+          }
+          if (e.address != 0 && !reads_peer_) {
+            return fail(absl::PermissionDeniedError(
+                "the peer wrote a tensor by address, though this worker told it that it cannot read it in place"));
           }
         }
         if (absl::Status checked = check_header(*events); !checked.ok()) return fail(std::move(checked));

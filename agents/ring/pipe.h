@@ -107,6 +107,15 @@ class Pipe final : public Connection, public std::enable_shared_from_this<Pipe> 
     peer_pid_.store(seen, std::memory_order_relaxed);
   }
   pid_t named_pid() const { return named_pid_; }
+  // Before the pipe is shared: a pidfd of the peer's process (socket_peer_pidfd, owned
+  // from here on; -1: none), and whether this side told the peer it reads it in place
+  // (its probe was read from that process). A tensor by address from a peer told no is
+  // refused unread; one read in place from a process that has since exited (its pid
+  // then perhaps another's) is discarded, and either ends the connection.
+  void set_peer_process(int pidfd, bool reads_peer) {
+    peer_pidfd_ = pidfd;
+    reads_peer_ = reads_peer;
+  }
   pid_t peer_pid() const { return peer_pid_.load(std::memory_order_relaxed); }
   void set_peer_reads_me(bool yes) { peer_reads_me_.store(yes, std::memory_order_release); }
   bool peer_reads_me() const { return peer_reads_me_.load(std::memory_order_acquire); }
@@ -210,6 +219,8 @@ class Pipe final : public Connection, public std::enable_shared_from_this<Pipe> 
   std::atomic<ring::Bell*> peer_bell_{nullptr};
   std::atomic<pid_t> peer_pid_{0};
   pid_t named_pid_ = 0;             // connector: set before the pipe is shared
+  int peer_pidfd_ = -1;             // set before the pipe is shared
+  bool reads_peer_ = false;         // set before the pipe is shared
   std::atomic<uint32_t> peer_slot_{ring::kNoSlot};  // set before the peer's bell comes
   void* tsan_token_ = nullptr;  // set before the pipe is shared
   std::atomic<bool> peer_reads_me_{false};

@@ -67,6 +67,7 @@ RingTransport::RingTransport(std::string name, RingOptions options) : endpoint_(
   e.two_way = options.two_way.value_or(env_int("FERRY_RING_TWO_WAY", 1, 0, 1) != 0);
   e.any_user = options.any_user.value_or(env_int("FERRY_RING_ANY_USER", 0, 0, 1) != 0);
   if (options.news_from != 0) e.news_from = options.news_from;
+  if (options.hello_timeout.count() > 0) e.hello_timeout = options.hello_timeout;
   std::random_device rd;
   e.probe = (uint64_t{rd()} << 32) | rd() | 1;
 }
@@ -183,7 +184,9 @@ std::shared_ptr<Connection> RingTransport::connect(std::shared_ptr<Session> sess
   // The listener the kernel connected us to is the process read in place (the record
   // only says where its probe is).
   const pid_t listener = ring::socket_peer_pid(fd);
-  hello.reads_you = e.reads_in_place(listener, record.probe_addr, record.probe_value) ? 1 : 0;
+  const int pidfd = ring::socket_peer_pidfd(fd);
+  hello.reads_you = pidfd >= 0 && e.reads_in_place(listener, record.probe_addr, record.probe_value) ? 1 : 0;
+  pipe->set_peer_process(pidfd, hello.reads_you != 0);
   hello.probe_addr = reinterpret_cast<uint64_t>(&e.probe);
   hello.probe_value = e.probe;
   pipe->name_peer(record.pid, listener);
@@ -289,6 +292,7 @@ std::map<std::string, std::string> RingTransport::debug_info() const {
           {"ring_news_steps", std::to_string(e.news_steps.load())},
           {"ring_wakes", std::to_string(e.wakes.load())},
           {"ring_wakes_ignored", std::to_string(e.wakes_ignored.load())},
+          {"ring_hello_timeouts", std::to_string(e.hello_timeouts.load())},
           {"ring_poll_us", std::to_string(e.window.get().count())}};
 }
 

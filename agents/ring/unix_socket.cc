@@ -1,8 +1,10 @@
 #include "agents/ring/unix_socket.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -115,6 +117,40 @@ pid_t socket_peer_pid(int fd) {
   socklen_t len = sizeof(cred);
   if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || len != sizeof(cred)) return 0;
   return cred.pid;
+}
+
+int socket_peer_pidfd(int fd) {
+  // Linux 6.5's option; the headers may predate it.
+  constexpr int kPeerPidfd = 77;  // SO_PEERPIDFD
+  int pidfd = -1;
+  socklen_t len = sizeof(pidfd);
+  if (getsockopt(fd, SOL_SOCKET, kPeerPidfd, &pidfd, &len) == 0 && len == sizeof(pidfd) && pidfd >= 0) {
+    fcntl(pidfd, F_SETFD, FD_CLOEXEC);
+    return pidfd;
+  }
+  const pid_t pid = socket_peer_pid(fd);
+  if (pid <= 0) return -1;
+  pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+  if (pidfd < 0) return -1;
+  fcntl(pidfd, F_SETFD, FD_CLOEXEC);
+  // Opened by pid: right only if the peer had not exited first (then the pid could be
+  // another process's by now). A live process at that pid now is the peer, unless the
+  // peer exited and its pid was taken in between: a window of microseconds that only
+  // kernels without SO_PEERPIDFD leave.
+  if (process_exited(pidfd) || socket_peer_pid(fd) != pid) {
+    ::close(pidfd);
+    return -1;
+  }
+  return pidfd;
+}
+
+bool process_exited(int pidfd) {
+  pollfd p{pidfd, POLLIN, 0};
+  int n;
+  do {
+    n = poll(&p, 1, 0);
+  } while (n < 0 && errno == EINTR);
+  return n != 0;  // readable (exited), or the pidfd no longer polls: count it gone
 }
 
 absl::Status check_peer_user(int fd) {

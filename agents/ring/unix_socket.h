@@ -79,6 +79,16 @@ void close_all(std::vector<int>& fds);
 // here. What a peer says its pid is only names the process it wants read.
 pid_t socket_peer_pid(int fd);
 
+// A pidfd for the process at the other end of the Unix socket `fd` (owned by the
+// caller), which stays that process's whatever later takes its pid: SO_PEERPIDFD, or
+// where the kernel lacks it, pidfd_open() of SO_PEERCRED's pid, kept only while that
+// process is alive (it could otherwise be a process that took a dead peer's pid).
+// -1 when there is none: a peer in another pid namespace (pid 0 here), or one gone.
+int socket_peer_pidfd(int fd);
+
+// Whether the process `pidfd` refers to has exited (its pidfd polls readable).
+bool process_exited(int pidfd);
+
 // Whether the process at the other end of `fd` runs as this process's effective user
 // or as root (SO_PEERCRED's uid, fixed when it connected or listened). Anything else
 // is another local user, which the ring turns away unless told to accept any user.

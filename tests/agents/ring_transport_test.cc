@@ -374,6 +374,157 @@ TEST(RingTransport, ReachesOnlyItsOwnHostAndNetworkNamespace) {
   EXPECT_THAT(std::string(a.events->closed_[0].second.message()), HasSubstr("no ring endpoint on this host"));
 }
 
+// Waits for one packet from `fd`, with the descriptors it carries (below).
+ssize_t receive_with_fds(int fd, void* data, size_t size, std::vector<int>& fds);
+
+// A socket that connects and says no hello is closed once RingOptions::hello_timeout
+// has passed: it holds no place among the sockets waiting for theirs for longer.
+TEST(RingTransport, ASocketThatSaysNoHelloIsClosedAfterTheDeadline) {
+  Side victim(make_ring_transport("victim", RingOptions{.hello_timeout = std::chrono::milliseconds(300)}));
+  int fd = connect_raw(socket_name(victim.address));
+  ASSERT_GE(fd, 0);
+  const auto start = std::chrono::steady_clock::now();
+  timeval tv{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  char byte;
+  const ssize_t n = recv(fd, &byte, 1, 0);
+  const int err = errno;
+  EXPECT_TRUE(n == 0 || (n < 0 && err == ECONNRESET)) << "the silent socket was not closed: " << strerror(err);
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(250));
+  EXPECT_EQ(info(*victim.transport, "ring_hello_timeouts"), "1");
+  close(fd);
+  EXPECT_THAT(validate(RingOptions{.hello_timeout = std::chrono::milliseconds(-1)}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("hello_timeout")));
+}
+
+// The acceptor tells a connector whether it reads it in place (its probe was read from
+// the connecting process). A tensor by address from a peer told it cannot be read so
+// is refused unread: the worker never reads a process's memory it was not meant to.
+TEST(RingTransport, ATensorByAddressFromAPeerToldItCannotBeReadEndsTheConnection) {
+  namespace ring = internal::ring;
+  Side victim(make_ring_transport("victim"));
+  constexpr size_t kRing = 4096;
+  RawRing peer(kRing);
+  ASSERT_NE(peer.segment, MAP_FAILED);
+  int fd = say_hello(victim.address, peer.segment_fd, kRing);  // no probe: cannot be read
+  ASSERT_GE(fd, 0);
+  Hello reply;
+  std::vector<int> fds;
+  ASSERT_EQ(receive_with_fds(fd, &reply, sizeof(reply), fds), static_cast<ssize_t>(sizeof(reply)));
+  EXPECT_EQ(reply.reads_you, 0u);
+  static std::vector<uint8_t> secret(256 << 10, 0x5a);
+  const ring::Fixed fixed{ring::kMessage, 1, 0, 1};
+  const ring::Entry entry{secret.size(), reinterpret_cast<uint64_t>(secret.data()), 0, 0};
+  std::memcpy(peer.forward, &fixed, sizeof(fixed));
+  std::memcpy(peer.forward + sizeof(fixed), &entry, sizeof(entry));
+  peer.header->forward.head.store(sizeof(fixed) + sizeof(entry));
+  Hello wake;
+  wake.kind = ring::kWake;
+  send_with_fds(fd, &wake, sizeof(wake), {});
+  ASSERT_TRUE(victim.events->wait_for([&] { return !victim.events->closed_.empty(); }, seconds(10)));
+  {
+    std::lock_guard<std::mutex> lock(victim.events->mu_);
+    EXPECT_THAT(victim.events->closed_[0].second,
+                StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("told it that it cannot read it in place")));
+    EXPECT_TRUE(victim.events->received_.empty());
+  }
+  EXPECT_EQ(info(*victim.transport, "ring_in_place_reads"), "0");
+  close(fd);
+}
+
+// What a worker reads in place it reads by pid, from the process the kernel said
+// connected. If that process exits and another takes its pid, a read would return the
+// newcomer's memory: the pidfd taken at accept says the peer is gone, and the read is
+// discarded. Here a forked child connects and exits, and another child is made to take
+// its pid (ns_last_pid, root only); its memory is this process's, so a read would
+// succeed.
+TEST(RingTransport, AnInPlaceReadFromAProcessThatExitedIsDiscarded) {
+  namespace ring = internal::ring;
+  if (geteuid() != 0) GTEST_SKIP() << "needs root, to have a new process take the old one's pid (ns_last_pid)";
+  Side victim(make_ring_transport("victim"));
+  constexpr size_t kRing = 4096;
+  RawRing peer(kRing);
+  ASSERT_NE(peer.segment, MAP_FAILED);
+  static uint64_t probe = 0x0ddba11cafe5eedULL;
+  static std::vector<uint8_t> payload(256 << 10, 0x77);
+  sockaddr_un addr;
+  const socklen_t len = ring::abstract_address(socket_name(victim.address), addr);
+  ASSERT_NE(len, 0u);
+  int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  int sent[2], go[2];  // the child said its hello; the parent has the reply
+  ASSERT_EQ(pipe(sent), 0);
+  ASSERT_EQ(pipe(go), 0);
+  Hello hello;
+  hello.ring_bytes = kRing;
+  hello.probe_addr = reinterpret_cast<uint64_t>(&probe);
+  hello.probe_value = probe;
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    close(sent[0]);
+    close(go[1]);
+    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0) _exit(1);
+    const int fds[] = {peer.segment_fd};
+    if (!ring::send_with_fds(fd, &hello, sizeof(hello), fds)) _exit(2);
+    (void)!write(sent[1], "x", 1);
+    char c;
+    (void)!read(go[0], &c, 1);  // until the parent has the reply (or is gone)
+    _exit(0);
+  }
+  close(sent[1]);
+  close(go[0]);
+  char c = 0;
+  const bool said = read(sent[0], &c, 1) == 1;
+  Hello reply;
+  std::vector<int> fds;
+  const ssize_t got = said ? receive_with_fds(fd, &reply, sizeof(reply), fds) : -1;
+  close(go[1]);  // the child exits
+  close(sent[0]);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(said) << "the child could not connect and say its hello: " << status;
+  ASSERT_EQ(got, static_cast<ssize_t>(sizeof(reply)));
+  EXPECT_EQ(reply.reads_you, 1u) << "the worker could not read the connecting child's probe";
+  pid_t again = -1;
+  for (int tries = 0; tries < 50 && again != child; ++tries) {
+    if (again > 0) {
+      kill(again, SIGKILL);
+      waitpid(again, nullptr, 0);
+    }
+    std::ofstream("/proc/sys/kernel/ns_last_pid") << (child - 1);
+    again = fork();
+    if (again == 0) {
+      pause();
+      _exit(0);
+    }
+  }
+  if (again != child) {
+    kill(again, SIGKILL);
+    waitpid(again, nullptr, 0);
+    close(fd);
+    GTEST_SKIP() << "no new process took pid " << child << " (other processes took it first)";
+  }
+  const ring::Fixed fixed{ring::kMessage, 1, 0, 1};
+  const ring::Entry entry{payload.size(), reinterpret_cast<uint64_t>(payload.data()), 0, 0};
+  std::memcpy(peer.forward, &fixed, sizeof(fixed));
+  std::memcpy(peer.forward + sizeof(fixed), &entry, sizeof(entry));
+  peer.header->forward.head.store(sizeof(fixed) + sizeof(entry));
+  Hello wake;
+  wake.kind = ring::kWake;
+  send_with_fds(fd, &wake, sizeof(wake), {});
+  const bool closed = victim.events->wait_for([&] { return !victim.events->closed_.empty(); }, seconds(10));
+  kill(again, SIGKILL);
+  waitpid(again, nullptr, 0);
+  ASSERT_TRUE(closed) << victim.events->messages() << " message(s) delivered, read from pid " << child
+                      << "'s newcomer";
+  {
+    std::lock_guard<std::mutex> lock(victim.events->mu_);
+    EXPECT_THAT(victim.events->closed_[0].second, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("exited")));
+    EXPECT_TRUE(victim.events->received_.empty());
+  }
+  close(fd);
+}
+
 // Polls `done` for up to 20 s.
 bool eventually(const std::function<bool()>& done) {
   auto until = std::chrono::steady_clock::now() + seconds(20);
