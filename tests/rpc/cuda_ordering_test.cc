@@ -9,6 +9,15 @@
 //   default stream's wait for every chunk's copy when the message arrives;
 // - the staging stream's wait for the caller's CudaStreamScope stream.
 // And the pool: after a warm-up, ten thousand echoes reach the driver for no memory.
+// And the cuda_ipc channel between workers in two pid namespaces (CudaIpcAcrossPid-
+// Namespaces, here to share this binary's build).
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cstdlib>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -226,6 +235,90 @@ TEST(CudaOrdering, AfterAWarmUpTenThousandEchoesReachTheDriverForNoMemory) {
     }
     ASSERT_OK(shutdown());
   }));
+}
+
+// Two workers, one of them started under `unshare --pid --fork` (so it is pid 1 of its
+// own pid namespace, and the other's pid means nothing there), call each other with
+// CUDA tensors over the emulated IPC, each requiring the cuda_ipc channel, with the
+// job token set. The channel passes pools as descriptors over the ring's socket and
+// needs no shared pid namespace. The ring's peer checks let the pair through (same
+// uid, the token), and the worker in the inner namespace, which cannot see its peer's
+// pid, reads nothing in place: a large CPU tensor from its peer is copied through the
+// ring (docs/security.md).
+constexpr char kPidNsDir[] = "FERRY_TEST_PID_NS_DIR";
+
+std::shared_ptr<EmulatedCudaRuntime> ipc_emulator() {
+  EmulatedCudaOptions options;
+  options.ipc = true;
+  options.pool_capacity = uint64_t{1} << 28;
+  return std::make_shared<EmulatedCudaRuntime>(1, options);
+}
+
+void start_ipc_worker(int rank, const std::string& dir) {
+  set_cuda_runtime(ipc_emulator());
+  register_functions();
+  (void)register_function("in_place_reads", [] { return current_agent()->debug_info().at("ring_in_place_reads"); });
+  TensorPipeRpcBackendOptions options;
+  options.init_method = "file://" + dir + "/store";
+  options.num_worker_threads = 2;
+  options.transports = {"ring"};
+  options.device_channel = "cuda_ipc";
+  options.auth_token = "pid-namespace-test-token";
+  ASSERT_OK(options.set_device_map(rank == 0 ? "worker1" : "worker0", DeviceMapSpec{{0, 0}}));
+  ASSERT_OK(init_rpc("worker" + std::to_string(rank), rank, 2, options));
+}
+
+std::string agent_info(const std::string& key) {
+  std::map<std::string, std::string> all = current_agent()->debug_info();
+  auto it = all.find(key);
+  return it == all.end() ? std::string("(none)") : it->second;
+}
+
+// Calls `peer` with a CUDA tensor and a large CPU tensor, both echoed.
+void call_both_kinds(const std::string& peer, float from) {
+  const std::vector<float> v = ramp(int64_t{1} << 18, from);  // 1 MiB
+  Tensor t = *Tensor::from_vector<float>(v).to(Device::cuda(0));
+  Tensor back = rpc_sync<Tensor>(peer, "echo", t);
+  EXPECT_EQ(back.device(), Device::cuda(0));
+  EXPECT_EQ(*back.to_vector<float>(), v);
+  EXPECT_EQ(*rpc_sync<Tensor>(peer, "echo", Tensor::from_vector<float>(v)).to_vector<float>(), v);
+}
+
+// Runs only as the worker the test below starts under unshare.
+TEST(CudaIpcAcrossPidNamespaces, InnerWorker) {
+  const char* dir = std::getenv(kPidNsDir);
+  if (dir == nullptr) GTEST_SKIP() << "the worker WorkersInTwoPidNamespacesCallEachOtherOverCudaIpc starts";
+  EXPECT_EQ(getpid(), 1) << "not the first process of its own pid namespace";
+  start_ipc_worker(1, dir);
+  call_both_kinds("worker0", 500.0f);
+  EXPECT_EQ(agent_info("device_tensors.worker0.cuda_ipc"), "2");  // the call and its reply
+  EXPECT_EQ(agent_info("ring_in_place_reads"), "0") << "read in place from a process it cannot see";
+  ASSERT_OK(shutdown());
+}
+
+TEST(CudaIpcAcrossPidNamespaces, WorkersInTwoPidNamespacesCallEachOtherOverCudaIpc) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root, for unshare --pid";
+  if (std::system("unshare --pid --fork true >/dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "unshare --pid --fork does not run here (missing, or no permission)";
+  }
+  char exe[PATH_MAX] = {};
+  ASSERT_GT(readlink("/proc/self/exe", exe, sizeof(exe) - 1), 0);
+  ferry::testing::TempDir dir;
+  ferry::testing::expect_all_succeed(ferry::testing::run_processes(2, [&](int rank) {
+    if (rank == 1) {
+      setenv(kPidNsDir, dir.path().c_str(), 1);
+      execlp("unshare", "unshare", "--pid", "--fork", "--kill-child", exe,
+             "--gtest_filter=CudaIpcAcrossPidNamespaces.InnerWorker", static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    start_ipc_worker(0, dir.path());
+    call_both_kinds("worker1", 100.0f);
+    EXPECT_EQ(agent_info("device_tensors.worker1.cuda_ipc"), "2");
+    EXPECT_EQ(agent_info("staging_tensors_sent"), "0");
+    // The inner worker saw no pid of ours to read from.
+    EXPECT_EQ(rpc_sync<std::string>("worker1", "in_place_reads"), "0");
+    ASSERT_OK(shutdown());
+  }, std::chrono::seconds(60)));
 }
 
 }  // namespace
