@@ -1,5 +1,6 @@
 #include "tools/devmaps_check.h"
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <map>
@@ -82,7 +83,9 @@ absl::StatusOr<DeviceMap> parse_device_map(const std::string& where, const json&
 
 absl::StatusOr<WorkerDeviceInfo> parse_worker(const std::string& where, const json& value) {
   if (!value.is_object()) return bad(where, absl::StrCat("expected an object, got ", shown(value)));
-  FERRY_RETURN_IF_ERROR(check_keys(where, value, {"name", "device_count", "devices", "device_maps"}));
+  FERRY_RETURN_IF_ERROR(check_keys(where, value,
+                                   {"name", "device_count", "devices", "device_maps", "host", "transports", "cuda_ipc",
+                                    "device_channel", "cuda_ipc_min_bytes"}));
   WorkerDeviceInfo info;
 
   auto name = value.find("name");
@@ -117,6 +120,83 @@ absl::StatusOr<WorkerDeviceInfo> parse_worker(const std::string& where, const js
     }
   }
   return info;
+}
+
+absl::StatusOr<WorkerPlacement> parse_placement(const std::string& where, const json& value) {
+  WorkerPlacement p;
+  if (auto host = value.find("host"); host != value.end()) {
+    if (!host->is_string()) return bad(where + ".host", absl::StrCat("expected a string, got ", shown(*host)));
+    p.host = host->get<std::string>();
+  }
+  if (auto transports = value.find("transports"); transports != value.end()) {
+    if (!transports->is_array()) {
+      return bad(where + ".transports", absl::StrCat("expected an array of transport names, got ", shown(*transports)));
+    }
+    p.transports.clear();
+    for (size_t i = 0; i < transports->size(); ++i) {
+      const json& t = (*transports)[i];
+      if (!t.is_string() || t.get_ref<const std::string&>().empty()) {
+        return bad(absl::StrCat(where, ".transports[", i, "]"), absl::StrCat("expected a transport name, got ", shown(t)));
+      }
+      p.transports.push_back(t.get<std::string>());
+    }
+  }
+  if (auto ipc = value.find("cuda_ipc"); ipc != value.end()) {
+    if (!ipc->is_boolean()) return bad(where + ".cuda_ipc", absl::StrCat("expected true or false, got ", shown(*ipc)));
+    p.cuda_ipc = ipc->get<bool>();
+  }
+  if (auto required = value.find("device_channel"); required != value.end()) {
+    const std::string* s = required->is_string() ? &required->get_ref<const std::string&>() : nullptr;
+    if (s == nullptr || (!s->empty() && *s != "cuda_ipc" && *s != "staging")) {
+      return bad(where + ".device_channel",
+                 absl::StrCat("expected \"cuda_ipc\", \"staging\" or \"\" (none required), got ", shown(*required)));
+    }
+    p.device_channel = *s;
+  }
+  if (auto min = value.find("cuda_ipc_min_bytes"); min != value.end()) {
+    if (!min->is_number_unsigned()) {
+      return bad(where + ".cuda_ipc_min_bytes", absl::StrCat("expected a number of bytes, got ", shown(*min)));
+    }
+    p.cuda_ipc_min_bytes = min->get<uint64_t>();
+  }
+  return p;
+}
+
+bool has_ring(const WorkerPlacement& p) {
+  return std::find(p.transports.begin(), p.transports.end(), "ring") != p.transports.end();
+}
+
+// The channel device tensors from `from` to `to` take, and why: the choice
+// Channels::choose and the cuda_ipc channel make, from what the file says of them.
+std::pair<std::string, std::string> channel_between(const std::string& from, const WorkerPlacement& f,
+                                                    const std::string& to, const WorkerPlacement& t) {
+  if (f.device_channel == "staging") return {"staging", absl::StrCat(from, " requires staging (device_channel)")};
+  std::string why_not;
+  if (f.host != t.host) {
+    why_not = absl::StrCat(to, " is on another host (\"", t.host, "\", ", from, " on \"", f.host, "\")");
+  } else if (!has_ring(f) || !has_ring(t)) {
+    why_not = absl::StrCat(has_ring(f) ? to : from, " has no ring transport (its record has no ring line)");
+  } else if (!f.cuda_ipc) {
+    why_not = absl::StrCat(from, " has no IPC-capable pool (\"cuda_ipc\": false)");
+  } else if (!t.cuda_ipc) {
+    why_not = absl::StrCat(to, " cannot import ", from, "'s pool (\"cuda_ipc\": false): it refuses the first "
+                           "call's device tensors, and later calls stage");
+  }
+  if (why_not.empty()) {
+    std::string why = absl::StrCat(f.host.empty() ? std::string("one host") : absl::StrCat("one host (\"", f.host, "\")"),
+                                   ", both on the ring, both share their pools");
+    if (f.device_channel == "cuda_ipc") return {"cuda_ipc", absl::StrCat(why, "; required by ", from, ", at any size")};
+    if (f.cuda_ipc_min_bytes > 0) {
+      absl::StrAppend(&why, "; a message with fewer than ", f.cuda_ipc_min_bytes,
+                      " bytes of device tensors takes staging (cuda_ipc_min_bytes)");
+    }
+    return {"cuda_ipc", why};
+  }
+  if (f.device_channel == "cuda_ipc") {
+    return {"none", absl::StrCat(from, " requires cuda_ipc (device_channel), and ", why_not,
+                                 ": its calls with device tensors to ", to, " fail")};
+  }
+  return {"staging", why_not};
 }
 
 // Output keeps insertion order, so that "ok" comes first for a human reader.
@@ -158,6 +238,8 @@ absl::StatusOr<DevmapsConfig> parse_devmaps_config(std::string_view json_text) {
   for (size_t i = 0; i < workers->size(); ++i) {
     std::string where = absl::StrCat("workers[", i, "]");
     FERRY_ASSIGN_OR_RETURN(WorkerDeviceInfo info, parse_worker(where, (*workers)[i]));
+    FERRY_ASSIGN_OR_RETURN(WorkerPlacement placement, parse_placement(where, (*workers)[i]));
+    config.placements.push_back(std::move(placement));
     auto [it, inserted] = index_of.emplace(info.name, i);
     if (!inserted) {
       return bad(where + ".name",
@@ -188,8 +270,24 @@ DevmapsCheckResult check_devmaps_json(std::string_view json_text) {
   } else {
     ordered_json reverse_all = ordered_json::object();
     ordered_json devices_all = ordered_json::object();
-    for (const WorkerDeviceInfo& w : config->workers) {
+    ordered_json channels_all = ordered_json::object();
+    std::map<std::string, const WorkerPlacement*> placement_of;
+    for (size_t i = 0; i < config->workers.size(); ++i) placement_of[config->workers[i].name] = &config->placements[i];
+    for (size_t i = 0; i < config->workers.size(); ++i) {
+      const WorkerDeviceInfo& w = config->workers[i];
       DeviceMaps reverse = create_reverse_device_maps(w.name, group->names, group->device_maps);
+      // Requests to its maps' peers, replies to its reverse maps' (a dynamic group's
+      // peer not in the file yet: unknown, so not reported).
+      ordered_json channels_json = ordered_json::object();
+      for (const DeviceMaps* maps : std::initializer_list<const DeviceMaps*>{&w.device_maps, &reverse}) {
+        for (const auto& [peer, map] : *maps) {
+          auto to = placement_of.find(peer);
+          if (to == placement_of.end() || channels_json.contains(peer)) continue;
+          auto [channel, why] = channel_between(w.name, config->placements[i], peer, *to->second);
+          channels_json[peer] = {{"channel", channel}, {"why", why}};
+        }
+      }
+      channels_all[w.name] = std::move(channels_json);
       std::vector<Device> devices = create_device_list(w.devices, w.device_maps, reverse);
       ordered_json reverse_json = ordered_json::object();
       for (const auto& [peer, map] : reverse) reverse_json[peer] = device_map_json(map);
@@ -198,7 +296,10 @@ DevmapsCheckResult check_devmaps_json(std::string_view json_text) {
       reverse_all[w.name] = std::move(reverse_json);
       devices_all[w.name] = std::move(devices_json);
     }
-    out = {{"ok", true}, {"reverse_device_maps", std::move(reverse_all)}, {"devices", std::move(devices_all)}};
+    out = {{"ok", true},
+           {"reverse_device_maps", std::move(reverse_all)},
+           {"devices", std::move(devices_all)},
+           {"channels", std::move(channels_all)}};
     result.exit_code = kExitOk;
   }
   result.out = out.dump(2) + "\n";

@@ -8,11 +8,14 @@
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "agents/cuda_ipc/cuda_ipc.h"
 #include "tools/commands.h"
 #include "tools/devmaps_check.h"
 
 namespace ferry::tools {
 namespace {
+
+static_assert(kDefaultCudaIpcMinBytes == kCudaIpcMinBytes, "devmaps check reports the channel's default threshold");
 
 // The whole file, or false with errno set (a directory opens but fails to read).
 bool read_whole_file(const std::string& path, std::string& text) {
@@ -30,7 +33,8 @@ void add_devmaps_command(CLI::App& app, ExitCode& exit_code) {
   CLI::App* check = devmaps->add_subcommand(
       "check",
       "Validate a group's device maps (a JSON file) as init_rpc would; print every worker's reverse device maps "
-      "and devices as JSON. Exit 0: valid; 1: invalid; 2: unreadable or malformed input");
+      "and devices, and the channel (cuda_ipc or staging) each worker's device tensors take to each peer and why, as "
+      "JSON. Exit 0: valid; 1: invalid; 2: unreadable or malformed input");
   // Owned by the callback, which CLI11 keeps as long as the app.
   auto path = std::make_shared<std::string>();
   check->add_option("FILE", *path, "The group's configuration: {\"static\": true, \"workers\": [...]}")->required();

@@ -61,7 +61,7 @@ TEST_F(DevmapsCheck, ValidGroupPrintsReverseMapsAndDevices) {
       {"name": "w2", "device_count": 1},
       {"name": "w3", "device_count": 0}]})",
                         kOk);
-  EXPECT_EQ(got, json::parse(R"({"ok": true,
+  EXPECT_EQ(got, json::parse(R"j({"ok": true,
       "reverse_device_maps": {
         "w0": {},
         "w1": {"w0": {"cuda:1": "cuda:0", "cuda:0": "cuda:1"}},
@@ -71,7 +71,13 @@ TEST_F(DevmapsCheck, ValidGroupPrintsReverseMapsAndDevices) {
         "w0": ["cuda:0", "cuda:1"],
         "w1": ["cuda:0", "cuda:1"],
         "w2": ["cuda:0"],
-        "w3": []}})"));
+        "w3": []},
+      "channels": {
+        "w0": {"w1": {"channel": "cuda_ipc", "why": "one host, both on the ring, both share their pools; a message with fewer than 65536 bytes of device tensors takes staging (cuda_ipc_min_bytes)"}},
+        "w1": {"w2": {"channel": "cuda_ipc", "why": "one host, both on the ring, both share their pools; a message with fewer than 65536 bytes of device tensors takes staging (cuda_ipc_min_bytes)"},
+               "w0": {"channel": "cuda_ipc", "why": "one host, both on the ring, both share their pools; a message with fewer than 65536 bytes of device tensors takes staging (cuda_ipc_min_bytes)"}},
+        "w2": {"w1": {"channel": "cuda_ipc", "why": "one host, both on the ring, both share their pools; a message with fewer than 65536 bytes of device tensors takes staging (cuda_ipc_min_bytes)"}},
+        "w3": {}}})j"));
 }
 
 TEST_F(DevmapsCheck, TheExampleOfTheBrief) {
@@ -85,12 +91,50 @@ TEST_F(DevmapsCheck, TheExampleOfTheBrief) {
 
 TEST_F(DevmapsCheck, EmptyGroupAndWorkersWithoutMaps) {
   EXPECT_EQ(check_json(R"({"workers": []})", kOk),
-            json::parse(R"({"ok": true, "reverse_device_maps": {}, "devices": {}})"));
+            json::parse(R"({"ok": true, "reverse_device_maps": {}, "devices": {}, "channels": {}})"));
   EXPECT_EQ(check_json(R"({"workers": [{"name": "a", "device_count": 0}, {"name": "b", "device_count": 3,
                                         "devices": [], "device_maps": {}}]})",
                        kOk),
             json::parse(R"({"ok": true, "reverse_device_maps": {"a": {}, "b": {}},
-                            "devices": {"a": [], "b": []}})"));
+                            "devices": {"a": [], "b": []}, "channels": {"a": {}, "b": {}}})"));
+}
+
+TEST_F(DevmapsCheck, SaysWhichChannelEachPeersDeviceTensorsTakeAndWhy) {
+  json got = check_json(R"({"workers": [
+      {"name": "w0", "device_count": 1, "host": "a", "cuda_ipc_min_bytes": 0,
+       "device_maps": {"w1": {"cuda:0": "cuda:0"}, "w2": {"cuda:0": "cuda:0"}, "w3": {"cuda:0": "cuda:0"},
+                       "w4": {"cuda:0": "cuda:0"}}},
+      {"name": "w1", "device_count": 1, "host": "a"},
+      {"name": "w2", "device_count": 1, "host": "b"},
+      {"name": "w3", "device_count": 1, "host": "a", "cuda_ipc": false},
+      {"name": "w4", "device_count": 1, "host": "a", "transports": ["tcp"]},
+      {"name": "w5", "device_count": 1, "host": "a", "device_channel": "cuda_ipc",
+       "device_maps": {"w2": {"cuda:0": "cuda:0"}, "w1": {"cuda:0": "cuda:0"}}},
+      {"name": "w6", "device_count": 1, "host": "a", "device_channel": "staging",
+       "device_maps": {"w1": {"cuda:0": "cuda:0"}}}]})",
+                        kOk);
+  const json& c = got["channels"];
+  EXPECT_EQ(c["w0"]["w1"], json::parse(R"j({"channel": "cuda_ipc",
+                                           "why": "one host (\"a\"), both on the ring, both share their pools"})j"));
+  EXPECT_EQ(c["w0"]["w2"], json::parse(R"j({"channel": "staging", "why": "w2 is on another host (\"b\", w0 on \"a\")"})j"));
+  EXPECT_EQ(c["w0"]["w3"]["channel"], "staging");
+  EXPECT_THAT(c["w0"]["w3"]["why"].get<std::string>(), HasSubstr("w3 cannot import w0's pool"));
+  EXPECT_EQ(c["w0"]["w4"], json::parse(R"j({"channel": "staging",
+                                           "why": "w4 has no ring transport (its record has no ring line)"})j"));
+  // Replies: from the callee back to the caller.
+  EXPECT_EQ(c["w3"]["w0"], json::parse(R"j({"channel": "staging", "why": "w3 has no IPC-capable pool (\"cuda_ipc\": false)"})j"));
+  EXPECT_EQ(c["w2"]["w0"]["channel"], "staging");
+  // Required: cuda_ipc where it can be had at any size, else the calls fail; staging.
+  EXPECT_EQ(c["w5"]["w1"]["channel"], "cuda_ipc");
+  EXPECT_THAT(c["w5"]["w1"]["why"].get<std::string>(), HasSubstr("required by w5, at any size"));
+  EXPECT_EQ(c["w5"]["w2"]["channel"], "none");
+  EXPECT_EQ(c["w5"]["w2"]["why"], "w5 requires cuda_ipc (device_channel), and w2 is on another host (\"b\", w5 on "
+                                  "\"a\"): its calls with device tensors to w2 fail");
+  EXPECT_EQ(c["w6"]["w1"], json::parse(R"j({"channel": "staging", "why": "w6 requires staging (device_channel)"})j"));
+  // The placement keys are checked like the rest.
+  Outcome bad = check(R"({"workers": [{"name": "w0", "device_count": 1, "device_channel": "ipc"}]})");
+  EXPECT_EQ(bad.exit_code, kUsage);
+  EXPECT_THAT(bad.err, HasSubstr("workers[0].device_channel: expected \"cuda_ipc\", \"staging\" or \"\" (none required)"));
 }
 
 TEST_F(DevmapsCheck, CpuIsKeptInGivenDevicesAndDroppedFromDerivedOnes) {
@@ -175,7 +219,7 @@ TEST_F(DevmapsCheck, MalformedInputIsAUsageErrorSayingWhere) {
       {R"({"workers": [{"name": "w0", "device_count": 4294967296}]})",
        "workers[0].device_count: expected a non-negative integer, got number 4294967296"},
       {R"({"workers": [{"name": "w0", "device_count": 1, "device_map": {}}]})",
-       R"(workers[0]: unknown key "device_map" (expected "name", "device_count", "devices", "device_maps"))"},
+       R"(workers[0]: unknown key "device_map" (expected "name", "device_count", "devices", "device_maps", "host", "transports", "cuda_ipc", "device_channel", "cuda_ipc_min_bytes"))"},
       {R"({"workers": [{"name": "w0", "device_count": 1, "devices": "cuda:0"}]})",
        R"(workers[0].devices: expected an array of device strings, got string "cuda:0")"},
       {R"({"workers": [{"name": "w0", "device_count": 1, "devices": ["cuda:0", "gpu"]}]})",

@@ -11,6 +11,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "metrics/metrics_server.h"
+#include "stats/prometheus.h"
 #include "rpc/call.h"
 #include "store/tcp_store.h"
 #include "tests/testing/free_port.h"
@@ -153,6 +154,34 @@ TEST(TopCommand, OnceJsonShowsEveryWorkerAndOneThatStopsAnswering) {
     EXPECT_NE(text.out.find("worker1      left the job"), std::string::npos) << text.out;
     EXPECT_NE(text.out.find("crashed      gone without leaving"), std::string::npos) << text.out;
   }));
+}
+
+TEST(TopCommand, ShowsTheChannelEachPeersDeviceTensorsTook) {
+  // A worker's endpoint as the agent serves it: its stats and the per-peer channel
+  // series (agents/core/channels.h), here from a metrics server of the test's own.
+  const uint16_t port = ::ferry::testing::free_port();
+  std::shared_ptr<Store> store = store_at(port, true);
+  std::string body = to_prometheus(StatsSnapshot{});
+  body +=
+      "# TYPE ferry_device_tensors_total counter\n"
+      "ferry_device_tensors_total{peer=\"trainer1\",channel=\"cuda_ipc\"} 40\n"
+      "ferry_device_tensors_total{peer=\"trainer1\",channel=\"staging\"} 2\n"
+      "ferry_device_tensors_total{peer=\"remote\",channel=\"staging\"} 7\n";
+  auto server = MetricsServer::start({}, [body] { return body; });
+  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_TRUE(publish_metrics_endpoint(*store, kMetricsStorePrefix, "trainer0", (*server)->address()).ok());
+  nlohmann::json j = top(port);
+  const nlohmann::json* w = worker(j, "trainer0");
+  ASSERT_NE(w, nullptr) << j.dump(2);
+  EXPECT_EQ((*w)["device_tensors"],
+            nlohmann::json({{"trainer1", {{"cuda_ipc", 40}, {"staging", 2}}}, {"remote", {{"staging", 7}}}}))
+      << w->dump(2);
+  ::ferry::testing::ProgramRun table = ::ferry::testing::run_program(
+      FERRY_BINARY, {"top", "--store", "127.0.0.1:" + std::to_string(port), "--once", "--interval-ms", "100"},
+      std::chrono::seconds(30));
+  EXPECT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_NE(table.out.find("| devices remote staging 7; trainer1 cuda_ipc 40 staging 2"), std::string::npos)
+      << table.out;
 }
 
 TEST(TopCommand, BadUsageAndAnUnreachableStore) {

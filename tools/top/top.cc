@@ -5,6 +5,8 @@
 #include <string_view>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/str_format.h"
 #include "metrics/metrics_server.h"
@@ -34,6 +36,40 @@ std::map<std::string, int> transports_in(std::string_view text) {
     ++counts[std::string(line.substr(from, to - from))];
   }
   return counts;
+}
+
+// The value of label `name` in a series line, or "" (no escapes: the peer names ferry
+// writes need none but '"' and '\\', which a worker name may not hold).
+std::string label_in(absl::string_view line, absl::string_view name) {
+  const std::string key = absl::StrCat(name, "=\"");
+  size_t at = line.find(key);
+  // A label is preceded by '{' or ',': "peer" must not match inside another name.
+  while (at != absl::string_view::npos && at > 0 && line[at - 1] != '{' && line[at - 1] != ',') {
+    at = line.find(key, at + 1);
+  }
+  if (at == absl::string_view::npos) return "";
+  const size_t from = at + key.size();
+  const size_t to = line.find('"', from);
+  return to == absl::string_view::npos ? "" : std::string(line.substr(from, to - from));
+}
+
+// Device tensors by peer and channel, from the lines
+// `ferry_device_tensors_total{peer="b",channel="cuda_ipc"} 40` of a worker's metrics.
+std::map<std::string, std::map<std::string, uint64_t>> device_tensors_in(std::string_view text) {
+  std::map<std::string, std::map<std::string, uint64_t>> out;
+  constexpr absl::string_view kSeries = "ferry_device_tensors_total{";
+  for (absl::string_view line : absl::StrSplit(absl::string_view(text.data(), text.size()), '\n')) {
+    if (!absl::StartsWith(line, kSeries)) continue;
+    const std::string peer = label_in(line, "peer"), channel = label_in(line, "channel");
+    const size_t space = line.rfind(' ');
+    double n = 0;
+    if (peer.empty() || channel.empty() || space == absl::string_view::npos ||
+        !absl::SimpleAtod(line.substr(space + 1), &n) || n < 0) {
+      continue;
+    }
+    out[peer][channel] = static_cast<uint64_t>(n);
+  }
+  return out;
 }
 
 double epoch_seconds() {
@@ -163,6 +199,7 @@ absl::Status JobView::refresh(std::chrono::milliseconds timeout) {
     }
     w.error.clear();
     w.transports = transports_in(*text);
+    w.device_tensors = device_tensors_in(*text);
     w.last_answer = Clock::now();
     w.previous = std::move(w.latest);
     w.latest = *std::move(snapshot);
@@ -193,6 +230,8 @@ nlohmann::json JobView::json() const {
     j["silent_seconds"] = answering || w.departed ? 0.0 : std::chrono::duration<double>(now - since).count();
     // Which transport reaches how many of its peers: {"ring": 3, "tcp": 4}.
     j["transports"] = w.transports;
+    // Which channel its device tensors to each peer took: {"b": {"cuda_ipc": 40}}.
+    j["device_tensors"] = w.device_tensors;
     if (!w.latest.has_value()) {
       workers.push_back(j);
       continue;
@@ -276,6 +315,15 @@ std::vector<std::string> JobView::table(int width) const {
       for (const auto& [transport, n] : w["transports"].items()) {
         absl::StrAppendFormat(&via, "%s%s %d", via.empty() ? " | via " : ", ", transport, n.get<int>());
       }
+      // Each peer's device tensors by channel: " | devices b cuda_ipc 40 staging 2".
+      std::string devices;
+      for (const auto& [peer, by_channel] : w["device_tensors"].items()) {
+        absl::StrAppend(&devices, devices.empty() ? " | devices " : "; ", peer);
+        for (const auto& [channel, n] : by_channel.items()) {
+          absl::StrAppend(&devices, " ", channel, " ", n.get<uint64_t>());
+        }
+      }
+      via += devices;
       line = absl::StrFormat("%-12s %8s %8s %4d/%-4d %8.3f %8.3f %7d %8s %8s  fn %s | peers %s%s", name,
                              rate(w["made_per_s"]), rate(w["served_per_s"]), w["in_flight_made"].get<int64_t>(),
                              w["in_flight_served"].get<int64_t>(), l["p50_ms"].get<double>(),

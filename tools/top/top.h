@@ -13,6 +13,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <optional>
@@ -43,6 +44,9 @@ struct WorkerView {
   bool lease_expired = false;
   // How many of its peers each transport reaches (its ferry_peer_transport series).
   std::map<std::string, int> transports;
+  // Device tensors sent to each peer, by the channel they took (its
+  // ferry_device_tensors_total series): {"worker1": {"cuda_ipc": 40, "staging": 2}}.
+  std::map<std::string, std::map<std::string, uint64_t>> device_tensors;
 };
 
 class JobView {
