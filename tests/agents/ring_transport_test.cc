@@ -915,7 +915,8 @@ TEST(RingTransport, APeersBellIsMappedOnceForAllItsConnections) {
 // news) goes only to peers its core authenticated (Connection::authenticated): every
 // holder can write it, and one that kept clearing it would delay everyone's messages.
 // A peer without it wakes the worker over the socket, an unauthenticated one only so
-// many times. (With real workers and a hostile process: HostileProcessGetsNoBell below.)
+// many times. (With real workers and a stranger's process:
+// RingAgents.AStrangersProcessCannotDelayAWorkersCalls below.)
 TEST(RingTransport, APeerGetsTheBellOnlyOnceAuthenticatedAndItsWakesAreBounded) {
   namespace ring = internal::ring;
   Side hub(make_ring_transport("hub", RingOptions{.ring_bytes = 4096}));
