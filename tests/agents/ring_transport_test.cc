@@ -142,6 +142,19 @@ struct RawRing {
     close(bell_fd);
     if (segment != MAP_FAILED) munmap(segment, segment_bytes);
   }
+
+  // Writes one message whose only tensor is `bytes` at `data` in this process, by
+  // address (for the worker to read in place), and wakes the worker through `socket`.
+  void send_by_address(int socket, const void* data, size_t bytes) {
+    const internal::ring::Fixed fixed{internal::ring::kMessage, 1, 0, 1};
+    const internal::ring::Entry entry{bytes, reinterpret_cast<uint64_t>(data), 0, 0};
+    std::memcpy(forward, &fixed, sizeof(fixed));
+    std::memcpy(forward + sizeof(fixed), &entry, sizeof(entry));
+    header->forward.head.store(sizeof(fixed) + sizeof(entry));
+    Hello wake;
+    wake.kind = internal::ring::kWake;
+    send_with_fds(socket, &wake, sizeof(wake), {});
+  }
 };
 
 std::string info(const Transport& t, const std::string& key) { return t.debug_info().at(key); }
@@ -401,7 +414,6 @@ TEST(RingTransport, ASocketThatSaysNoHelloIsClosedAfterTheDeadline) {
 // the connecting process). A tensor by address from a peer told it cannot be read so
 // is refused unread: the worker never reads a process's memory it was not meant to.
 TEST(RingTransport, ATensorByAddressFromAPeerToldItCannotBeReadEndsTheConnection) {
-  namespace ring = internal::ring;
   Side victim(make_ring_transport("victim"));
   constexpr size_t kRing = 4096;
   RawRing peer(kRing);
@@ -413,14 +425,7 @@ TEST(RingTransport, ATensorByAddressFromAPeerToldItCannotBeReadEndsTheConnection
   ASSERT_EQ(receive_with_fds(fd, &reply, sizeof(reply), fds), static_cast<ssize_t>(sizeof(reply)));
   EXPECT_EQ(reply.reads_you, 0u);
   static std::vector<uint8_t> secret(256 << 10, 0x5a);
-  const ring::Fixed fixed{ring::kMessage, 1, 0, 1};
-  const ring::Entry entry{secret.size(), reinterpret_cast<uint64_t>(secret.data()), 0, 0};
-  std::memcpy(peer.forward, &fixed, sizeof(fixed));
-  std::memcpy(peer.forward + sizeof(fixed), &entry, sizeof(entry));
-  peer.header->forward.head.store(sizeof(fixed) + sizeof(entry));
-  Hello wake;
-  wake.kind = ring::kWake;
-  send_with_fds(fd, &wake, sizeof(wake), {});
+  peer.send_by_address(fd, secret.data(), secret.size());
   ASSERT_TRUE(victim.events->wait_for([&] { return !victim.events->closed_.empty(); }, seconds(10)));
   {
     std::lock_guard<std::mutex> lock(victim.events->mu_);
@@ -504,14 +509,7 @@ TEST(RingTransport, AnInPlaceReadFromAProcessThatExitedIsDiscarded) {
     close(fd);
     GTEST_SKIP() << "no new process took pid " << child << " (other processes took it first)";
   }
-  const ring::Fixed fixed{ring::kMessage, 1, 0, 1};
-  const ring::Entry entry{payload.size(), reinterpret_cast<uint64_t>(payload.data()), 0, 0};
-  std::memcpy(peer.forward, &fixed, sizeof(fixed));
-  std::memcpy(peer.forward + sizeof(fixed), &entry, sizeof(entry));
-  peer.header->forward.head.store(sizeof(fixed) + sizeof(entry));
-  Hello wake;
-  wake.kind = ring::kWake;
-  send_with_fds(fd, &wake, sizeof(wake), {});
+  peer.send_by_address(fd, payload.data(), payload.size());
   const bool closed = victim.events->wait_for([&] { return !victim.events->closed_.empty(); }, seconds(10));
   kill(again, SIGKILL);
   waitpid(again, nullptr, 0);
