@@ -144,6 +144,7 @@ class CudaIpcChannel final : public DeviceChannel {
     const int id = port_->peer_id(peer);
     std::map<int, std::vector<size_t>> by_device;
     std::vector<Device> landing(tensors.size());
+    size_t device_bytes = 0;
     for (size_t i = 0; i < tensors.size(); ++i) {
       Device device = tensors[i].device();
       if (device.is_cpu()) continue;
@@ -154,17 +155,12 @@ class CudaIpcChannel final : public DeviceChannel {
       }
       landing[i] = it->second;
       by_device[device.index()].push_back(i);
+      device_bytes += tensors[i].nbytes();
     }
     if (by_device.empty()) return port_->staging().stage_outgoing(tensors, targets, map, peer, write_ahead);
-    if (port_->required_channel() != kName) {
-      size_t bytes = 0;
-      for (auto& [device, indices] : by_device) {
-        for (size_t i : indices) bytes += tensors[i].nbytes();
-      }
-      if (bytes < options_.min_bytes) {
-        small_staged_.fetch_add(1, std::memory_order_relaxed);
-        return port_->staging().stage_outgoing(tensors, targets, map, peer, write_ahead);
-      }
+    if (device_bytes < options_.min_bytes && port_->required_channel() != kName) {
+      small_staged_.fetch_add(1, std::memory_order_relaxed);
+      return port_->staging().stage_outgoing(tensors, targets, map, peer, write_ahead);
     }
     {
       absl::MutexLock lock(&mu_);

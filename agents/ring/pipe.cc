@@ -421,15 +421,8 @@ absl::Status Pipe::admit(Endpoint& home) {
 }
 
 absl::Status Pipe::read_in_place(Endpoint& home, Tensor& tensor, uint64_t address) {
-  const pid_t pid = peer_pid_.load(std::memory_order_relaxed);
-  FERRY_RETURN_IF_ERROR(home.reader->read(pid, static_cast<uint8_t*>(tensor.data()), address, tensor.nbytes()));
-  // The read went by pid: if the peer's process is gone now, that pid may have been
-  // another process's by the time of the read.
-  if (peer_pidfd_ < 0 || process_exited(peer_pidfd_)) {
-    return absl::UnavailableError(absl::StrCat("the peer's process (pid ", pid,
-                                               ") exited around an in-place read; what was read, perhaps another "
-                                               "process's memory, is discarded"));
-  }
+  FERRY_RETURN_IF_ERROR(home.reader->read(peer_pid_.load(std::memory_order_relaxed),
+                                         static_cast<uint8_t*>(tensor.data()), address, tensor.nbytes()));
   home.in_place_reads.fetch_add(1, std::memory_order_relaxed);
   return absl::OkStatus();
 }
@@ -538,6 +531,13 @@ bool Pipe::receive(Endpoint& home, const std::shared_ptr<TransportEvents>& event
           // Read while the sender held the tensors only if it has not let go since.
           if (shared_->closed[1 - side_].load(std::memory_order_seq_cst) != 0) {
             return fail(absl::UnavailableError("the connection was closed by its peer"));
+          }
+          // The reads went by pid: if the peer's process is gone now, that pid may have
+          // been another process's by the time of a read. Once per message, after all.
+          if (peer_pidfd_ < 0 || process_exited(peer_pidfd_)) {
+            return fail(absl::UnavailableError(absl::StrCat(
+                "the peer's process (pid ", peer_pid_.load(std::memory_order_relaxed),
+                ") exited around an in-place read; what was read, perhaps another process's memory, is discarded")));
           }
           Outgoing ack;
           ack.head.resize(sizeof(Fixed));

@@ -2,12 +2,9 @@
 
 #include <algorithm>
 #include <future>
-#include <string_view>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/strings/str_format.h"
 #include "metrics/metrics_server.h"
 #include "stats/prometheus.h"
@@ -20,54 +17,29 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_between(const StatsSnapshot& a, const StatsSnapshot& b) { return b.time - a.time; }
 
-// Peers by transport, from the lines `ferry_peer_transport{peer="b",transport="ring"} 1`
+// Peers by transport, from the samples `ferry_peer_transport{peer="b",transport="ring"} 1`
 // of a worker's metrics.
-std::map<std::string, int> transports_in(std::string_view text) {
+std::map<std::string, int> transports_in(const std::vector<PrometheusSample>& samples) {
   std::map<std::string, int> counts;
-  constexpr std::string_view kSeries = "ferry_peer_transport{";
-  constexpr std::string_view kLabel = "transport=\"";
-  for (absl::string_view line : absl::StrSplit(absl::string_view(text.data(), text.size()), '\n')) {
-    if (!absl::StartsWith(line, absl::string_view(kSeries.data(), kSeries.size()))) continue;
-    const size_t at = line.find(absl::string_view(kLabel.data(), kLabel.size()));
-    if (at == absl::string_view::npos) continue;
-    const size_t from = at + kLabel.size();
-    const size_t to = line.find('"', from);
-    if (to == absl::string_view::npos) continue;
-    ++counts[std::string(line.substr(from, to - from))];
+  for (const PrometheusSample& s : samples) {
+    if (s.name != "ferry_peer_transport") continue;
+    if (auto it = s.labels.find("transport"); it != s.labels.end()) ++counts[it->second];
   }
   return counts;
 }
 
-// The value of label `name` in a series line, or "" (no escapes: the peer names ferry
-// writes need none but '"' and '\\', which a worker name may not hold).
-std::string label_in(absl::string_view line, absl::string_view name) {
-  const std::string key = absl::StrCat(name, "=\"");
-  size_t at = line.find(key);
-  // A label is preceded by '{' or ',': "peer" must not match inside another name.
-  while (at != absl::string_view::npos && at > 0 && line[at - 1] != '{' && line[at - 1] != ',') {
-    at = line.find(key, at + 1);
-  }
-  if (at == absl::string_view::npos) return "";
-  const size_t from = at + key.size();
-  const size_t to = line.find('"', from);
-  return to == absl::string_view::npos ? "" : std::string(line.substr(from, to - from));
-}
-
-// Device tensors by peer and channel, from the lines
+// Device tensors by peer and channel, from the samples
 // `ferry_device_tensors_total{peer="b",channel="cuda_ipc"} 40` of a worker's metrics.
-std::map<std::string, std::map<std::string, uint64_t>> device_tensors_in(std::string_view text) {
+std::map<std::string, std::map<std::string, uint64_t>> device_tensors_in(const std::vector<PrometheusSample>& samples) {
   std::map<std::string, std::map<std::string, uint64_t>> out;
-  constexpr absl::string_view kSeries = "ferry_device_tensors_total{";
-  for (absl::string_view line : absl::StrSplit(absl::string_view(text.data(), text.size()), '\n')) {
-    if (!absl::StartsWith(line, kSeries)) continue;
-    const std::string peer = label_in(line, "peer"), channel = label_in(line, "channel");
-    const size_t space = line.rfind(' ');
-    double n = 0;
-    if (peer.empty() || channel.empty() || space == absl::string_view::npos ||
-        !absl::SimpleAtod(line.substr(space + 1), &n) || n < 0) {
+  for (const PrometheusSample& s : samples) {
+    if (s.name != "ferry_device_tensors_total" || s.value < 0) continue;
+    auto peer = s.labels.find("peer");
+    auto channel = s.labels.find("channel");
+    if (peer == s.labels.end() || channel == s.labels.end() || peer->second.empty() || channel->second.empty()) {
       continue;
     }
-    out[peer][channel] = static_cast<uint64_t>(n);
+    out[peer->second][channel->second] = static_cast<uint64_t>(s.value);
   }
   return out;
 }
@@ -198,8 +170,10 @@ absl::Status JobView::refresh(std::chrono::milliseconds timeout) {
       continue;
     }
     w.error.clear();
-    w.transports = transports_in(*text);
-    w.device_tensors = device_tensors_in(*text);
+    // The text parsed as a snapshot, so it parses as samples too.
+    const std::vector<PrometheusSample> samples = parse_prometheus(*text).value_or(std::vector<PrometheusSample>());
+    w.transports = transports_in(samples);
+    w.device_tensors = device_tensors_in(samples);
     w.last_answer = Clock::now();
     w.previous = std::move(w.latest);
     w.latest = *std::move(snapshot);
