@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "base/logging.h"
+#include "tensor/cuda_streams.h"
 #include "tensor/emulated_cuda.h"
 
 namespace ferry {
@@ -48,13 +49,7 @@ CudaStream current_cuda_stream(int device) {
 
 absl::Status wait_for_default_stream(CudaStream stream) {
   if (stream.handle == nullptr) return absl::OkStatus();  // the default stream itself
-  std::shared_ptr<CudaRuntime> runtime = cuda_runtime();
-  absl::StatusOr<CudaEvent> event = runtime->create_event(stream.device);
-  if (!event.ok()) return event.status();
-  absl::Status ordered = runtime->record(*event, CudaStream{stream.device, nullptr});
-  if (ordered.ok()) ordered = runtime->wait(stream, *event);
-  runtime->destroy_event(*event);
-  return ordered;
+  return order_after(*cuda_runtime(), stream, CudaStream{stream.device, nullptr});
 }
 
 namespace internal {

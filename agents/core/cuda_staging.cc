@@ -145,22 +145,19 @@ CudaStaging::CudaStaging(std::vector<Device> devices)
 
 CudaStaging::~CudaStaging() {
   std::deque<Retired> retired;
-  std::map<int, CudaStream> streams;
   std::map<TransferKey, Transfer> transfers;
   {
     absl::MutexLock lock(&mu_);
     retired.swap(retired_);
-    streams.swap(streams_);
     transfers.swap(transfers_);
   }
   for (Retired& r : retired) {
     (void)runtime_->synchronize(r.copied);
     runtime_->destroy_event(r.copied);
   }
-  for (auto& [device, stream] : streams) {
-    (void)runtime_->synchronize(stream);
-    runtime_->destroy_stream(stream);
-  }
+  // Unfinished transfers' memory goes only once the streams copying into it passed;
+  // the streams themselves go with streams_.
+  streams_.synchronize();
 }
 
 void CudaStaging::set_devices(std::vector<Device> devices) {
@@ -181,23 +178,6 @@ absl::Status CudaStaging::check_handled(Device device, std::string_view what) co
   return absl::InvalidArgumentError(absl::StrCat(av(what), " is on ", device.to_string(),
                                                  ", which is not among this worker's devices (", device_list(devices_),
                                                  "); list it with options.set_devices or in a device map"));
-}
-
-absl::StatusOr<CudaStream> CudaStaging::stream_for(int device) {
-  absl::MutexLock lock(&mu_);
-  auto it = streams_.find(device);
-  if (it != streams_.end()) return it->second;
-  FERRY_ASSIGN_OR_RETURN(CudaStream stream, runtime_->create_stream(device));
-  streams_.emplace(device, stream);
-  return stream;
-}
-
-absl::Status CudaStaging::order_after(CudaStream waiter, CudaStream signaller) {
-  FERRY_ASSIGN_OR_RETURN(CudaEvent event, runtime_->create_event(signaller.device));
-  absl::Status ordered = runtime_->record(event, signaller);
-  if (ordered.ok()) ordered = runtime_->wait(waiter, event);
-  runtime_->destroy_event(event);
-  return ordered;
 }
 
 void CudaStaging::retire_passed() {

@@ -55,6 +55,7 @@
 #include "agents/core/device_channel.h"
 #include "device_maps/device_map.h"
 #include "tensor/cuda.h"
+#include "tensor/cuda_streams.h"
 #include "tensor/tensor.h"
 
 namespace ferry::internal {
@@ -138,9 +139,11 @@ class CudaStaging final : public DeviceChannel {
   using TransferKey = std::pair<int, uint64_t>;  // the sending worker's id, its transfer id
 
   absl::Status check_handled(Device device, std::string_view what) const ABSL_LOCKS_EXCLUDED(mu_);
-  absl::StatusOr<CudaStream> stream_for(int device) ABSL_LOCKS_EXCLUDED(mu_);
-  // Makes `waiter` wait for what `signaller` has queued so far, with a fresh event.
-  absl::Status order_after(CudaStream waiter, CudaStream signaller);
+  // The device's staging stream, and one stream waiting for another (tensor/cuda_streams.h).
+  absl::StatusOr<CudaStream> stream_for(int device) { return streams_.get(device); }
+  absl::Status order_after(CudaStream waiter, CudaStream signaller) {
+    return ferry::order_after(*runtime_, waiter, signaller);
+  }
   // Drops the held buffers of every landing whose copies have passed.
   void retire_passed() ABSL_LOCKS_EXCLUDED(mu_);
   // Holds `held` until what `stream` has queued so far has passed.
@@ -155,9 +158,9 @@ class CudaStaging final : public DeviceChannel {
 
   const std::shared_ptr<CudaRuntime> runtime_;
   std::shared_ptr<PinnedPool> pinned_;
+  CudaStreams streams_{runtime_};  // the staging stream per device
   mutable absl::Mutex mu_;
   std::vector<Device> devices_ ABSL_GUARDED_BY(mu_);
-  std::map<int, CudaStream> streams_ ABSL_GUARDED_BY(mu_);  // by device index
   std::deque<Retired> retired_ ABSL_GUARDED_BY(mu_);        // oldest first
   std::map<TransferKey, Transfer> transfers_ ABSL_GUARDED_BY(mu_);
   uint64_t next_transfer_ ABSL_GUARDED_BY(mu_) = 0;

@@ -21,8 +21,10 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "agents/ring/factory.h"
 #include "base/status.h"
 #include "tensor/cuda.h"
+#include "tensor/cuda_streams.h"
 
 namespace ferry {
 namespace {
@@ -98,16 +100,18 @@ absl::StatusOr<Descriptor> decode(std::string_view text) {
 
 class CudaIpcChannel final : public DeviceChannel {
  public:
-  explicit CudaIpcChannel(CudaIpcOptions options) : runtime_(cuda_runtime()), options_(options) {}
+  explicit CudaIpcChannel(CudaIpcOptions options)
+      : runtime_(cuda_runtime()), options_(options), streams_(runtime_) {}
   ~CudaIpcChannel() override {
+    // What the streams still copy from or into is dropped only once they have passed
+    // it; the streams themselves go with streams_.
+    streams_.synchronize();
     absl::MutexLock lock(&mu_);
-    for (auto& [device, stream] : streams_) (void)runtime_->synchronize(stream);
     held_.clear();
     for (auto& [peer, in] : imports_) release(in);
     for (auto& [device, events] : events_) {
       for (CudaEvent e : events) runtime_->destroy_event(e);
     }
-    for (auto& [device, stream] : streams_) runtime_->destroy_stream(stream);
   }
 
   std::string_view name() const override { return kName; }
@@ -115,8 +119,12 @@ class CudaIpcChannel final : public DeviceChannel {
   bool reaches(const std::string& peer_address) const override { return why_not(peer_address).empty(); }
 
   std::string why_not(const std::string& peer_address) const override {
+    // The pool travels over the ring's socket: the peer must be one the ring reaches.
     if (peer_address.find("ring ") == std::string::npos) {
-      return "it is on another host, or has no ring transport (its record has no ring line)";
+      return "it has no ring transport (its record has no ring line)";
+    }
+    if (!ring_reaches(peer_address)) {
+      return "it is on another host (its ring line is from another boot or network namespace)";
     }
     absl::MutexLock lock(&mu_);
     if (!exportable_.has_value()) {
@@ -427,21 +435,9 @@ class CudaIpcChannel final : public DeviceChannel {
     return port_->staging().stage_outgoing(tensors, targets, map, peer, write_ahead);
   }
 
-  absl::StatusOr<CudaStream> stream_for(int device) {
-    absl::MutexLock lock(&mu_);
-    auto it = streams_.find(device);
-    if (it != streams_.end()) return it->second;
-    FERRY_ASSIGN_OR_RETURN(CudaStream stream, runtime_->create_stream(device));
-    streams_.emplace(device, stream);
-    return stream;
-  }
-
+  absl::StatusOr<CudaStream> stream_for(int device) { return streams_.get(device); }
   absl::Status order_after(CudaStream waiter, CudaStream signaller) {
-    FERRY_ASSIGN_OR_RETURN(CudaEvent event, runtime_->create_event(signaller.device));
-    absl::Status ordered = runtime_->record(event, signaller);
-    if (ordered.ok()) ordered = runtime_->wait(waiter, event);
-    runtime_->destroy_event(event);
-    return ordered;
+    return ferry::order_after(*runtime_, waiter, signaller);
   }
 
   int next_event(int device) {
@@ -543,6 +539,7 @@ class CudaIpcChannel final : public DeviceChannel {
 
   const std::shared_ptr<CudaRuntime> runtime_;
   const CudaIpcOptions options_;
+  CudaStreams streams_;          // the channel's stream per device
   ChannelPort* port_ = nullptr;  // set by attach(), before any call
   std::atomic<uint64_t> next_token_{0};
   std::atomic<uint64_t> small_staged_{0};  // messages under min_bytes, handed to staging
@@ -551,7 +548,6 @@ class CudaIpcChannel final : public DeviceChannel {
   mutable absl::Mutex mu_;
   mutable std::optional<std::string> exportable_ ABSL_GUARDED_BY(mu_);  // "" when it can export
   std::vector<Device> devices_ ABSL_GUARDED_BY(mu_);
-  std::map<int, CudaStream> streams_ ABSL_GUARDED_BY(mu_);                 // by device
   std::map<int, std::vector<CudaEvent>> events_ ABSL_GUARDED_BY(mu_);      // ours, by device
   std::map<int, uint64_t> next_event_ ABSL_GUARDED_BY(mu_);                // by device
   std::map<std::pair<int, int>, Passed> passed_ ABSL_GUARDED_BY(mu_);      // by (peer, device)

@@ -2,8 +2,9 @@
 //
 // The cuda_ipc device channel (agents/core/device_channel.h): CUDA tensors between
 // workers on one host cross as device-to-device copies, their bytes never touching the
-// transport. The core chooses it for a peer whose record has a ring line (same host)
-// when this worker's CUDA runtime can export its pools; otherwise, and for a peer that
+// transport. The core chooses it for a peer whose record has a ring line the ring
+// reaches (ring_reaches: same host, same network namespace) when this worker's CUDA
+// runtime can export its pools; otherwise, and for a peer that
 // refused to import or whose connection cannot pass descriptors, staging carries the
 // tensors (or, with AgentOptions::device_channel = "cuda_ipc", the call fails saying
 // why).

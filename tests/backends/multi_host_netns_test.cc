@@ -3,7 +3,9 @@
 // default options (TENSORPIPE, then PROCESS_GROUP) and a tcp:// store on host 1's
 // bridge address reach one another; 4 workers on each host run an all-to-all job with
 // tensors (the ring within a host, tcp across them), and a worker killed on one host
-// fails the calls of the others on it at once, naming it.
+// fails the calls of the others on it at once, naming it. With an emulated CUDA device
+// each, a worker that requires cuda_ipc fails its call to a worker on another host,
+// saying so, and without the requirement that call crosses over staging.
 //
 // Needs root and iproute2 (`ip netns`); skipped, saying why, otherwise. Everything it
 // makes is named "ferrynt-*" on 10.213.7.0/24 and addresses nothing else; it removes
@@ -194,14 +196,11 @@ std::vector<std::string> run_job(const std::string& mode, int port, int killed =
   return outs;
 }
 
-class MultiHostJobs : public ::testing::Test {
+// The hosts, built for each test and removed after it; skipped, saying why, where
+// network namespaces cannot be made.
+class NetnsHosts : public ::testing::Test {
  protected:
   void SetUp() override {
-#ifdef FERRY_TEST_SANITIZED
-    // 16 sanitized workers on a 2-core host miss their 5 s heartbeats under the
-    // all-to-all's load; the plain build runs these jobs.
-    GTEST_SKIP() << "16 sanitized workers are too slow for default heartbeats on a small host";
-#endif
     if (geteuid() != 0) GTEST_SKIP() << "needs root to make network namespaces (CI runs it as root)";
     if (ip_binary().empty()) GTEST_SKIP() << "needs iproute2's `ip` (scripts/install-deps.sh installs it)";
     if (std::string probe = ip({"netns", "list"}); !probe.empty()) GTEST_SKIP() << "`ip netns` unusable: " << probe;
@@ -220,6 +219,18 @@ class MultiHostJobs : public ::testing::Test {
 
   std::unique_ptr<FileLock> lock_;
   std::unique_ptr<Hosts> hosts_;
+};
+
+class MultiHostJobs : public NetnsHosts {
+ protected:
+  void SetUp() override {
+#ifdef FERRY_TEST_SANITIZED
+    // 16 sanitized workers on a 2-core host miss their 5 s heartbeats under the
+    // all-to-all's load; the plain build runs these jobs.
+    GTEST_SKIP() << "16 sanitized workers are too slow for default heartbeats on a small host";
+#endif
+    NetnsHosts::SetUp();
+  }
 };
 
 // 16 workers with default options: every call between hosts rides tcp, every call
@@ -252,6 +263,59 @@ TEST_F(MultiHostJobs, AKilledWorkerFailsItsCallersOnOtherHostsAtOnce) {
     EXPECT_LT(ms, 5000) << out;
     EXPECT_THAT(out.substr(at), ::testing::HasSubstr(absl::StrCat("worker", kVictim))) << out;
   }
+}
+
+using MultiHostCuda = NetnsHosts;
+
+// Workers 0 and 1 on host 1, worker 2 on host 2, each with an emulated CUDA device, in
+// netns_worker's "cuda" mode: worker 0 echoes a CUDA tensor through workers 1 and 2.
+// `env` is worker 0's environment on top of this one's. Returns what worker 0 printed.
+std::string run_cuda_job(const std::vector<std::string>& env, int port) {
+  const std::string store = "tcp://" + address(1) + ":" + std::to_string(port);
+  const int hosts[] = {1, 1, 2};
+  std::vector<ferry::testing::Child> workers;
+  for (int r = 0; r < 3; ++r) {
+    std::vector<std::string> args = {"netns", "exec", ns(hosts[r]), "/usr/bin/env"};
+    if (r == 0) args.insert(args.end(), env.begin(), env.end());
+    for (const std::string& a : {std::string(NETNS_WORKER), ns(hosts[r]), std::to_string(r), std::string("3"), store,
+                                 std::string("TENSORPIPE"), std::string("cuda")}) {
+      args.push_back(a);
+    }
+    workers.push_back(ferry::testing::spawn(ip_binary(), args));
+  }
+  auto deadline = std::chrono::steady_clock::now() + 60s;
+  std::string said;
+  for (int r = 0; r < 3; ++r) {
+    std::string out = ferry::testing::read_until(workers[r].out, deadline);
+    std::string err = ferry::testing::read_until(workers[r].err, deadline);
+    int code = ferry::testing::wait_exit(workers[r].pid, 10s);
+    close(workers[r].out);
+    close(workers[r].err);
+    std::printf("%s", out.c_str());
+    EXPECT_EQ(code, 0) << "rank " << r << ":\n" << out << err;
+    if (r == 0) said = out;
+  }
+  return said;
+}
+
+// A worker that requires cuda_ipc (FERRY_DEVICE_CHANNEL) cannot have it to a worker on
+// another host: its call there fails, saying so, while its call to the worker on its own
+// host goes device to device. Without the requirement the same call crosses over
+// staging, and the counters say so.
+TEST_F(MultiHostCuda, RequiredCudaIpcFailsToAnotherHostSayingWhyAndWithoutItTheCallStages) {
+  std::string required = run_cuda_job({"FERRY_DEVICE_CHANNEL=cuda_ipc"}, 29530);
+  EXPECT_THAT(required, ::testing::HasSubstr("rank 0 -> worker1: ok"));
+  EXPECT_THAT(required, ::testing::HasSubstr("rank 0: device_tensors.worker1.cuda_ipc=1\n"));
+  EXPECT_THAT(required, ::testing::ContainsRegex("rank 0 -> worker2: failed: FAILED_PRECONDITION: [^\n]*worker "
+                                                 "\"worker2\"[^\n]*requires the cuda_ipc channel[^\n]*another host"));
+  EXPECT_THAT(required, ::testing::Not(::testing::HasSubstr("device_tensors.worker2")));
+
+  std::string free = run_cuda_job({}, 29531);
+  EXPECT_THAT(free, ::testing::HasSubstr("rank 0 -> worker1: ok"));
+  EXPECT_THAT(free, ::testing::HasSubstr("rank 0 -> worker2: ok"));
+  EXPECT_THAT(free, ::testing::HasSubstr("rank 0: device_tensors.worker1.cuda_ipc=1\n"));
+  EXPECT_THAT(free, ::testing::HasSubstr("rank 0: device_tensors.worker2.staging=1\n"));
+  EXPECT_THAT(free, ::testing::Not(::testing::HasSubstr("device_tensors.worker2.cuda_ipc")));
 }
 
 // The fixture cleanup ctest runs after the test above, even when it was killed.

@@ -11,7 +11,12 @@
 //   at once, and says which transports carried its calls;
 // - "kill:R": worker R dies (SIGKILL) 2 s after init; every worker on another host
 //   has a 20 s call running on it meanwhile, and says how soon that call failed and
-//   why. The heartbeat is 60 s, so a prompt failure comes from the connection's end.
+//   why. The heartbeat is 60 s, so a prompt failure comes from the connection's end;
+// - "cuda": every worker has one emulated CUDA device (tensor/emulated_cuda.h); worker 0
+//   maps cuda:0 to cuda:0 of every other worker, echoes a 256 KiB CUDA tensor through
+//   each and says how each call went ("rank 0 -> worker1: ok" or "... failed: <status>")
+//   and which channel its device tensors took (debug_info's device_tensors.*). A
+//   required channel comes from FERRY_DEVICE_CHANNEL.
 //
 // Exit 0 when every call returned what it should; 1 with the reason on stderr.
 #include <sched.h>
@@ -31,6 +36,8 @@
 
 #include "backends/process_group/process_group_backend.h"
 #include "rpc/rpc.h"
+#include "tensor/cuda.h"
+#include "tensor/emulated_cuda.h"
 
 namespace {
 
@@ -96,6 +103,34 @@ int killed_peer(int rank, int victim) {
   return 0;
 }
 
+// Worker 0 echoes a 256 KiB CUDA tensor through every other worker (over the limit
+// under which cuda_ipc leaves a message to staging) and says how each call went.
+int cuda_echoes(int rank, int world) {
+  if (rank == 0) {
+    std::vector<float> values(64 * 1024);
+    for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i % 1000) + 0.5f;
+    const ferry::Tensor sent = *ferry::Tensor::from_vector(values).to(ferry::Device::cuda(0));
+    for (int to = 1; to < world; ++to) {
+      const std::string peer = "worker" + std::to_string(to);
+      absl::StatusOr<ferry::Tensor> got = ferry::rpc_async<ferry::Tensor>(peer, "echo", sent).result();
+      if (!got.ok()) {
+        std::printf("rank 0 -> %s: failed: %s\n", peer.c_str(), got.status().ToString().c_str());
+      } else if (got->device() != ferry::Device::cuda(0) || *got->to_vector<float>() != values) {
+        std::printf("rank 0 -> %s: wrong tensor\n", peer.c_str());
+      } else {
+        std::printf("rank 0 -> %s: ok\n", peer.c_str());
+      }
+    }
+    for (const auto& [key, value] : ferry::current_agent()->debug_info()) {
+      if (key.rfind("device_tensors.", 0) == 0) std::printf("rank 0: %s=%s\n", key.c_str(), value.c_str());
+    }
+  }
+  std::fflush(stdout);
+  absl::Status down = ferry::shutdown();
+  if (!down.ok()) return fail("shutdown: " + down.ToString());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -124,12 +159,22 @@ int main(int argc, char** argv) {
   options.init_method = argv[4];
   options.rpc_timeout = std::chrono::seconds(30);
   if (mode.rfind("kill:", 0) == 0) tensorpipe.heartbeat = std::chrono::seconds(60);
+  if (mode == "cuda") {
+    ferry::EmulatedCudaOptions emulated;
+    emulated.pool_capacity = uint64_t{1} << 28;
+    ferry::set_cuda_runtime(std::make_shared<ferry::EmulatedCudaRuntime>(1, emulated));
+    for (int to = 1; to < world && rank == 0; ++to) {
+      absl::Status mapped = tensorpipe.set_device_map("worker" + std::to_string(to), ferry::DeviceMapSpec{{0, 0}});
+      if (!mapped.ok()) return fail("set_device_map: " + mapped.ToString());
+    }
+  }
   absl::Status init = ferry::init_rpc("worker" + std::to_string(rank),
                                       backend == "PROCESS_GROUP" ? ferry::BackendType::PROCESS_GROUP
                                                                  : ferry::BackendType::TENSORPIPE,
                                       rank, world, options);
   if (!init.ok()) return fail("init_rpc: " + init.ToString());
   if (mode == "alltoall") return all_to_all(rank, world);
+  if (mode == "cuda") return cuda_echoes(rank, world);
   if (mode.rfind("kill:", 0) == 0) return killed_peer(rank, std::atoi(mode.c_str() + 5));
   int failures = 0;
   for (int to = 0; to < world; ++to) {
