@@ -107,8 +107,16 @@ void Endpoint::report(const std::shared_ptr<Pipe>& pipe, absl::Status why) {
   if (std::shared_ptr<TransportEvents> e = events.lock()) e->on_closed(pipe, std::move(why));
 }
 
+bool Endpoint::reads_due() const {
+  for (const std::shared_ptr<Pipe>& p : reading) {
+    if (p->reads_due(read_timeout)) return true;
+  }
+  return false;
+}
+
 bool Endpoint::ready() const {
   if (has_commands.load(std::memory_order_acquire) || stopping.load(std::memory_order_relaxed)) return true;
+  if (!reading.empty() && reads_due()) return true;
   if (reading_news()) {
     // seq_cst: after the sleeping flag park() set, against the news a ringer wrote.
     for (size_t w = 0; w < news_words; ++w) {
@@ -138,6 +146,7 @@ void Endpoint::add_pipe(const std::shared_ptr<Pipe>& pipe) {
 }
 
 void Endpoint::remove_swept() {
+  std::erase_if(reading, [](const std::shared_ptr<Pipe>& p) { return p->reported.load(); });
   std::erase_if(active, [this](const std::shared_ptr<Pipe>& p) {
     if (!p->reported.load()) return false;
     if (p->own_slot < ring::kSlots) {
@@ -217,6 +226,14 @@ bool Endpoint::step() {
   if (!e) {
     if (sweep) remove_swept();
     return progress;
+  }
+  // Messages whose in-place reads are done (or stalled), whatever the news says.
+  if (!reading.empty()) {
+    std::vector<std::shared_ptr<Pipe>> due;  // receive() takes a pipe off the list
+    for (const std::shared_ptr<Pipe>& p : reading) {
+      if (p->reads_due(read_timeout)) due.push_back(p);
+    }
+    for (const std::shared_ptr<Pipe>& p : due) progress |= serve_pipe(p, e, sweep);
   }
   if (reading_news() && !read_all.exchange(false, std::memory_order_relaxed)) {
     news_steps.fetch_add(1, std::memory_order_relaxed);

@@ -7,7 +7,9 @@
 //   pipe's rings, delivers every event (the transport thread of agents/core/transport.h),
 //   and sleeps on the worker's bell when idle (park). A thread of the worker that polls
 //   while it waits (base/progress.h) steps the rings in its place meanwhile (drive,
-//   enter_driver, leave_driver); step_mu lets one thread step at a time.
+//   enter_driver, leave_driver); step_mu lets one thread step at a time. Neither
+//   reads a tensor in place: reader threads do (agents/ring/read_pool.h), and a step
+//   delivers the message once they are done.
 // - The control thread (run_control) accepts sockets, exchanges the memfds (the hello
 //   and its reply, then the bells once each core authenticated its peer,
 //   agents/ring/protocol.h), takes the wakes of peers that have no bell yet, and
@@ -40,7 +42,7 @@
 #include "agents/core/buffer_pool.h"
 #include "agents/core/transport.h"
 #include "agents/ring/ring.h"
-#include "agents/ring/split_read.h"
+#include "agents/ring/read_pool.h"
 #include "agents/ring/unix_socket.h"
 #include "base/future.h"
 #include "base/progress.h"
@@ -62,8 +64,12 @@ struct Endpoint : std::enable_shared_from_this<Endpoint> {
   std::weak_ptr<TransportEvents> events;
   std::shared_ptr<BufferPool> buffers = BufferPool::create(max_cached_receive_bytes());
   uint64_t probe = 0;  // a value peers read in place to learn whether they can
-  // Large tensors read in place, by whichever thread steps the rings (one at a time).
-  std::unique_ptr<ring::SplitReader> reader;
+  // Large tensors read in place, on reader threads (never the one that steps): a
+  // message whose reads do not finish waits in its pipe (Pipe::receive), and its
+  // connection is closed once they made no progress for read_timeout
+  // (RingOptions::in_place_read_timeout).
+  std::unique_ptr<ring::ReadPool> reads;
+  std::chrono::milliseconds read_timeout{5000};
 
   int listen_fd = -1;
   int epoll_fd = -1;
@@ -109,6 +115,9 @@ struct Endpoint : std::enable_shared_from_this<Endpoint> {
   // and peers need not ring: the last driver to leave asks them to again.
   std::mutex step_mu;
   std::vector<std::shared_ptr<Pipe>> active;  // guarded by step_mu
+  // The pipes whose current message is being read in place (guarded by step_mu): a
+  // step serves them once their reads finished or stalled (reads_due), whatever the news.
+  std::vector<std::shared_ptr<Pipe>> reading;
   // The pipes with a bit in this endpoint's news, by slot (guarded by step_mu), how
   // many news words are in use, and how many active pipes have no slot. With
   // news_from connections or more, a step reads only the rings whose bit is set.
@@ -156,6 +165,7 @@ struct Endpoint : std::enable_shared_from_this<Endpoint> {
   // acted on (an unauthenticated peer past Pipe::kMaxUnauthenticatedWakes).
   std::atomic<uint64_t> wakes{0}, wakes_ignored{0};
   std::atomic<uint64_t> hello_timeouts{0};  // sockets closed for saying no hello in time
+  std::atomic<uint64_t> read_timeouts{0};   // connections closed for an in-place read that stalled
   // Bytes of tensors all connections hold for their peers to read in place, and tensors
   // sent by copy because their connection held RingOptions::max_held_bytes.
   std::atomic<uint64_t> held_bytes{0}, copied_past_held{0};
@@ -176,6 +186,8 @@ struct Endpoint : std::enable_shared_from_this<Endpoint> {
   // The read-all period and the longest sleep (kReadAllEvery).
   std::chrono::microseconds read_all_every() const;
   void add_pipe(const std::shared_ptr<Pipe>& pipe);
+  // Under step_mu: whether a pipe in `reading` has its reads finished or stalled.
+  bool reads_due() const;
   void remove_swept();
   // Under step_mu: reads and writes what `pipe` has; true when it moved something.
   bool serve_pipe(const std::shared_ptr<Pipe>& pipe, const std::shared_ptr<TransportEvents>& e, bool& sweep);

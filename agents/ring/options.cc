@@ -15,6 +15,10 @@ absl::Status validate(const RingOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("hello_timeout must not be negative, got ", options.hello_timeout.count(), " ms"));
   }
+  if (options.in_place_read_timeout.count() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("in_place_read_timeout must not be negative, got ",
+                                                   options.in_place_read_timeout.count(), " ms"));
+  }
   return absl::OkStatus();
 }
 

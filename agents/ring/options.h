@@ -50,6 +50,12 @@ struct RingOptions {
   // How long a socket that connected may take to say its hello (a connector sends it
   // at once) before it is closed. Unset (0): 5 s.
   std::chrono::milliseconds hello_timeout{0};
+  // How long a tensor read in place from a peer (process_vm_readv, on a reader thread)
+  // may go without progress before the connection is closed, naming the peer: its
+  // memory may never answer (a userfaultfd region nobody serves, a mapped file on
+  // storage that stalls). Reads go in chunks of 16 MiB, so this bounds each chunk,
+  // not a whole tensor. Unset (0): 5 s.
+  std::chrono::milliseconds in_place_read_timeout{0};
 };
 
 // Checks `options` as given (before defaults): kInvalidArgument saying what was wrong.

@@ -16,7 +16,6 @@
 #include "agents/core/buffer_pool.h"
 #include "agents/ring/endpoint.h"
 #include "agents/ring/record.h"
-#include "agents/ring/split_read.h"
 #include "base/status.h"
 
 #if defined(__has_feature)
@@ -420,22 +419,64 @@ absl::Status Pipe::admit(Endpoint& home) {
   return absl::OkStatus();
 }
 
-absl::Status Pipe::read_in_place(Endpoint& home, Tensor& tensor, uint64_t address) {
-  FERRY_RETURN_IF_ERROR(home.reader->read(peer_pid_.load(std::memory_order_relaxed),
-                                         static_cast<uint8_t*>(tensor.data()), address, tensor.nbytes()));
-  home.in_place_reads.fetch_add(1, std::memory_order_relaxed);
+void Pipe::start_reads(Endpoint& home) {
+  auto job = std::make_shared<ReadJob>();
+  job->pid = peer_pid_.load(std::memory_order_relaxed);
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    if (entries_[i].address != 0) job->pieces.push_back({wire_.tensors[i], entries_[i].address});
+  }
+  // Rings this worker's bell, with news of this pipe, for whichever thread steps next.
+  job->done = [home = home.weak_from_this(), slot = own_slot] {
+    std::shared_ptr<Endpoint> h = home.lock();
+    if (h && h->bell != nullptr && !h->stopping.load()) ring::ring(h->bell, slot);
+  };
+  job_ = job;
+  stage_ = Stage::kReading;
+  home.reading.push_back(shared_from_this());
+  home.reads->submit(std::move(job));
+}
+
+absl::Status Pipe::finish_reads(Endpoint& home) {
+  FERRY_RETURN_IF_ERROR(job_->result);
+  home.in_place_reads.fetch_add(job_->pieces.size(), std::memory_order_relaxed);
+  // Read while the sender held the tensors only if it has not let go since.
+  if (shared_->closed[1 - side_].load(std::memory_order_seq_cst) != 0) {
+    return absl::UnavailableError("the connection was closed by its peer");
+  }
+  // The reads went by pid: if the peer's process is gone now, that pid may have been
+  // another process's by the time of a read. Once per message, after all.
+  if (peer_pidfd_ < 0 || process_exited(peer_pidfd_)) {
+    return absl::UnavailableError(
+        absl::StrCat("the peer's process (pid ", peer_pid_.load(std::memory_order_relaxed),
+                     ") exited around an in-place read; what was read, perhaps another process's memory, is discarded"));
+  }
+  Outgoing ack;
+  ack.head.resize(sizeof(Fixed));
+  Fixed a{kAck, 0, 0, fixed_.seq};
+  std::memcpy(ack.head.data(), &a, sizeof(a));
+  std::lock_guard<std::mutex> lock(tx_mu_);
+  if (writable_.load() || close_when_written_) {
+    ack.bytes = ack.head.size();
+    queued_bytes_ += ack.bytes;
+    queue_.push_back(std::move(ack));
+    count_unsent_locked();
+    if (queue_.size() == 1) pump_locked();
+  }
   return absl::OkStatus();
 }
 
 bool Pipe::receive(Endpoint& home, const std::shared_ptr<TransportEvents>& events) {
   if (!attached()) return false;
+  // A message being read in place holds the pipe until its reads are done.
+  const bool reading = stage_ == Stage::kReading;
+  if (reading && !reads_due(home.read_timeout)) return false;
   uint64_t avail = 0;
   if (!rx_.available(avail)) {
     broken.store(true);
     end(home, absl::DataLossError("the peer's ring position is corrupt"));
     return false;
   }
-  if (avail == 0 || broken.load() || paused()) return false;
+  if (broken.load() || (!reading && (avail == 0 || paused()))) return false;
   tsan_acquire(tsan_token_);
   std::shared_ptr<Pipe> self = shared_from_this();
   auto fail = [&](absl::Status why) {
@@ -513,11 +554,7 @@ bool Pipe::receive(Endpoint& home, const std::shared_ptr<TransportEvents>& event
       case Stage::kTensors: {
         while (tensor_ < entries_.size()) {
           Tensor& t = wire_.tensors[tensor_];
-          if (entries_[tensor_].address != 0) {
-            if (absl::Status read = read_in_place(home, t, entries_[tensor_].address); !read.ok()) {
-              return fail(std::move(read));
-            }
-          } else {
+          if (entries_[tensor_].address == 0) {
             uint64_t k = std::min<uint64_t>(t.nbytes() - offset_, avail);
             if (k > 0) rx_.take(static_cast<uint8_t*>(t.data()) + offset_, k);
             offset_ += k;
@@ -528,32 +565,36 @@ bool Pipe::receive(Endpoint& home, const std::shared_ptr<TransportEvents>& event
           ++tensor_;
         }
         if (any_in_place_) {
-          // Read while the sender held the tensors only if it has not let go since.
-          if (shared_->closed[1 - side_].load(std::memory_order_seq_cst) != 0) {
-            return fail(absl::UnavailableError("the connection was closed by its peer"));
-          }
-          // The reads went by pid: if the peer's process is gone now, that pid may have
-          // been another process's by the time of a read. Once per message, after all.
-          if (peer_pidfd_ < 0 || process_exited(peer_pidfd_)) {
-            return fail(absl::UnavailableError(absl::StrCat(
-                "the peer's process (pid ", peer_pid_.load(std::memory_order_relaxed),
-                ") exited around an in-place read; what was read, perhaps another process's memory, is discarded")));
-          }
-          Outgoing ack;
-          ack.head.resize(sizeof(Fixed));
-          Fixed a{kAck, 0, 0, fixed_.seq};
-          std::memcpy(ack.head.data(), &a, sizeof(a));
-          std::lock_guard<std::mutex> lock(tx_mu_);
-          if (writable_.load() || close_when_written_) {
-            ack.bytes = ack.head.size();
-            queued_bytes_ += ack.bytes;
-            queue_.push_back(std::move(ack));
-            count_unsent_locked();
-            if (queue_.size() == 1) pump_locked();
-          }
+          start_reads(home);  // the ring's bytes of it are in: the producer gets its room back
+          goto out;
         }
         stage_ = Stage::kFixed;
         release_read();  // the producer gets its room back before the message is handled
+        home.messages_in.fetch_add(1, std::memory_order_relaxed);
+        events->on_message(self, std::move(wire_));
+        wire_ = Wire{};
+        if (reported.load()) return true;
+        break;
+      }
+      case Stage::kReading: {
+        std::erase(home.reading, self);
+        if (!job_->finished.load(std::memory_order_acquire)) {
+          // Stuck in the kernel, most likely: the reader thread is left to it (it owns
+          // the job and its buffers) and only this connection ends.
+          home.read_timeouts.fetch_add(1, std::memory_order_relaxed);
+          uint64_t bytes = 0;
+          for (const ReadJob::Piece& p : job_->pieces) bytes += p.into.nbytes();
+          job_ = nullptr;
+          return fail(absl::DeadlineExceededError(absl::StrCat(
+              "reading a ", bytes, "-byte message in place from the peer's process (pid ",
+              peer_pid_.load(std::memory_order_relaxed), ") made no progress for ", home.read_timeout.count(),
+              " ms (its memory does not answer: a region nobody serves, or storage that stalls); the "
+              "connection is closed")));
+        }
+        absl::Status read = finish_reads(home);
+        job_ = nullptr;
+        if (!read.ok()) return fail(std::move(read));
+        stage_ = Stage::kFixed;
         home.messages_in.fetch_add(1, std::memory_order_relaxed);
         events->on_message(self, std::move(wire_));
         wire_ = Wire{};

@@ -4,7 +4,8 @@
 // agents/core/transport.h). It writes messages into its outgoing ring on the caller's
 // thread, or queues what does not fit for the data thread to finish (pump()), and
 // reads whole messages out of its incoming ring on whichever thread steps the endpoint
-// (receive(), agents/ring/endpoint.h), delivering them there.
+// (receive(), agents/ring/endpoint.h), delivering them there; tensors sent by address
+// are read by the endpoint's reader threads meanwhile (agents/ring/read_pool.h).
 //
 // Ownership: the endpoint's data thread holds every live pipe (shared) until it is
 // reported closed; the core holds the pipes it was handed; a pipe holds its endpoint
@@ -15,6 +16,7 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -26,6 +28,7 @@
 #include "absl/status/status.h"
 #include "agents/core/transport.h"
 #include "agents/ring/protocol.h"
+#include "agents/ring/read_pool.h"
 #include "agents/ring/ring.h"
 #include "agents/ring/unix_socket.h"
 
@@ -166,8 +169,16 @@ class Pipe final : public Connection, public std::enable_shared_from_this<Pipe> 
   bool has_work() const { return (!paused() && rx_.has_data()) || tx_pending_.load(std::memory_order_relaxed); }
 
   // Data thread: reads what the ring holds, delivering whole messages. True when it
-  // took something.
+  // took something. A message with tensors sent by address is handed to the
+  // endpoint's reader threads once its ring bytes are in, and the pipe reads no
+  // further (its messages stay in order) until a later call finds the reads done and
+  // delivers it, or finds them stalled past the timeout and ends the connection.
   bool receive(Endpoint& home, const std::shared_ptr<TransportEvents>& events);
+  // Under step_mu: whether the message being read in place has its reads finished,
+  // or stalled for longer than `timeout`.
+  bool reads_due(std::chrono::milliseconds timeout) const {
+    return job_ != nullptr && (job_->finished.load(std::memory_order_acquire) || job_->stalled(timeout));
+  }
 
   // No more reading or writing: the peer is told we let go of what it may read in
   // place, then that memory is released. Data thread or after it stopped.
@@ -201,13 +212,17 @@ class Pipe final : public Connection, public std::enable_shared_from_this<Pipe> 
   void wake_peer();
 
   // The receive side's state between calls: which part of a frame comes next.
-  enum class Stage { kFixed, kEntries, kTargets, kMetadata, kTensors };
+  enum class Stage { kFixed, kEntries, kTargets, kMetadata, kTensors, kReading };
   bool take_into(std::string& buffer, size_t need, uint64_t& avail);
   // The core's verdict on the message whose entries were read (on_header).
   absl::Status check_header(TransportEvents& events);
   // Makes the message's wire: its targets, metadata and tensor buffers.
   absl::Status admit(Endpoint& home);
-  absl::Status read_in_place(Endpoint& home, Tensor& tensor, uint64_t address);
+  // Hands the current message's tensors sent by address to the reader threads.
+  void start_reads(Endpoint& home);
+  // Once they are done: whether the message may be delivered (its reads succeeded and
+  // the peer still holds what was read), else why not; acknowledges it to the peer.
+  absl::Status finish_reads(Endpoint& home);
 
   const std::weak_ptr<Endpoint> home_;
   const int side_;  // 0: opened by this worker (the connector), 1: accepted
@@ -254,6 +269,7 @@ class Pipe final : public Connection, public std::enable_shared_from_this<Pipe> 
   size_t tensor_ = 0;
   uint64_t offset_ = 0;
   bool any_in_place_ = false;
+  std::shared_ptr<ReadJob> job_;  // the current message's in-place reads (kReading)
 };
 
 }  // namespace ferry::internal::ring

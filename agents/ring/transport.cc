@@ -21,7 +21,7 @@
 #include "agents/ring/protocol.h"
 #include "agents/ring/record.h"
 #include "agents/ring/ring.h"
-#include "agents/ring/split_read.h"
+#include "agents/ring/read_pool.h"
 #include "agents/ring/unix_socket.h"
 #include "base/env.h"
 #include "base/progress.h"
@@ -63,7 +63,8 @@ RingTransport::RingTransport(std::string name, RingOptions options) : endpoint_(
   e.max_held_bytes = options.max_held_bytes != 0
                          ? options.max_held_bytes
                          : static_cast<size_t>(env_int("FERRY_RING_HELD_MB", 64, 1, int64_t{1} << 20)) << 20;
-  e.reader = std::make_unique<ring::SplitReader>(pick(options.split_bytes, "FERRY_RING_SPLIT_KB", 8192));
+  e.reads = std::make_unique<ring::ReadPool>(pick(options.split_bytes, "FERRY_RING_SPLIT_KB", 8192));
+  if (options.in_place_read_timeout.count() > 0) e.read_timeout = options.in_place_read_timeout;
   e.two_way = options.two_way.value_or(env_int("FERRY_RING_TWO_WAY", 1, 0, 1) != 0);
   e.any_user = options.any_user.value_or(env_int("FERRY_RING_ANY_USER", 0, 0, 1) != 0);
   if (options.news_from != 0) e.news_from = options.news_from;
@@ -223,6 +224,8 @@ void RingTransport::close() {
     ring::futex_wake(&e.bell->seq);
   }
   if (e.data_thread.joinable()) e.data_thread.join();
+  // Reader threads are not waited for: one may be stuck in a read (read_pool.h).
+  e.reads->stop();
   if (e.stop_fd >= 0) {
     uint64_t one = 1;
     (void)!::write(e.stop_fd, &one, sizeof(one));
@@ -284,7 +287,9 @@ std::map<std::string, std::string> RingTransport::debug_info() const {
           {"ring_held_bytes", std::to_string(e.held_bytes.load())},
           {"ring_max_held_bytes", std::to_string(e.max_held_bytes)},
           {"ring_copied_past_held", std::to_string(e.copied_past_held.load())},
-          {"ring_split_reads", std::to_string(e.reader->split_reads())},
+          {"ring_split_reads", std::to_string(e.reads->split_reads())},
+          {"ring_readers", std::to_string(e.reads->threads())},
+          {"ring_read_timeouts", std::to_string(e.read_timeouts.load())},
           {"ring_sleeps", std::to_string(e.sleeps.load())},
           {"ring_driven", std::to_string(e.driven.load())},
           {"ring_stepped_away", std::to_string(e.stepped_away.load())},

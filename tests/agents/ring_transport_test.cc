@@ -3,8 +3,11 @@
 // tests/backends/transport_registry_test.cc.)
 #include <fcntl.h>
 #include <grp.h>
+#include <linux/userfaultfd.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -766,6 +769,143 @@ TEST(RingTransport, AConnectorReadsInPlaceBeforeTheAcceptorReplies) {
   for (int f : fds) close(f);
   close(fd);
   close(listener);
+}
+
+// Issue 45, finding 8: a tensor sent by address whose memory never answers (here a
+// region registered with userfaultfd whose faults nobody serves; an mmapped file on
+// storage that stalls does the same) must stall neither the worker's other
+// connections nor its shutdown. A raw peer process offers one; while the worker's read
+// of it is stuck in the kernel, an honest peer's messages, tensors read in place among
+// them, go both ways promptly; the stuck connection is closed after
+// in_place_read_timeout, naming the peer's pid; and the worker shuts down within 5 s
+// with the read still stuck.
+TEST(RingTransport, AnInPlaceReadThatNeverReturnsStallsOnlyItsConnection) {
+  namespace ring = internal::ring;
+  // Faults taken inside the kernel (process_vm_readv) wait only on a userfaultfd made
+  // without UFFD_USER_MODE_ONLY, which needs CAP_SYS_PTRACE (or vm.unprivileged_userfaultfd).
+  {
+    const int uffd = static_cast<int>(syscall(SYS_userfaultfd, O_CLOEXEC));
+    if (uffd < 0) {
+      GTEST_SKIP() << "userfaultfd for kernel faults is unavailable here (" << strerror(errno)
+                   << "): needs CAP_SYS_PTRACE or vm.unprivileged_userfaultfd=1";
+    }
+    close(uffd);
+  }
+  constexpr auto kTimeout = std::chrono::milliseconds(1000);
+  Side victim(make_ring_transport("victim", RingOptions{.in_place_bytes = 65536, .in_place_read_timeout = kTimeout}));
+  Side honest(make_ring_transport("honest", RingOptions{.in_place_bytes = 65536}));
+  constexpr size_t kRing = 4096;
+  constexpr size_t kStuck = 256 << 10;
+  RawRing peer(kRing);
+  ASSERT_NE(peer.segment, MAP_FAILED);
+  static uint64_t probe = 0x57a11ed5eedULL;
+  int sent[2], hold[2];  // the child offered its tensor; the parent lets it go
+  ASSERT_EQ(pipe(sent), 0);
+  ASSERT_EQ(pipe(hold), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    close(sent[0]);
+    close(hold[1]);
+    const int uffd = static_cast<int>(syscall(SYS_userfaultfd, O_CLOEXEC));
+    uffdio_api api{};
+    api.api = UFFD_API;
+    if (uffd < 0 || ioctl(uffd, UFFDIO_API, &api) != 0) _exit(10);
+    void* region = mmap(nullptr, kStuck, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    uffdio_register reg{};
+    reg.range.start = reinterpret_cast<uint64_t>(region);
+    reg.range.len = kStuck;
+    reg.mode = UFFDIO_REGISTER_MODE_MISSING;
+    if (region == MAP_FAILED || ioctl(uffd, UFFDIO_REGISTER, &reg) != 0) _exit(11);
+    const int fd = connect_raw(socket_name(victim.address));
+    if (fd < 0) _exit(12);
+    Hello hello;
+    hello.pid = static_cast<uint32_t>(getpid());
+    hello.ring_bytes = kRing;
+    hello.probe_addr = reinterpret_cast<uint64_t>(&probe);
+    hello.probe_value = probe;
+    const int fds[] = {peer.segment_fd};
+    if (!ring::send_with_fds(fd, &hello, sizeof(hello), fds)) _exit(13);
+    Hello reply;
+    std::vector<int> got;
+    if (ring::receive_with_fds(fd, &reply, sizeof(reply), got, /*wait=*/true) != static_cast<ssize_t>(sizeof(reply))) _exit(14);
+    if (reply.reads_you != 1) _exit(15);
+    peer.send_by_address(fd, region, kStuck);  // never touched here: every page faults
+    (void)!write(sent[1], "x", 1);
+    char c;
+    (void)!read(hold[0], &c, 1);  // until the parent lets go (or is gone); the fault is never served
+    _exit(0);
+  }
+  close(sent[1]);
+  close(hold[0]);
+  // Whatever happens below, the child goes before the transports do: its exit ends the
+  // stuck read (its userfaultfd closes), so a failure does not hang the test.
+  struct Reap {
+    pid_t pid;
+    int hold;
+    ~Reap() {
+      close(hold);
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  } reap{child, hold[1]};
+  char c = 0;
+  ASSERT_EQ(read(sent[0], &c, 1), 1) << "the child could not offer its tensor";
+  close(sent[0]);
+  const auto offered = std::chrono::steady_clock::now();
+
+  // The honest peer's messages, each with a tensor read in place, and the victim's
+  // replies, while the child's read is stuck.
+  std::shared_ptr<Connection> out = honest.transport->connect(nullptr, "victim", victim.address);
+  out->write(text("first"));
+  ASSERT_TRUE(victim.events->wait_for([&] { return victim.events->received_.size() == 1; }, seconds(2)))
+      << "a new connection's first message waited for the stuck read";
+  ASSERT_TRUE(replied(*out));
+  std::shared_ptr<Connection> back = victim.events->received_[0].connection;
+  std::vector<float> data(64 << 10, 1.5f);  // 256 KiB: read in place
+  int calls = 0;
+  for (;;) {
+    const auto start = std::chrono::steady_clock::now();
+    out->write(Wire{"call", {Tensor::from_vector(data)}, {""}});
+    ASSERT_TRUE(victim.events->wait_for([&] { return victim.events->received_.size() == static_cast<size_t>(calls) + 2; },
+                                        seconds(2)))
+        << "call " << calls << " took over 2 s while another connection's read was stuck";
+    back->write(Wire{"reply", {Tensor::from_vector(data)}, {""}});
+    ASSERT_TRUE(honest.events->wait_for([&] { return honest.events->received_.size() == static_cast<size_t>(calls) + 1; },
+                                        seconds(2)))
+        << "reply " << calls << " took over 2 s while another connection's read was stuck";
+    {
+      std::lock_guard<std::mutex> lock(victim.events->mu_);
+      const Wire& got = victim.events->received_.back().wire;
+      ASSERT_EQ(got.tensors.size(), 1u);
+      EXPECT_EQ(std::memcmp(got.tensors[0].data(), data.data(), data.size() * sizeof(float)), 0);
+    }
+    ++calls;
+    EXPECT_LT(std::chrono::steady_clock::now() - start, seconds(2));
+    if (victim.events->wait_for([&] { return !victim.events->closed_.empty(); }, std::chrono::milliseconds(20))) break;
+    ASSERT_LT(std::chrono::steady_clock::now() - offered, seconds(10)) << "the stuck connection was never closed";
+  }
+  const auto closed_after = std::chrono::steady_clock::now() - offered;
+  EXPECT_GE(closed_after, kTimeout) << "closed before its read could time out";
+  EXPECT_GE(calls, 5) << "the honest peer's calls did not keep going while the read was stuck";
+  {
+    std::lock_guard<std::mutex> lock(victim.events->mu_);
+    ASSERT_EQ(victim.events->closed_.size(), 1u);
+    EXPECT_NE(victim.events->closed_[0].first, back) << "the honest connection was closed";
+    EXPECT_THAT(victim.events->closed_[0].second,
+                StatusIs(absl::StatusCode::kDeadlineExceeded,
+                         ::testing::AllOf(HasSubstr(absl::StrCat("(pid ", child, ")")), HasSubstr("no progress"))));
+  }
+  EXPECT_EQ(info(*victim.transport, "ring_read_timeouts"), "1");
+  EXPECT_GE(std::stoull(info(*victim.transport, "ring_in_place_reads")), static_cast<uint64_t>(calls));
+  // And after: the honest connection still works.
+  out->write(Wire{"after", {Tensor::from_vector(data)}, {""}});
+  EXPECT_TRUE(victim.events->wait_for([&] { return victim.events->received_.size() == static_cast<size_t>(calls) + 2; },
+                                      seconds(2)));
+
+  // The read is still stuck (the child lives): shutting down does not wait for it.
+  auto closing = std::async(std::launch::async, [&] { victim.transport->close(); });
+  EXPECT_EQ(closing.wait_for(seconds(5)), std::future_status::ready) << "the worker's shutdown hung on the stuck read";
 }
 
 // An acceptor reads in place from the process the kernel says connected (SO_PEERCRED),
