@@ -11,6 +11,7 @@
 #include <cstring>
 #include <new>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "base/env.h"
@@ -154,14 +155,16 @@ void TraceRecorder::push(Event e) {
 }
 
 void TraceRecorder::call(int peer_id, std::string_view peer, std::string_view function, uint64_t call_id,
-                         Clock::time_point sent, Clock::time_point done) {
-  push(Event{true, peer_id, std::string(peer), std::string(function), call_id, micros(sent), micros(done), 0});
+                         Clock::time_point sent, Clock::time_point done, TraceDevice device) {
+  push(Event{true, peer_id, std::string(peer), std::string(function), call_id, micros(sent), micros(done), 0,
+             std::move(device)});
 }
 
 void TraceRecorder::served(int caller_id, std::string_view caller, std::string_view function, uint64_t call_id,
-                           Clock::time_point received, Clock::time_point started, Clock::time_point replied) {
+                           Clock::time_point received, Clock::time_point started, Clock::time_point replied,
+                           TraceDevice device) {
   push(Event{false, caller_id, std::string(caller), std::string(function), call_id, micros(received), micros(started),
-             micros(replied)});
+             micros(replied), std::move(device)});
 }
 
 absl::Status TraceRecorder::flush() {
@@ -183,6 +186,12 @@ absl::Status TraceRecorder::flush() {
     // One flow per call, named by the caller's id and the call id: unique in a job.
     const std::string flow = absl::StrCat(e.made ? id_ : e.peer_id, ".", e.call_id);
     if (e.made) {
+      nlohmann::json args = {{"peer", e.peer},     {"peer_id", e.peer_id}, {"call_id", e.call_id},
+                             {"flow", flow},       {"t_send", e.t0},       {"t_reply", e.t1}};
+      if (!e.device.channel.empty()) {
+        args["channel"] = e.device.channel;
+        args["device_bytes"] = e.device.bytes;
+      }
       list.push_back({{"ph", "X"},
                       {"cat", "call"},
                       {"name", e.function},
@@ -190,15 +199,17 @@ absl::Status TraceRecorder::flush() {
                       {"tid", 1},
                       {"ts", e.t0},
                       {"dur", std::max<int64_t>(0, e.t1 - e.t0)},
-                      {"args",
-                       {{"peer", e.peer}, {"peer_id", e.peer_id}, {"call_id", e.call_id}, {"flow", flow},
-                        {"t_send", e.t0}, {"t_reply", e.t1}}}});
+                      {"args", std::move(args)}});
       list.push_back({{"ph", "s"}, {"cat", "flow"}, {"name", "rpc"}, {"id", flow}, {"pid", id_}, {"tid", 1},
                       {"ts", e.t0}});
     } else {
       nlohmann::json args = {{"caller", e.peer},  {"caller_id", e.peer_id}, {"call_id", e.call_id},
                              {"flow", flow},      {"t_recv", e.t0},         {"t_start", e.t1},
                              {"t_reply", e.t2}};
+      if (!e.device.channel.empty()) {
+        args["reply_channel"] = e.device.channel;
+        args["reply_device_bytes"] = e.device.bytes;
+      }
       list.push_back({{"ph", "X"}, {"cat", "queue"}, {"name", e.function}, {"pid", id_}, {"tid", 2}, {"ts", e.t0},
                       {"dur", std::max<int64_t>(0, e.t1 - e.t0)}, {"args", args}});
       list.push_back({{"ph", "X"}, {"cat", "serve"}, {"name", e.function}, {"pid", id_}, {"tid", 3}, {"ts", e.t1},

@@ -18,7 +18,11 @@
 //     run ("cat":"serve", started to reply sent), with the flow's end;
 //   - flows are keyed by (caller id, call id), so a merged file links each call to
 //     where it was served;
-//   - every span's args hold the raw times the merge needs ("t_send", "t_recv", ...).
+//   - every span's args hold the raw times the merge needs ("t_send", "t_recv", ...);
+//   - a call whose request carried device (CUDA) tensors says which device channel they
+//     took and their bytes ("channel": "cuda_ipc" or "staging", "device_bytes"), and a
+//     request served whose reply carried some says the same of the reply
+//     ("reply_channel", "reply_device_bytes").
 // Times are microseconds of this host's realtime clock (read once, advanced by the
 // steady clock); FERRY_TRACE_SKEW_US shifts them, to try the merge's alignment.
 #pragma once
@@ -35,6 +39,14 @@
 
 namespace ferry {
 
+// A message's device tensors as the agent describes them: the channel they took (the
+// channels' names, comma-separated where several did; "" when the message had none)
+// and their bytes.
+struct TraceDevice {
+  std::string channel;
+  uint64_t bytes = 0;
+};
+
 // Thread-safe: any thread records; recording takes one short lock (tracing is opt-in).
 // Owned by its agent; registered for SIGUSR2 flushes while it lives.
 class TraceRecorder {
@@ -50,12 +62,15 @@ class TraceRecorder {
   TraceRecorder(const TraceRecorder&) = delete;
   TraceRecorder& operator=(const TraceRecorder&) = delete;
 
-  // A call this worker made: sent at `sent`, its reply (or failure) at `done`.
+  // A call this worker made: sent at `sent`, its reply (or failure) at `done`;
+  // `device`: its request's device tensors.
   void call(int peer_id, std::string_view peer, std::string_view function, uint64_t call_id, Clock::time_point sent,
-            Clock::time_point done);
-  // A request served: received, its handler started, its reply sent.
+            Clock::time_point done, TraceDevice device = {});
+  // A request served: received, its handler started, its reply sent; `device`: its
+  // reply's device tensors.
   void served(int caller_id, std::string_view caller, std::string_view function, uint64_t call_id,
-              Clock::time_point received, Clock::time_point started, Clock::time_point replied);
+              Clock::time_point received, Clock::time_point started, Clock::time_point replied,
+              TraceDevice device = {});
 
   // Writes the ring to <directory>/<worker>.trace.json (replacing it, through a
   // temporary file). Errors: the file's, naming it.
@@ -70,6 +85,7 @@ class TraceRecorder {
     std::string function;
     uint64_t call_id;
     int64_t t0, t1, t2;  // made: send, reply, unused; served: received, started, replied
+    TraceDevice device;  // made: the request's; served: the reply's
   };
   int64_t micros(Clock::time_point t) const;
   void push(Event e);

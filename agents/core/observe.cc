@@ -1,5 +1,9 @@
 #include "agents/core/observe.h"
 
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "agents/core/device_channel.h"
 #include "base/env.h"
 #include "base/logging.h"
 #include "base/net.h"
@@ -28,11 +32,32 @@ uint64_t wire_bytes(size_t metadata_bytes, const std::vector<Tensor>& tensors) {
   return n;
 }
 
+uint64_t device_tensor_bytes(const std::vector<Tensor>& tensors) {
+  uint64_t n = 0;
+  for (const Tensor& t : tensors) n += t.device().is_cpu() ? 0 : t.nbytes();
+  return n;
+}
+
+std::string channels_taken(const std::vector<std::string>& targets) {
+  std::vector<std::string_view> seen;  // in the order they first appear
+  std::string out;
+  for (const std::string& t : targets) {
+    if (t.empty()) continue;
+    const std::string_view channel = channel_of_target(t);
+    if (std::find(seen.begin(), seen.end(), channel) != seen.end()) continue;
+    seen.push_back(channel);
+    if (!out.empty()) out += ',';
+    out += channel;
+  }
+  return out;
+}
+
 void observe_trace(const Future<Message>& reply, TraceRecorder& trace, const PeerAddress& peer,
-                   std::string_view function, uint64_t call_id) {
+                   std::string_view function, uint64_t call_id, TraceDevice device) {
   reply.add_inline_callback([&trace, peer_id = peer.info.id, peer_name = peer.info.name, fn = std::string(function),
-                             call_id, sent = TraceRecorder::Clock::now()](const absl::StatusOr<Message>&) {
-    trace.call(peer_id, peer_name, fn, call_id, sent, TraceRecorder::Clock::now());
+                             call_id, sent = TraceRecorder::Clock::now(),
+                             device = std::move(device)](const absl::StatusOr<Message>&) {
+    trace.call(peer_id, peer_name, fn, call_id, sent, TraceRecorder::Clock::now(), device);
   });
 }
 

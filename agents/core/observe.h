@@ -34,10 +34,19 @@ std::string_view call_name(const Message& message);
 uint64_t wire_bytes(size_t metadata_bytes, const std::vector<Tensor>& tensors);
 
 
-// Records `call`, made to `peer` at about now, in `trace` when `reply` completes.
-// `trace` must outlive the reply (the agent completes every call before it goes).
+// The bytes of the device (CUDA) tensors among `tensors`, read before a channel stages
+// them (staging swaps them for host copies, cuda_ipc for placeholders).
+uint64_t device_tensor_bytes(const std::vector<Tensor>& tensors);
+// The channels a message's device tensors took, from their targets once staged
+// (agents/core/device_channel.h): "cuda_ipc", "staging", both comma-separated, or ""
+// when there were none. For the trace.
+std::string channels_taken(const std::vector<std::string>& targets);
+
+// Records `call`, made to `peer` at about now with `device` tensors, in `trace` when
+// `reply` completes. `trace` must outlive the reply (the agent completes every call
+// before it goes).
 void observe_trace(const Future<Message>& reply, TraceRecorder& trace, const PeerAddress& peer,
-                   std::string_view function, uint64_t call_id);
+                   std::string_view function, uint64_t call_id, TraceDevice device = {});
 
 // A worker's metrics endpoint and its record in the job's store (metrics/). Thread-safe.
 class PublishedMetrics {

@@ -58,10 +58,13 @@ Future<Message> Outbox::send(const Member& member, Message message, std::optiona
   if (std::optional<absl::Status> lost = fates_.lost_status(to)) return make_ready_future<Message>(*std::move(lost));
   Wire wire;
   wire.tensors = std::move(message.tensors());
+  TraceDevice device;  // traced only
   if (!wire.tensors.empty()) {
+    if (trace_) device.bytes = device_tensor_bytes(wire.tensors);
     absl::Status staged = channels_.stage_request(*peer, wire.tensors, wire.targets,
                                                   [&](Wire chunk) { links_.send(*peer, std::move(chunk), 0); });
     if (!staged.ok()) return make_ready_future<Message>(std::move(staged));
+    if (trace_) device.channel = channels_taken(wire.targets);
   }
   const std::chrono::milliseconds limit = timeout.value_or(default_timeout_);
   const std::string_view function = call_name(message);  // a view into the buffer, read before seal()
@@ -72,7 +75,7 @@ Future<Message> Outbox::send(const Member& member, Message message, std::optiona
   // The server drops a request whose caller gave up before it ran.
   message.set_timeout(limit);
   const bool counted = message.type() == MessageType::kRequest;
-  if (trace_) observe_trace(call.future, *trace_, *peer, function, call.id);
+  if (trace_) observe_trace(call.future, *trace_, *peer, function, call.id, std::move(device));
   wire.metadata = message.seal();
   links_.send(*peer, std::move(wire), counted ? call.id : 0);
   // Lost (or stopped) while this call was being registered: the loss may have swept

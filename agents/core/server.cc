@@ -196,6 +196,8 @@ void Server::send_reply(const std::shared_ptr<Connection>& from, const Member* m
       reply.type() == MessageType::kError ? error_from_message(reply).code() : absl::StatusCode::kOk;
   Wire wire;
   wire.tensors = std::move(reply.tensors());
+  TraceDevice device;  // traced only
+  if (trace_) device.bytes = device_tensor_bytes(wire.tensors);
   // Only device tensors need the reverse maps, through the caller's channel.
   absl::Status staged =
       wire.tensors.empty()
@@ -203,6 +205,7 @@ void Server::send_reply(const std::shared_ptr<Connection>& from, const Member* m
           : channels_.stage_reply(member, caller.name, wire.tensors, wire.targets,
                                   [&](Wire chunk) { from->write(std::move(chunk)); });
   if (staged.ok()) {
+    if (trace_) device.channel = channels_taken(wire.targets);
     wire.metadata = reply.seal();
   } else {
     // The result holds a tensor that cannot travel back: the caller gets why.
@@ -216,7 +219,7 @@ void Server::send_reply(const std::shared_ptr<Connection>& from, const Member* m
   if (trace_ && served.observed.cell != nullptr) {
     const Session& s = *from->session();
     trace_->served(s.peer, s.peer_name, served.function, id, served.observed.received, served.started,
-                   AgentStats::Clock::now());
+                   AgentStats::Clock::now(), std::move(device));
   }
   from->write(std::move(wire));
 }

@@ -12,13 +12,18 @@
 // - with cuda_ipc required, a call that would stage fails, naming why;
 // - a message under cuda_ipc_min_bytes stages (unless cuda_ipc is required), and the
 //   per-peer counters say which channel each tensor took;
+// - with FERRY_TRACE, a call's span names the channel its device tensors took and
+//   their bytes, and a request served the same of its reply;
 // - a peer killed with tensors in flight: calls fail naming it, what was held for it
 //   is freed.
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <fstream>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -26,6 +31,7 @@
 #include "absl/strings/str_cat.h"
 #include "agents/cuda_ipc/cuda_ipc.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "rpc/rpc.h"
 #include "tensor/cuda.h"
 #include "tensor/emulated_cuda.h"
@@ -246,6 +252,59 @@ TEST(CudaIpc, AMessageUnderTheThresholdStagesUnlessCudaIpcIsRequiredAndTheCounte
       ASSERT_OK(shutdown());
     }));
   }
+}
+
+// The spans of `file` (a worker's FERRY_TRACE file) of category `cat` named `name`:
+// their args.
+std::vector<nlohmann::json> spans(const std::string& file, const std::string& cat, const std::string& name) {
+  std::ifstream in(file);
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  std::vector<nlohmann::json> out;
+  if (j.is_discarded()) {
+    ADD_FAILURE() << "no trace in " << file;
+    return out;
+  }
+  for (const nlohmann::json& e : j["traceEvents"]) {
+    if (e.value("cat", "") == cat && e.value("name", "") == name) out.push_back(e["args"]);
+  }
+  return out;
+}
+
+TEST(CudaIpc, TracesNameTheChannelACallsDeviceTensorsTookAndTheirBytes) {
+  ferry::testing::TempDir dir;
+  const std::string traces = dir.path() + "/traces";
+  ASSERT_EQ(mkdir(traces.c_str(), 0755), 0);
+  constexpr int64_t kLarge = int64_t{1} << 16;  // 256 KiB of floats: over the threshold
+  ferry::testing::expect_all_succeed(ferry::testing::run_processes(2, [&](int rank) {
+    setenv("FERRY_TRACE", traces.c_str(), 1);
+    start(rank, dir.path(), Workers{.ipc = true, .required = "", .transports = {}, .min_bytes = std::nullopt});
+    if (rank == 0) {
+      for (int64_t n : {kLarge, kElements}) {
+        Tensor t = *Tensor::zeros({n}, DType::kFloat32, Device::cuda(0));
+        EXPECT_EQ(rpc_sync<Tensor>("worker1", "echo", t).numel(), n);
+      }
+      EXPECT_EQ(rpc_sync<std::string>("worker1", "info", std::string("cuda_ipc_exports")), "1");
+    }
+    ASSERT_OK(shutdown());  // writes the trace files
+  }));
+  // Requests: the 256 KiB tensor over cuda_ipc, the 4 KiB one staged; no device tensor
+  // in "info", so no channel.
+  std::vector<nlohmann::json> echoes = spans(traces + "/worker0.trace.json", "call", "echo");
+  ASSERT_EQ(echoes.size(), 2u);
+  EXPECT_EQ(echoes[0].value("channel", ""), "cuda_ipc") << echoes[0].dump();
+  EXPECT_EQ(echoes[0].value("device_bytes", uint64_t{0}), uint64_t{4} * kLarge);
+  EXPECT_EQ(echoes[1].value("channel", ""), "staging") << echoes[1].dump();
+  EXPECT_EQ(echoes[1].value("device_bytes", uint64_t{0}), uint64_t{4} * kElements);
+  std::vector<nlohmann::json> infos = spans(traces + "/worker0.trace.json", "call", "info");
+  ASSERT_EQ(infos.size(), 1u);
+  EXPECT_FALSE(infos[0].contains("channel")) << infos[0].dump();
+  // Replies, the same way back.
+  std::vector<nlohmann::json> served = spans(traces + "/worker1.trace.json", "serve", "echo");
+  ASSERT_EQ(served.size(), 2u);
+  EXPECT_EQ(served[0].value("reply_channel", ""), "cuda_ipc") << served[0].dump();
+  EXPECT_EQ(served[0].value("reply_device_bytes", uint64_t{0}), uint64_t{4} * kLarge);
+  EXPECT_EQ(served[1].value("reply_channel", ""), "staging") << served[1].dump();
+  EXPECT_EQ(served[1].value("reply_device_bytes", uint64_t{0}), uint64_t{4} * kElements);
 }
 
 TEST(CudaIpc, APeerKilledWithTensorsInFlightFailsItsCallsByNameAndWhatWasHeldForItIsFreed) {

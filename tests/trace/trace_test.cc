@@ -60,6 +60,36 @@ TEST(TraceRecorder, WritesSpansFlowsAndRawTimes) {
   EXPECT_EQ(flows, 2);
 }
 
+TEST(TraceRecorder, SpansNameTheDeviceChannelAndBytesTheAgentGaveThem) {
+  ferry::testing::TempDir dir;
+  TraceRecorder trace(dir.path(), "w0", 0, 100);
+  const Clock::time_point t = Clock::now();
+  trace.call(1, "w1", "big", 1, t, t, TraceDevice{"cuda_ipc", 1 << 20});
+  trace.call(1, "w1", "cpu", 2, t, t);
+  trace.served(1, "w1", "small", 3, t, t, t, TraceDevice{"staging", 4096});
+  ASSERT_TRUE(trace.flush().ok());
+  nlohmann::json j = read(dir.path() + "/w0.trace.json");
+  ASSERT_FALSE(j.is_discarded());
+  int checked = 0;
+  for (const nlohmann::json& e : j["traceEvents"]) {
+    const nlohmann::json& args = e.value("args", nlohmann::json::object());
+    if (e.value("cat", "") == "call" && e["name"] == "big") {
+      EXPECT_EQ(args.value("channel", ""), "cuda_ipc");
+      EXPECT_EQ(args.value("device_bytes", 0), 1 << 20);
+      ++checked;
+    } else if (e.value("cat", "") == "call" && e["name"] == "cpu") {
+      EXPECT_FALSE(args.contains("channel")) << args.dump();
+      EXPECT_FALSE(args.contains("device_bytes")) << args.dump();
+      ++checked;
+    } else if (e.value("cat", "") == "serve") {
+      EXPECT_EQ(args.value("reply_channel", ""), "staging");
+      EXPECT_EQ(args.value("reply_device_bytes", 0), 4096);
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 3);
+}
+
 TEST(TraceRecorder, KeepsOnlyTheLastEvents) {
   ferry::testing::TempDir dir;
   TraceRecorder trace(dir.path(), "w0", 0, 16);
