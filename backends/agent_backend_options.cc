@@ -52,6 +52,10 @@ absl::Status AgentBackendOptions::validate() const {
         absl::StrCat(h.name, " must be >= 0 ms (0: off), got ", h.value.count(), " ms"));
   }
   if (!cuda_ipc_min_bytes.has_value()) FERRY_RETURN_IF_ERROR(CudaIpcOptions::from_environment().status());
+  FERRY_RETURN_IF_ERROR(check_device_channel("device_channel", device_channel));
+  for (const auto& [peer, channel] : device_channels()) {
+    FERRY_RETURN_IF_ERROR(check_device_channel(absl::StrCat("the device channel to ", peer), channel));
+  }
   return absl::OkStatus();
 }
 
@@ -70,6 +74,7 @@ AgentOptions AgentBackendOptions::agent_options() const {
   if (cuda_ipc_min_bytes.has_value()) ipc.min_bytes = *cuda_ipc_min_bytes;
   agent.device_channels.push_back(make_cuda_ipc_channel(ipc));
   if (!device_channel.empty()) agent.device_channel = device_channel;
+  agent.device_channel_by_peer = device_channels();
   return agent;
 }
 

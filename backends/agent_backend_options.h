@@ -47,6 +47,7 @@ class AgentBackendOptions : public RpcBackendOptions, public DeviceMapOptions {
   // The device channel every CUDA tensor must take ("cuda_ipc", or "staging" to keep
   // tensors in host memory): a call that would take another fails saying why. ""
   // reads FERRY_DEVICE_CHANNEL, and without it any channel goes. (AgentOptions::device_channel.)
+  // set_device_channel(peer, channel) sets it per peer.
   std::string device_channel;
   // CUDA tensors of one message to a worker on this host that total fewer bytes than
   // this take staging rather than cuda_ipc, which costs more per message than a few KiB
@@ -57,8 +58,9 @@ class AgentBackendOptions : public RpcBackendOptions, public DeviceMapOptions {
 
   // kInvalidArgument, saying what was expected: num_worker_threads outside [1, 4096], a
   // negative rpc_timeout or heartbeat, a malformed FERRY_CUDA_IPC_MIN_BYTES (when
-  // cuda_ipc_min_bytes is unset), a deprecated spelling that disagrees with the
-  // current one. The error names the spelling the user set.
+  // cuda_ipc_min_bytes is unset), a device_channel that names no channel ("cuda_ipc",
+  // "staging" or ""), a deprecated spelling that disagrees with the current one. The
+  // error names the spelling the user set.
   virtual absl::Status validate() const;
 
   // The agent's settings these options give: threads, rpc_timeout, heartbeat (a

@@ -28,6 +28,19 @@ absl::Status with_worker(std::string_view worker, const absl::Status& status) {
 
 }  // namespace
 
+absl::Status check_device_channel(std::string_view what, std::string_view channel) {
+  if (channel.empty() || channel == "cuda_ipc" || channel == "staging") return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(internal::av(what), " is \"", internal::av(channel),
+                                                 "\"; expected \"cuda_ipc\", \"staging\" or \"\" (none required)"));
+}
+
+absl::Status DeviceMapOptions::set_device_channel(std::string_view worker, std::string_view channel) {
+  if (worker.empty()) return absl::InvalidArgumentError("set_device_channel: the worker name is empty");
+  FERRY_RETURN_IF_ERROR(check_device_channel(absl::StrCat("the device channel to ", internal::av(worker)), channel));
+  device_channels_[std::string(worker)] = std::string(channel);
+  return absl::OkStatus();
+}
+
 absl::Status DeviceMapOptions::set_device_map(std::string_view worker, const DeviceMapSpec& map) {
   DeviceMap resolved;
   for (const auto& [source_spec, target_spec] : map) {

@@ -10,9 +10,14 @@
 //   FERRY_RETURN_IF_ERROR(opts.set_device_map("worker1", {{"cpu", "cpu"}})); // merged in
 //   FERRY_RETURN_IF_ERROR(opts.set_devices({0, "cuda:1"}));
 //   opts.device_maps();  // {"worker1": {cpu -> cpu, cuda:0 -> cuda:1}}
+//   FERRY_RETURN_IF_ERROR(opts.set_device_channel("worker1", "cuda_ipc"));
+//   opts.device_channels();  // {"worker1": "cuda_ipc"}: CUDA tensors to worker1 go device
+//                            // to device, or the call fails saying why
 #pragma once
 
 #include <concepts>
+#include <map>
+#include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -25,6 +30,16 @@ namespace ferry {
 
 // A list of source -> target pairs in any DeviceSpec spelling.
 using DeviceMapSpec = std::vector<std::pair<DeviceSpec, DeviceSpec>>;
+
+// The device channel required for CUDA tensors to each named peer ("" none), by peer
+// name. The names are those of the agents' device channels (agents/core/
+// device_channel.h): "cuda_ipc" (device to device, one host), "staging" (through host
+// memory).
+using PeerDeviceChannels = std::map<std::string, std::string>;
+
+// OK when `channel` is "cuda_ipc", "staging" or "" (none required); otherwise
+// kInvalidArgument naming `what` (the setting), the value and what was expected.
+[[nodiscard]] absl::Status check_device_channel(std::string_view what, std::string_view channel);
 
 // Thread-compatible: const methods may run concurrently; a setter must not race with
 // anything else on the same object.
@@ -50,14 +65,24 @@ class DeviceMapOptions {
   // that does not resolve. Duplicates and range are checked at init.
   [[nodiscard]] absl::Status set_devices(const std::vector<DeviceSpec>& devices);
 
+  // Requires `channel` for every CUDA tensor this worker sends to `worker` (its
+  // requests, and its replies to that worker's calls): a call whose tensors would take
+  // another channel fails, saying why. It takes the place of the worker-wide
+  // requirement (AgentBackendOptions::device_channel) towards that peer; "" requires
+  // none towards it, whatever the worker-wide one. Replaces what was set for `worker`. Errors (kInvalidArgument): an empty worker name; a channel other
+  // than "cuda_ipc", "staging" or "" (check_device_channel), naming the worker.
+  [[nodiscard]] absl::Status set_device_channel(std::string_view worker, std::string_view channel);
+
   const DeviceMaps& device_maps() const { return device_maps_; }
   const std::vector<Device>& devices() const { return devices_; }
+  const PeerDeviceChannels& device_channels() const { return device_channels_; }
 
  private:
   absl::Status merge_device_map(std::string_view worker, const DeviceMap& map);
 
   DeviceMaps device_maps_;
   std::vector<Device> devices_;
+  PeerDeviceChannels device_channels_;
 };
 
 }  // namespace ferry

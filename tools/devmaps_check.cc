@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status.h"
+#include "device_maps/options.h"
 #include "device_maps/validate.h"
 #include "nlohmann/json.hpp"
 #include "tools/commands.h"
@@ -85,7 +86,7 @@ absl::StatusOr<WorkerDeviceInfo> parse_worker(const std::string& where, const js
   if (!value.is_object()) return bad(where, absl::StrCat("expected an object, got ", shown(value)));
   FERRY_RETURN_IF_ERROR(check_keys(where, value,
                                    {"name", "device_count", "devices", "device_maps", "host", "transports", "cuda_ipc",
-                                    "device_channel", "cuda_ipc_min_bytes"}));
+                                    "device_channel", "device_channels", "cuda_ipc_min_bytes"}));
   WorkerDeviceInfo info;
 
   auto name = value.find("name");
@@ -153,6 +154,22 @@ absl::StatusOr<WorkerPlacement> parse_placement(const std::string& where, const 
     }
     p.device_channel = *s;
   }
+  if (auto by_peer = value.find("device_channels"); by_peer != value.end()) {
+    if (!by_peer->is_object()) {
+      return bad(where + ".device_channels",
+                 absl::StrCat("expected an object (worker name -> required channel), got ", shown(*by_peer)));
+    }
+    for (const auto& [peer, channel] : by_peer->items()) {
+      const std::string at = absl::StrCat(where, ".device_channels.", peer);
+      if (!channel.is_string()) {
+        return bad(at, absl::StrCat("expected \"cuda_ipc\", \"staging\" or \"\" (none required), got ", shown(channel)));
+      }
+      // The check set_device_channel makes, in its words.
+      absl::Status named = check_device_channel("the channel", channel.get_ref<const std::string&>());
+      if (!named.ok()) return bad(at, std::string(named.message()));
+      p.device_channels[peer] = channel.get<std::string>();
+    }
+  }
   if (auto min = value.find("cuda_ipc_min_bytes"); min != value.end()) {
     if (!min->is_number_unsigned()) {
       return bad(where + ".cuda_ipc_min_bytes", absl::StrCat("expected a number of bytes, got ", shown(*min)));
@@ -170,7 +187,13 @@ bool has_ring(const WorkerPlacement& p) {
 // Channels::choose and the cuda_ipc channel make, from what the file says of them.
 std::pair<std::string, std::string> channel_between(const std::string& from, const WorkerPlacement& f,
                                                     const std::string& to, const WorkerPlacement& t) {
-  if (f.device_channel == "staging") return {"staging", absl::StrCat(from, " requires staging (device_channel)")};
+  // What `from` requires towards `to`: its entry for `to` in device_channels, else its
+  // device_channel.
+  auto own = f.device_channels.find(to);
+  const std::string& required = own != f.device_channels.end() ? own->second : f.device_channel;
+  const std::string setting =
+      own != f.device_channels.end() ? absl::StrCat("device_channels.", to) : std::string("device_channel");
+  if (required == "staging") return {"staging", absl::StrCat(from, " requires staging (", setting, ")")};
   std::string why_not;
   if (f.host != t.host) {
     why_not = absl::StrCat(to, " is on another host (\"", t.host, "\", ", from, " on \"", f.host, "\")");
@@ -185,15 +208,17 @@ std::pair<std::string, std::string> channel_between(const std::string& from, con
   if (why_not.empty()) {
     std::string why = absl::StrCat(f.host.empty() ? std::string("one host") : absl::StrCat("one host (\"", f.host, "\")"),
                                    ", both on the ring, both share their pools");
-    if (f.device_channel == "cuda_ipc") return {"cuda_ipc", absl::StrCat(why, "; required by ", from, ", at any size")};
+    if (required == "cuda_ipc") {
+      return {"cuda_ipc", absl::StrCat(why, "; required by ", from, " (", setting, "), at any size")};
+    }
     if (f.cuda_ipc_min_bytes > 0) {
       absl::StrAppend(&why, "; a message with fewer than ", f.cuda_ipc_min_bytes,
                       " bytes of device tensors takes staging (cuda_ipc_min_bytes)");
     }
     return {"cuda_ipc", why};
   }
-  if (f.device_channel == "cuda_ipc") {
-    return {"none", absl::StrCat(from, " requires cuda_ipc (device_channel), and ", why_not,
+  if (required == "cuda_ipc") {
+    return {"none", absl::StrCat(from, " requires cuda_ipc (", setting, "), and ", why_not,
                                  ": its calls with device tensors to ", to, " fail")};
   }
   return {"staging", why_not};

@@ -16,7 +16,9 @@
 // optional): "host" (workers without one share a host), "transports" (default
 // ["ring", "tcp"]; cuda_ipc needs "ring" at both ends), "cuda_ipc" (false: its CUDA
 // runtime cannot share pools, as with FERRY_EMULATE_CUDA_IPC=0), "device_channel"
-// (the channel it requires: "cuda_ipc", "staging" or ""), "cuda_ipc_min_bytes"
+// (the channel it requires: "cuda_ipc", "staging" or ""), "device_channels" (the same
+// per peer, in place of "device_channel" towards the peers it names, as
+// DeviceMapOptions::set_device_channel sets it: {"w1": "cuda_ipc"}), "cuda_ipc_min_bytes"
 // (default kCudaIpcMinBytes). The report's "channels" gives, for every worker and
 // every peer it sends device tensors to (its device maps' peers: requests; its
 // reverse maps' peers: replies), the channel they take and why:
@@ -31,6 +33,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -51,6 +54,7 @@ struct WorkerPlacement {
   std::vector<std::string> transports = {"ring", "tcp"};
   bool cuda_ipc = true;
   std::string device_channel;
+  std::map<std::string, std::string> device_channels;  // by peer name
   uint64_t cuda_ipc_min_bytes = kDefaultCudaIpcMinBytes;
 };
 

@@ -73,6 +73,12 @@ class ChannelPort {
   // The channel required for every device tensor (AgentOptions::device_channel; ""
   // none), and the staging channel, which a channel hands a message it cannot move.
   virtual const std::string& required_channel() const = 0;
+  // The channel required for device tensors to worker `peer` (by name): its entry in
+  // AgentOptions::device_channel_by_peer, else required_channel().
+  virtual std::string required_channel_to(std::string_view peer) const {
+    (void)peer;
+    return required_channel();
+  }
   virtual DeviceChannel& staging() = 0;
 };
 

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <chrono>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -77,6 +78,9 @@ struct AgentOptions {
   // whose tensors to a peer would take another (staging, as a fallback) fails instead,
   // saying why that channel does not reach the peer. Unset: FERRY_DEVICE_CHANNEL.
   std::optional<std::string> device_channel;
+  // The same per peer, by worker name, in place of device_channel towards that peer
+  // ("" none required there); the device map's (DeviceMapOptions::set_device_channel).
+  std::map<std::string, std::string> device_channel_by_peer;
   // The metrics endpoint's port (docs/observability.md; 0: any free one); unset:
   // FERRY_METRICS_PORT decides, and without it there is no endpoint.
   std::optional<int> metrics_port;

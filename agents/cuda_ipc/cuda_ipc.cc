@@ -166,7 +166,7 @@ class CudaIpcChannel final : public DeviceChannel {
       device_bytes += tensors[i].nbytes();
     }
     if (by_device.empty()) return port_->staging().stage_outgoing(tensors, targets, map, peer, write_ahead);
-    if (device_bytes < options_.min_bytes && port_->required_channel() != kName) {
+    if (device_bytes < options_.min_bytes && port_->required_channel_to(peer) != kName) {
       small_staged_.fetch_add(1, std::memory_order_relaxed);
       return port_->staging().stage_outgoing(tensors, targets, map, peer, write_ahead);
     }
@@ -427,10 +427,11 @@ class CudaIpcChannel final : public DeviceChannel {
 
   absl::Status fallback(std::vector<Tensor>& tensors, std::vector<std::string>& targets, const DeviceMap* map,
                         std::string_view peer, WriteAhead write_ahead, const std::string& why) {
-    if (port_->required_channel() == kName) {
+    if (port_->required_channel_to(peer) == kName) {
       return absl::FailedPreconditionError(absl::StrCat("device tensors to worker \"", av(peer),
                                                         "\" cannot go device to device, and this worker requires the "
-                                                        "cuda_ipc channel (FERRY_DEVICE_CHANNEL / device_channel): ", why));
+                                                        "cuda_ipc channel to it (FERRY_DEVICE_CHANNEL / device_channel, "
+                                                        "or set_device_channel for that worker): ", why));
     }
     return port_->staging().stage_outgoing(tensors, targets, map, peer, write_ahead);
   }

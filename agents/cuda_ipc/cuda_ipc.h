@@ -6,8 +6,8 @@
 // reaches (ring_reaches: same host, same network namespace) when this worker's CUDA
 // runtime can export its pools; otherwise, and for a peer that
 // refused to import or whose connection cannot pass descriptors, staging carries the
-// tensors (or, with AgentOptions::device_channel = "cuda_ipc", the call fails saying
-// why).
+// tensors (or, with cuda_ipc required, by AgentOptions::device_channel or for that peer
+// by device_channel_by_peer, the call fails saying why).
 //
 // Once per peer and device, over the connection's Unix socket (ChannelPort::
 // pass_descriptor, SCM_RIGHTS; no ptrace, no fabric handles, no shared PID namespace):
@@ -52,8 +52,8 @@ inline constexpr size_t kCudaIpcMinBytes = size_t{64} << 10;
 
 struct CudaIpcOptions {
   // A message whose device tensors to a peer total fewer bytes than this takes the
-  // staging channel (0: every message takes cuda_ipc where it can). Ignored where
-  // cuda_ipc is required (AgentOptions::device_channel).
+  // staging channel (0: every message takes cuda_ipc where it can). Ignored towards a
+  // peer cuda_ipc is required for (ChannelPort::required_channel_to).
   size_t min_bytes = kCudaIpcMinBytes;
 
   // The defaults, min_bytes changed by FERRY_CUDA_IPC_MIN_BYTES (bytes). A malformed

@@ -151,6 +151,24 @@ TEST(TensorPipeOptions, AMalformedCudaIpcThresholdInTheEnvironmentIsRefusedUnles
   ASSERT_EQ(unsetenv("FERRY_CUDA_IPC_MIN_BYTES"), 0);
 }
 
+TEST(TensorPipeOptions, ARequiredChannelMustNameOneAndPerPeerOnesReachTheAgent) {
+  TensorPipeRpcBackendOptions o;
+  o.device_channel = "cuda-ipc";
+  EXPECT_THAT(o.validate(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                     "device_channel is \"cuda-ipc\"; expected \"cuda_ipc\", \"staging\" or \"\" "
+                                     "(none required)"));
+  o.device_channel = "cuda_ipc";
+  EXPECT_OK(o.validate());
+  EXPECT_THAT(o.set_device_channel("worker1", "ipc"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("the device channel to worker1 is \"ipc\"")));
+  ASSERT_OK(o.set_device_channel("worker1", "staging"));
+  ASSERT_OK(o.set_device_channel("worker2", ""));
+  EXPECT_OK(o.validate());
+  AgentOptions agent = o.agent_options();
+  EXPECT_EQ(agent.device_channel, "cuda_ipc");
+  EXPECT_EQ(agent.device_channel_by_peer, (std::map<std::string, std::string>{{"worker1", "staging"}, {"worker2", ""}}));
+}
+
 TEST(TensorPipeOptions, DeviceMapSettersMergeAndReject) {
   TensorPipeRpcBackendOptions o;
   EXPECT_OK(o.set_device_map("worker1", {{0, 1}}));

@@ -128,5 +128,31 @@ TEST(SetDevices, ReportsBadSpellingsAndChangesNothing) {
   EXPECT_THAT(opts.devices(), ElementsAre(cuda(0)));
 }
 
+TEST(SetDeviceChannel, RequiresAChannelPerPeerAndReplaces) {
+  DeviceMapOptions opts;
+  EXPECT_TRUE(opts.device_channels().empty());
+  ASSERT_OK(opts.set_device_channel("worker1", "cuda_ipc"));
+  ASSERT_OK(opts.set_device_channel("worker2", "staging"));
+  ASSERT_OK(opts.set_device_channel("worker3", ""));  // none towards worker3, whatever the worker's
+  ASSERT_OK(opts.set_device_channel("worker1", "staging"));
+  EXPECT_EQ(opts.device_channels(),
+            (PeerDeviceChannels{{"worker1", "staging"}, {"worker2", "staging"}, {"worker3", ""}}));
+}
+
+TEST(SetDeviceChannel, RejectsUnknownChannelsAndEmptyNamesAndChangesNothing) {
+  DeviceMapOptions opts;
+  ASSERT_OK(opts.set_device_channel("worker1", "cuda_ipc"));
+  EXPECT_THAT(opts.set_device_channel("worker1", "cuda-ipc"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "the device channel to worker1 is \"cuda-ipc\"; expected \"cuda_ipc\", \"staging\" or \"\" "
+                       "(none required)"));
+  EXPECT_THAT(opts.set_device_channel("", "cuda_ipc"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("the worker name is empty")));
+  EXPECT_EQ(opts.device_channels(), (PeerDeviceChannels{{"worker1", "cuda_ipc"}}));
+  EXPECT_OK(check_device_channel("device_channel", "staging"));
+  EXPECT_THAT(check_device_channel("device_channel", "nvlink"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("device_channel is \"nvlink\"; expected")));
+}
+
 }  // namespace
 }  // namespace ferry

@@ -126,7 +126,7 @@ TEST_F(DevmapsCheck, SaysWhichChannelEachPeersDeviceTensorsTakeAndWhy) {
   EXPECT_EQ(c["w2"]["w0"]["channel"], "staging");
   // Required: cuda_ipc where it can be had at any size, else the calls fail; staging.
   EXPECT_EQ(c["w5"]["w1"]["channel"], "cuda_ipc");
-  EXPECT_THAT(c["w5"]["w1"]["why"].get<std::string>(), HasSubstr("required by w5, at any size"));
+  EXPECT_THAT(c["w5"]["w1"]["why"].get<std::string>(), HasSubstr("required by w5 (device_channel), at any size"));
   EXPECT_EQ(c["w5"]["w2"]["channel"], "none");
   EXPECT_EQ(c["w5"]["w2"]["why"], "w5 requires cuda_ipc (device_channel), and w2 is on another host (\"b\", w5 on "
                                   "\"a\"): its calls with device tensors to w2 fail");
@@ -135,6 +135,44 @@ TEST_F(DevmapsCheck, SaysWhichChannelEachPeersDeviceTensorsTakeAndWhy) {
   Outcome bad = check(R"({"workers": [{"name": "w0", "device_count": 1, "device_channel": "ipc"}]})");
   EXPECT_EQ(bad.exit_code, kUsage);
   EXPECT_THAT(bad.err, HasSubstr("workers[0].device_channel: expected \"cuda_ipc\", \"staging\" or \"\" (none required)"));
+}
+
+TEST_F(DevmapsCheck, APerPeerRequiredChannelTakesThePlaceOfTheWorkersTowardsThatPeer) {
+  // w0 requires cuda_ipc towards w1 (on its host) and w2 (on another), staging towards
+  // w3; w4 requires cuda_ipc everywhere but towards w1.
+  json got = check_json(R"({"workers": [
+      {"name": "w0", "device_count": 1, "host": "a",
+       "device_channels": {"w1": "cuda_ipc", "w2": "cuda_ipc", "w3": "staging"},
+       "device_maps": {"w1": {"cuda:0": "cuda:0"}, "w2": {"cuda:0": "cuda:0"}, "w3": {"cuda:0": "cuda:0"},
+                       "w5": {"cuda:0": "cuda:0"}}},
+      {"name": "w1", "device_count": 1, "host": "a"},
+      {"name": "w2", "device_count": 1, "host": "b"},
+      {"name": "w3", "device_count": 1, "host": "a"},
+      {"name": "w4", "device_count": 1, "host": "a", "device_channel": "cuda_ipc", "device_channels": {"w2": ""},
+       "device_maps": {"w1": {"cuda:0": "cuda:0"}, "w2": {"cuda:0": "cuda:0"}}},
+      {"name": "w5", "device_count": 1, "host": "a"}]})",
+                        kOk);
+  const json& c = got["channels"];
+  EXPECT_EQ(c["w0"]["w1"]["channel"], "cuda_ipc");
+  EXPECT_THAT(c["w0"]["w1"]["why"].get<std::string>(), HasSubstr("required by w0 (device_channels.w1), at any size"));
+  EXPECT_EQ(c["w0"]["w2"], json::parse(R"j({"channel": "none",
+      "why": "w0 requires cuda_ipc (device_channels.w2), and w2 is on another host (\"b\", w0 on \"a\"): its calls with device tensors to w2 fail"})j"));
+  EXPECT_EQ(c["w0"]["w3"], json::parse(R"j({"channel": "staging", "why": "w0 requires staging (device_channels.w3)"})j"));
+  // A peer it names nothing for: as without a requirement.
+  EXPECT_EQ(c["w0"]["w5"]["channel"], "cuda_ipc");
+  EXPECT_THAT(c["w0"]["w5"]["why"].get<std::string>(), HasSubstr("fewer than 65536 bytes"));
+  EXPECT_THAT(c["w4"]["w1"]["why"].get<std::string>(), HasSubstr("required by w4 (device_channel)"));
+  EXPECT_EQ(c["w4"]["w2"], json::parse(R"j({"channel": "staging", "why": "w2 is on another host (\"b\", w4 on \"a\")"})j"));
+  // Checked like the rest.
+  for (const char* text : {R"({"workers": [{"name": "w0", "device_count": 1, "device_channels": {"w1": "nvlink"}}]})",
+                           R"({"workers": [{"name": "w0", "device_count": 1, "device_channels": {"w1": 1}}]})"}) {
+    Outcome bad = check(text);
+    EXPECT_EQ(bad.exit_code, kUsage) << text;
+    EXPECT_THAT(bad.err, HasSubstr("workers[0].device_channels.w1: ")) << text;
+    EXPECT_THAT(bad.err, HasSubstr("\"cuda_ipc\", \"staging\" or \"\" (none required)")) << text;
+  }
+  Outcome not_object = check(R"({"workers": [{"name": "w0", "device_count": 1, "device_channels": "cuda_ipc"}]})");
+  EXPECT_THAT(not_object.err, HasSubstr("workers[0].device_channels: expected an object (worker name -> required channel)"));
 }
 
 TEST_F(DevmapsCheck, CpuIsKeptInGivenDevicesAndDroppedFromDerivedOnes) {
@@ -219,7 +257,7 @@ TEST_F(DevmapsCheck, MalformedInputIsAUsageErrorSayingWhere) {
       {R"({"workers": [{"name": "w0", "device_count": 4294967296}]})",
        "workers[0].device_count: expected a non-negative integer, got number 4294967296"},
       {R"({"workers": [{"name": "w0", "device_count": 1, "device_map": {}}]})",
-       R"(workers[0]: unknown key "device_map" (expected "name", "device_count", "devices", "device_maps", "host", "transports", "cuda_ipc", "device_channel", "cuda_ipc_min_bytes"))"},
+       R"(workers[0]: unknown key "device_map" (expected "name", "device_count", "devices", "device_maps", "host", "transports", "cuda_ipc", "device_channel", "device_channels", "cuda_ipc_min_bytes"))"},
       {R"({"workers": [{"name": "w0", "device_count": 1, "devices": "cuda:0"}]})",
        R"(workers[0].devices: expected an array of device strings, got string "cuda:0")"},
       {R"({"workers": [{"name": "w0", "device_count": 1, "devices": ["cuda:0", "gpu"]}]})",
