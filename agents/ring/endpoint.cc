@@ -147,6 +147,7 @@ void Endpoint::add_pipe(const std::shared_ptr<Pipe>& pipe) {
 
 void Endpoint::remove_swept() {
   std::erase_if(reading, [](const std::shared_ptr<Pipe>& p) { return p->reported.load(); });
+  reads_in_flight.store(reading.size(), std::memory_order_relaxed);
   std::erase_if(active, [this](const std::shared_ptr<Pipe>& p) {
     if (!p->reported.load()) return false;
     if (p->own_slot < ring::kSlots) {
@@ -279,8 +280,10 @@ void Endpoint::run_data() {
       std::unique_lock<std::mutex> lock(step_mu, std::try_to_lock);
       return lock.owns_lock() && ready();
     };
-    if (drivers.load(std::memory_order_relaxed) == 0 && spin_until(work, spin_window(window), /*pausing=*/true) &&
-        drivers.load(std::memory_order_relaxed) == 0) {
+    // Nor while tensors are being read in place and nothing else came: the reader
+    // threads need the cores, and the one that finishes rings the bell.
+    if (drivers.load(std::memory_order_relaxed) == 0 && reads_in_flight.load(std::memory_order_relaxed) == 0 &&
+        spin_until(work, spin_window(window), /*pausing=*/true) && drivers.load(std::memory_order_relaxed) == 0) {
       continue;
     }
     if (park()) window.missed_wait(Clock::now() - idle);

@@ -118,6 +118,7 @@ struct Endpoint : std::enable_shared_from_this<Endpoint> {
   // The pipes whose current message is being read in place (guarded by step_mu): a
   // step serves them once their reads finished or stalled (reads_due), whatever the news.
   std::vector<std::shared_ptr<Pipe>> reading;
+  std::atomic<size_t> reads_in_flight{0};  // reading.size(), readable without step_mu
   // The pipes with a bit in this endpoint's news, by slot (guarded by step_mu), how
   // many news words are in use, and how many active pipes have no slot. With
   // news_from connections or more, a step reads only the rings whose bit is set.

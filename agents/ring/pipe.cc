@@ -433,6 +433,7 @@ void Pipe::start_reads(Endpoint& home) {
   job_ = job;
   stage_ = Stage::kReading;
   home.reading.push_back(shared_from_this());
+  home.reads_in_flight.store(home.reading.size(), std::memory_order_relaxed);
   home.reads->submit(std::move(job));
 }
 
@@ -578,6 +579,7 @@ bool Pipe::receive(Endpoint& home, const std::shared_ptr<TransportEvents>& event
       }
       case Stage::kReading: {
         std::erase(home.reading, self);
+        home.reads_in_flight.store(home.reading.size(), std::memory_order_relaxed);
         if (!job_->finished.load(std::memory_order_acquire)) {
           // Stuck in the kernel, most likely: the reader thread is left to it (it owns
           // the job and its buffers) and only this connection ends.

@@ -59,7 +59,7 @@ RingTransport::RingTransport(std::string name, RingOptions options) : endpoint_(
   ring::Endpoint& e = *endpoint_;
   e.name = std::move(name);
   e.ring_bytes = pick(options.ring_bytes, "FERRY_RING_KB", 256);
-  e.in_place_bytes = pick(options.in_place_bytes, "FERRY_RING_IN_PLACE_KB", 64);
+  e.in_place_bytes = pick(options.in_place_bytes, "FERRY_RING_IN_PLACE_KB", 4096);
   e.max_held_bytes = options.max_held_bytes != 0
                          ? options.max_held_bytes
                          : static_cast<size_t>(env_int("FERRY_RING_HELD_MB", 64, 1, int64_t{1} << 20)) << 20;
