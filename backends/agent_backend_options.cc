@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "agents/cuda_ipc/cuda_ipc.h"
+#include "agents/ring/factory.h"
 #include "base/auth.h"
 #include "base/status.h"
 
@@ -72,6 +73,7 @@ AgentOptions AgentBackendOptions::agent_options() const {
   // their pools (agents/cuda_ipc/cuda_ipc.h); staging carries the rest.
   CudaIpcOptions ipc = CudaIpcOptions::from_environment().value_or(CudaIpcOptions());
   if (cuda_ipc_min_bytes.has_value()) ipc.min_bytes = *cuda_ipc_min_bytes;
+  ipc.ring_reaches = ring_reaches;
   agent.device_channels.push_back(make_cuda_ipc_channel(ipc));
   if (!device_channel.empty()) agent.device_channel = device_channel;
   agent.device_channel_by_peer = device_channels();

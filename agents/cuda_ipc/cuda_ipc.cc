@@ -21,7 +21,6 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
-#include "agents/ring/factory.h"
 #include "base/status.h"
 #include "tensor/cuda.h"
 #include "tensor/cuda_streams.h"
@@ -123,7 +122,7 @@ class CudaIpcChannel final : public DeviceChannel {
     if (peer_address.find("ring ") == std::string::npos) {
       return "it has no ring transport (its record has no ring line)";
     }
-    if (!ring_reaches(peer_address)) {
+    if (options_.ring_reaches && !options_.ring_reaches(peer_address)) {
       return "it is on another host (its ring line is from another boot or network namespace)";
     }
     absl::MutexLock lock(&mu_);

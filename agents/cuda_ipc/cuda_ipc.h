@@ -3,8 +3,8 @@
 // The cuda_ipc device channel (agents/core/device_channel.h): CUDA tensors between
 // workers on one host cross as device-to-device copies, their bytes never touching the
 // transport. The core chooses it for a peer whose record has a ring line the ring
-// reaches (ring_reaches: same host, same network namespace) when this worker's CUDA
-// runtime can export its pools; otherwise, and for a peer that
+// reaches (CudaIpcOptions::ring_reaches: same host, same network namespace) when this
+// worker's CUDA runtime can export its pools; otherwise, and for a peer that
 // refused to import or whose connection cannot pass descriptors, staging carries the
 // tensors (or, with cuda_ipc required, by AgentOptions::device_channel or for that peer
 // by device_channel_by_peer, the call fails saying why).
@@ -39,7 +39,9 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "agents/core/device_channel.h"
@@ -55,6 +57,13 @@ struct CudaIpcOptions {
   // staging channel (0: every message takes cuda_ipc where it can). Ignored towards a
   // peer cuda_ipc is required for (ChannelPort::required_channel_to).
   size_t min_bytes = kCudaIpcMinBytes;
+  // Whether the ring reaches the worker whose address record is given (same boot of
+  // the same host, same network namespace): the pool travels over that connection, so
+  // only such a peer can take cuda_ipc. The backends set the ring's own test
+  // (ring_reaches, agents/ring/factory.h); unset, a record with a ring line is taken
+  // to be reachable, and a peer elsewhere falls back when its connection cannot pass
+  // the pool. Called on calling threads; must be thread-safe.
+  std::function<bool(const std::string& record)> ring_reaches;
 
   // The defaults, min_bytes changed by FERRY_CUDA_IPC_MIN_BYTES (bytes). A malformed
   // value is an error naming the variable and what was expected.
