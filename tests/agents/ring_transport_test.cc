@@ -1371,6 +1371,8 @@ TEST(RingTransport, OptionsAreChecked) {
   EXPECT_THAT(validate(RingOptions{.ring_bytes = size_t{1} << 31}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("power of two")));
   EXPECT_OK(validate(RingOptions{.ring_bytes = 1 << 20}));
+  EXPECT_THAT(validate(RingOptions{.in_place_read_timeout = std::chrono::milliseconds(-1)}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("in_place_read_timeout must not be negative")));
   EXPECT_OK(validate(RingOptions{}));
 }
 
