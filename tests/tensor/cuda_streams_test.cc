@@ -1,7 +1,7 @@
 // CudaStreams and order_after (tensor/cuda_streams.h) on the emulated runtime, whose
 // copies wait 3 ms each on their stream: one stream per device, made once and kept;
-// the streams passed and destroyed when the set goes; and order_after holding one
-// stream back until another has passed what it queued.
+// synchronize() waiting for what they queued; the streams destroyed when the set goes;
+// and order_after holding one stream back until another has passed what it queued.
 #include "tensor/cuda_streams.h"
 
 #include <chrono>
@@ -28,7 +28,7 @@ std::shared_ptr<EmulatedCudaRuntime> emulator() {
   return std::make_shared<EmulatedCudaRuntime>(2, options);
 }
 
-TEST(CudaStreams, OneStreamPerDeviceMadeOnceAndPassedAndDestroyedWhenTheSetGoes) {
+TEST(CudaStreams, OneStreamPerDeviceMadeOnceWaitedForAndDestroyedWhenTheSetGoes) {
   std::shared_ptr<EmulatedCudaRuntime> cuda = emulator();
   std::vector<unsigned char> from(kBytes, 7), to(kBytes, 0);
   CudaStream zero;
@@ -41,13 +41,14 @@ TEST(CudaStreams, OneStreamPerDeviceMadeOnceAndPassedAndDestroyedWhenTheSetGoes)
     EXPECT_EQ(one.device, 1);
     EXPECT_NE(one.handle, zero.handle);
     EXPECT_THAT(streams.get(2), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("cuda:2 out of range")));
-    // Still queued (3 ms) when the set goes: it waits for the copy before destroying.
+    // Two copies of 3 ms each, queued: synchronize() returns once they have run.
     void* block = *cuda->allocate_async(0, kBytes, zero);
     ASSERT_OK(cuda->copy_async(block, Device::cuda(0), from.data(), Device::cpu(), kBytes, zero));
     ASSERT_OK(cuda->copy_async(to.data(), Device::cpu(), block, Device::cuda(0), kBytes, zero));
     cuda->deallocate_async(0, block, zero);
+    streams.synchronize();
+    EXPECT_EQ(to, from);
   }
-  EXPECT_EQ(to, from);
   EXPECT_TRUE(cuda->misuses().empty());
   EXPECT_THAT(cuda->synchronize(zero), StatusIs(absl::StatusCode::kFailedPrecondition));  // destroyed
 }
