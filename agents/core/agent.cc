@@ -362,7 +362,17 @@ void Agent::on_message(const std::shared_ptr<Connection>& connection, Wire wire)
   // Chunks land as they come, and the message naming them takes what landed, here on
   // the delivering thread: the connection's order guarantees they came first.
   if (is_notice(wire.metadata)) {
-    channels_.on_notice(s.peer, wire);
+    if (!channels_.notice_awaits_descriptor(s.peer, wire)) {
+      channels_.on_notice(s.peer, wire);
+      return;
+    }
+    // On the pool: the notice may name a descriptor the peer passed on its other
+    // connection, whose handshake this thread has yet to run (Channels::take_descriptor).
+    const int peer = s.peer;
+    auto handle = [this, owner = std::weak_ptr<void>(weak_from_this()), peer, wire = std::move(wire)] {
+      if (std::shared_ptr<void> alive = owner.lock()) channels_.on_notice(peer, wire);
+    };
+    if (!pool_->post(handle)) handle();  // shutting down: here, so that nothing is kept
     return;
   }
   const bool chunk = is_chunk(wire.metadata);
@@ -450,8 +460,14 @@ void Agent::attach_channels() {
   core.pass_descriptor = [this](int peer, uint64_t tag, int fd, std::string_view note) -> absl::Status {
     std::shared_ptr<const Membership::Table> table = members_.snapshot();
     const internal::Member* m = table->find(peer);
-    if (m == nullptr) return absl::NotFoundError(absl::StrCat("worker id ", peer, " is not a member"));
-    std::shared_ptr<Connection> connection = links_->connection_to(*m);
+    if (m == nullptr) {
+      // A caller faster than this worker's set_members: its reply goes on the
+      // connection it opened, and so does the descriptor.
+      std::shared_ptr<Connection> theirs = links_->admitted(peer, "");
+      if (theirs == nullptr) return absl::NotFoundError(absl::StrCat("worker id ", peer, " is not a member"));
+      return theirs->pass_descriptor(tag, fd, note);
+    }
+    std::shared_ptr<Connection> connection = links_->descriptor_route(*m);
     if (connection == nullptr) {
       return absl::UnavailableError(absl::StrCat("no connection to worker \"", m->info.name, "\""));
     }

@@ -8,6 +8,7 @@
 #include "agents/core/buffer_pool.h"
 #include "agents/core/session.h"
 #include "base/logging.h"
+#include "base/thread_role.h"
 #include "base/status.h"
 #include "serialization/message.h"
 #include "tensor/cuda.h"
@@ -148,6 +149,24 @@ void Channels::notify(int peer, std::string_view channel, std::string payload) {
   core_.write(peer, std::move(wire));
 }
 
+bool Channels::awaits_descriptor(const std::vector<std::string>& targets) const {
+  for (const std::shared_ptr<DeviceChannel>& channel : channels_) {
+    if (channel->awaits_descriptor(targets)) return true;
+  }
+  return false;
+}
+
+bool Channels::notice_awaits_descriptor(int peer, const Wire& wire) const {
+  std::string_view body(wire.metadata);
+  body.remove_prefix(std::min(body.size(), Message::kHeaderSize));
+  const size_t nul = body.find('\0');
+  if (nul == std::string_view::npos) return false;
+  for (const std::shared_ptr<DeviceChannel>& channel : channels_) {
+    if (channel->name() == body.substr(0, nul)) return channel->notice_awaits_descriptor(peer, body.substr(nul + 1));
+  }
+  return false;
+}
+
 void Channels::on_notice(int peer, const Wire& wire) {
   std::string_view body(wire.metadata);
   body.remove_prefix(std::min(body.size(), Message::kHeaderSize));
@@ -199,7 +218,18 @@ absl::StatusOr<PassedDescriptor> Channels::take_descriptor(int peer, uint64_t ta
     auto it = held_.find(tag);
     if (it != held_.end()) {
       std::shared_ptr<Connection> from = it->second.from.lock();
-      Session* s = from == nullptr ? nullptr : from->session();
+      Session* s = from == nullptr ? nullptr : from->published_session();
+      // A peer that reaches this worker on two connections (each opened its own, at once,
+      // or from two pid namespaces) passes a descriptor once, on one of them, and a
+      // message on the other may name it first: that one's handshake is waited for,
+      // re-checked every millisecond, off the transport's threads (which run it).
+      // (No session yet: the core has not taken the connection in yet.)
+      const bool pending = from != nullptr && (s == nullptr || (!s->open.load(std::memory_order_acquire) &&
+                                                                !s->closed.load(std::memory_order_acquire)));
+      if (pending && !on_transport_thread() && absl::Now() < deadline) {
+        held_cv_.WaitWithTimeout(&held_mu_, absl::Milliseconds(1));
+        continue;
+      }
       // Only from that peer, once it proved who it is (open is set after the peer id).
       if (s == nullptr || !s->open.load(std::memory_order_acquire) || s->peer != peer) {
         return absl::NotFoundError(absl::StrCat("descriptor ", tag, " did not come from worker id ", peer,

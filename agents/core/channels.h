@@ -87,6 +87,10 @@ class Channels final : public ChannelPort {
   void on_descriptor(const std::shared_ptr<Connection>& connection, uint64_t tag, int fd, std::string note);
   void drop_descriptors(const Connection* connection);
   static constexpr size_t kMaxHeldPerConnection = 16;
+  // Whether landing `targets`, or handling notice `wire` from `peer`, may wait for a
+  // descriptor (DeviceChannel::awaits_descriptor): then not on a transport's thread.
+  bool awaits_descriptor(const std::vector<std::string>& targets) const;
+  bool notice_awaits_descriptor(int peer, const Wire& wire) const;
   // Counters of staging and of the channel each device tensor took, per peer, as
   // Prometheus series: CudaStaging::prometheus's, and
   //   ferry_device_tensors_total{peer, channel}

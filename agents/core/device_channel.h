@@ -64,8 +64,9 @@ class ChannelPort {
   // (kUnimplemented, naming the transport's reason).
   virtual absl::Status pass_descriptor(int peer, uint64_t tag, int fd, std::string_view note) = 0;
   // What worker `peer` passed with `tag`, now the caller's, waiting up to `wait` for it
-  // (it is on its way when a message naming it came). Errors (kNotFound): nothing came
-  // with that tag from that peer, on a connection it authenticated, in time.
+  // (it is on its way when a message naming it came, or the connection it came on is
+  // still in its handshake). Errors (kNotFound): nothing came with that tag from that
+  // peer, on a connection it authenticated, in time.
   virtual absl::StatusOr<PassedDescriptor> take_descriptor(int peer, uint64_t tag, std::chrono::milliseconds wait) = 0;
   // Sends `payload` to the channel of the same name() in worker `peer` (its
   // on_notice), behind what was written to it before. Dropped when the peer is gone.
@@ -100,11 +101,24 @@ class DeviceChannel {
   // needs none ignores them.
   virtual void attach(ChannelPort* port) { (void)port; }
   // A notice from this channel's counterpart in worker `peer` (ChannelPort::notify),
-  // on the transport thread that received it: it must not block. An error closes
-  // nothing; it is logged.
+  // on the transport thread that received it (on a pool thread when
+  // notice_awaits_descriptor): it must not block. An error closes nothing; it is logged.
   virtual absl::Status on_notice(int peer, std::string_view payload) {
     (void)peer, (void)payload;
     return absl::OkStatus();
+  }
+  // Whether land_incoming(targets), or on_notice(peer, payload), may wait for a
+  // descriptor the peer passed and this worker has not taken yet
+  // (ChannelPort::take_descriptor): the core then runs it on its pool, never on a
+  // transport's thread, which may have to run the handshake of the connection the
+  // descriptor came on. Any thread.
+  virtual bool awaits_descriptor(const std::vector<std::string>& targets) const {
+    (void)targets;
+    return false;
+  }
+  virtual bool notice_awaits_descriptor(int peer, std::string_view payload) const {
+    (void)peer, (void)payload;
+    return false;
   }
   // Worker `peer` was lost: drop what is held for it.
   virtual void forget(int peer) { (void)peer; }

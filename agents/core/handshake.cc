@@ -90,6 +90,14 @@ Wire Handshake::hello(const Session& s) const {
   return auth_message(AuthKind::kHello, {self_name_, std::to_string(self_id_), s.nonce_c});
 }
 
+void Handshake::restart(Session& s) const {
+  s.stage = Stage::kHello;
+  s.nonce_c = auth::nonce();
+  s.nonce_s.clear();
+  s.acceptor_proved = false;
+  s.refusal.clear();
+}
+
 HandshakeStep Handshake::step(Session& s, const Wire& wire, const ClaimCheck& check_claim) const {
   switch (s.stage) {
     case Stage::kHello:

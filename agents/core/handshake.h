@@ -93,6 +93,9 @@ class Handshake {
   std::shared_ptr<Session> opener(int peer, std::string peer_name) const;
   // The first message on it.
   Wire hello(const Session& s) const;
+  // Makes an opener's session, whose connection ended before the acceptor's challenge,
+  // ready for a hello on a new connection: a fresh nonce, nothing heard.
+  void restart(Session& s) const;
   // Checks an opener's claim (id, name) against the membership: OK, or why not.
   using ClaimCheck = std::function<absl::Status(int id, const std::string& name)>;
   // A handshake message (or, before authentication, anything) on a connection whose

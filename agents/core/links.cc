@@ -14,6 +14,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// A link whose connection an acceptor closed before its challenge is opened again this
+// many times, the n-th after n times the delay (reopen_later).
+constexpr int kMaxReopens = 2;
+constexpr std::chrono::milliseconds kReopenDelay{50};
+
 }  // namespace
 
 std::string describe(const Session& s) {
@@ -52,6 +57,7 @@ Links::Link Links::link_to(const PeerAddress& peer, bool& opens) {
         it->second.connection = std::move(theirs);
       } else {
         it->second.session = handshake_.opener(peer.info.id, peer.info.name);
+        it->second.address = peer.address;
         opens = true;
       }
     }
@@ -99,6 +105,32 @@ std::shared_ptr<Connection> Links::connection_to(const PeerAddress& peer) {
   auto it = links_.find(peer.info.id);
   if (it == links_.end() || it->second.session != link.session) return nullptr;
   return it->second.connection;
+}
+
+std::shared_ptr<Connection> Links::admitted(int peer, std::string_view name) {
+  std::shared_ptr<Connection> theirs;
+  {
+    Locked lock(accepted_mu_);
+    auto it = authenticated_.find(peer);
+    if (it != authenticated_.end()) theirs = it->second.lock();
+  }
+  if (theirs == nullptr) return nullptr;
+  const Session& s = *theirs->session();
+  const bool up = s.open.load(std::memory_order_acquire) && !s.closed.load(std::memory_order_acquire);
+  return up && (name.empty() || s.peer_name == name) ? theirs : nullptr;
+}
+
+std::shared_ptr<Connection> Links::descriptor_route(const PeerAddress& peer) {
+  if (std::shared_ptr<Connection> theirs = admitted(peer.info.id, peer.info.name)) return theirs;
+  {
+    Locked lock(links_mu_);
+    auto it = links_.find(peer.info.id);
+    if (it != links_.end() && it->second.connection != nullptr &&
+        it->second.session->open.load(std::memory_order_acquire)) {
+      return it->second.connection;
+    }
+  }
+  return connection_to(peer);
 }
 
 std::shared_ptr<Connection> Links::share_incoming(const PeerAddress& peer) {
@@ -221,6 +253,9 @@ void Links::open(const PeerAddress& peer, std::shared_ptr<Session> session) {
       Locked lock(session->mu);
       why = session->closed_why;
     }
+    if (session->stage == Stage::kHello && why.code() == absl::StatusCode::kUnavailable && reopen_later(connection)) {
+      return;
+    }
     if (forget(peer.info.id, connection.get())) lost_(peer.info.id, link_failure(*session, std::move(why)));
   }
 }
@@ -252,6 +287,39 @@ void Links::expect_challenge(const PeerAddress& peer, const std::shared_ptr<Sess
                                 ") did not answer this worker's job-token hello within ", limit.count(),
                                 " ms (handshake_timeout); is it stopped, or not a ferry worker?")));
                 });
+}
+
+bool Links::reopen_later(const std::shared_ptr<Connection>& connection) {
+  std::shared_ptr<Session> session;
+  PeerAddress peer;
+  int reopens = 0;
+  {
+    Locked lock(links_mu_);
+    auto it = links_.find(connection->session()->peer);
+    if (it == links_.end() || it->second.connection != connection || it->second.reopens >= kMaxReopens) return false;
+    reopens = ++it->second.reopens;
+    it->second.connection = nullptr;  // sends wait in the session meanwhile
+    session = it->second.session;
+    peer = PeerAddress{WorkerInfo{session->peer_name, session->peer}, it->second.address};
+  }
+  FERRY_LOG(INFO) << self_name_ << ": the connection to worker \"" << peer.info.name << "\" (id " << peer.info.id
+                  << ") ended before its handshake; opening another (" << reopens << " of " << kMaxReopens << ")";
+  timer_.run_at(Clock::now() + kReopenDelay * reopens, [this, owner = owner_, session, peer = std::move(peer)] {
+    std::shared_ptr<void> alive = owner.lock();
+    if (!alive) return;
+    {
+      Locked lock(links_mu_);
+      auto it = links_.find(peer.info.id);
+      if (it == links_.end() || it->second.session != session) return;  // dropped meanwhile: its calls failed
+    }
+    // The old connection ended and the new one does not exist yet: nothing else touches
+    // the session's handshake state now.
+    // (closed_why is set again by the next close.)
+    handshake_.restart(*session);
+    session->closed.store(false, std::memory_order_release);
+    open(peer, session);
+  });
+  return true;
 }
 
 void Links::flush(const std::shared_ptr<Connection>& connection) {
@@ -658,6 +726,9 @@ Links::Loss Links::closed(const std::shared_ptr<Connection>& connection, const a
     shared = s->shared.load(std::memory_order_acquire);
   }
   if (s->outgoing) {
+    if (s->stage == Stage::kHello && why.code() == absl::StatusCode::kUnavailable && reopen_later(connection)) {
+      return Loss::kNone;
+    }
     // A connection already replaced or dropped reports nothing.
     return forget(s->peer, connection.get()) ? Loss::kLink : Loss::kNone;
   }

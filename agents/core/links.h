@@ -67,6 +67,16 @@ class Links {
   // The connection messages to `peer` take now, opened (or shared) if there is none
   // yet; null if the link was dropped meanwhile. Its handshake may still be running.
   std::shared_ptr<Connection> connection_to(const PeerAddress& peer);
+  // The connection a descriptor for `peer` goes on (Connection::pass_descriptor): one
+  // whose handshake is done, so that the peer takes it as coming from this worker's
+  // proven id whichever connection the message naming it takes. The one the peer
+  // opened, once this worker admitted it (the peer's end opened before that), else
+  // this worker's link if open (two workers that do not share a connection, in two
+  // pid namespaces say, each call on their own), else connection_to's.
+  std::shared_ptr<Connection> descriptor_route(const PeerAddress& peer);
+  // The connection worker `peer` opened here, once admitted and while open (named
+  // `name`, unless empty); null if none.
+  std::shared_ptr<Connection> admitted(int peer, std::string_view name);
   // A reply to request `id` came on `connection`: its room goes to the next held one.
   void answered(const std::shared_ptr<Connection>& connection, uint64_t id);
   // A message on `connection` that is a reply to one of our calls: its room is freed
@@ -137,6 +147,8 @@ class Links {
   struct Link {
     std::shared_ptr<Session> session;
     std::shared_ptr<Connection> connection;
+    std::string address;  // where it was opened to, for a reopen
+    int reopens = 0;
   };
   // The link to `peer`, made on its first use: on the peer's own connection when that
   // carries our calls too, else with a session this worker opens (`opens` set: the
@@ -145,6 +157,12 @@ class Links {
   std::shared_ptr<Connection> share_incoming(const PeerAddress& peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(links_mu_);
   void open(const PeerAddress& peer, std::shared_ptr<Session> session);
   void expect_challenge(const PeerAddress& peer, const std::shared_ptr<Session>& session);
+  // A link of ours whose connection ended before the acceptor's challenge (so before any
+  // request went out on it): whether a new connection will be opened for it, a little
+  // later, with the same session and the requests waiting in it. An acceptor closes
+  // such a connection when it makes room under kMaxUnauthenticated or has no room to
+  // accept it; that is no loss of the peer. A peer that is gone fails the last try.
+  bool reopen_later(const std::shared_ptr<Connection>& connection);
   void write_counted(const std::shared_ptr<Connection>& connection, Wire wire, uint64_t id);
   void pause(const std::shared_ptr<Connection>& connection);
   void keep_alive(const std::shared_ptr<Connection>& connection);

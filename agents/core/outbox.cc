@@ -86,8 +86,10 @@ Future<Message> Outbox::send(const Member& member, Message message, std::optiona
 }
 
 void Outbox::on_reply(int peer, Wire wire) {
-  if (any_device_target(wire.targets) && device_bytes(wire) > kLandInlineBytes) {
-    // A device copy must not run on the transport thread: land on the pool. Refused
+  if (any_device_target(wire.targets) &&
+      (device_bytes(wire) > kLandInlineBytes || channels_.awaits_descriptor(wire.targets))) {
+    // A device copy must not run on the transport thread, nor a wait for a descriptor
+    // whose connection this thread has yet to authenticate: land on the pool. Refused
     // only while shutting down, when the call fails with kCancelled anyway.
     (void)pool_.post([this, owner = owner_, peer, wire = std::move(wire)]() mutable {
       std::shared_ptr<void> alive = owner.lock();

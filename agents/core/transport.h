@@ -20,6 +20,7 @@
 // core calls them holding none of its locks.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -54,7 +55,8 @@ struct Wire {
 // Owned by shared_ptr, by the transport while it is open and by the core.
 class Connection {
  public:
-  explicit Connection(std::shared_ptr<internal::Session> session = nullptr) : session_(std::move(session)) {}
+  explicit Connection(std::shared_ptr<internal::Session> session = nullptr)
+      : session_(std::move(session)), published_(session_.get()) {}
   virtual ~Connection() = default;
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
@@ -148,10 +150,17 @@ class Connection {
   // (for connections it opens through connect()) and never reads it; the core sets it
   // on accepted connections in on_accepted, before any other event of theirs.
   internal::Session* session() const { return session_.get(); }
-  void set_session(std::shared_ptr<internal::Session> session) { session_ = std::move(session); }
+  void set_session(std::shared_ptr<internal::Session> session) {
+    session_ = std::move(session);
+    published_.store(session_.get(), std::memory_order_release);
+  }
+  // The same, for a thread that does not run this connection's events (one taking a
+  // descriptor passed on it): null until the core set it.
+  internal::Session* published_session() const { return published_.load(std::memory_order_acquire); }
 
  private:
   std::shared_ptr<internal::Session> session_;
+  std::atomic<internal::Session*> published_;
 };
 
 // What a transport tells the core. Implemented by the core; called on transport

@@ -285,6 +285,34 @@ class CudaIpcChannel final : public DeviceChannel {
     return absl::OkStatus();
   }
 
+  bool awaits_descriptor(const std::vector<std::string>& targets) const override {
+    absl::MutexLock lock(&mu_);
+    for (const std::string& target : targets) {
+      if (target.empty() || channel_of_target(target) != kName) continue;
+      absl::StatusOr<Descriptor> d = decode(target);
+      if (!d.ok()) continue;  // refused by land_incoming, at once
+      auto in = imports_.find(d->sender);
+      if (in == imports_.end() || in->second.pools.count(d->pool_tag) == 0 ||
+          in->second.events.count(d->events_tag) == 0) {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  bool notice_awaits_descriptor(int peer, std::string_view text) const override {
+    // "done\n<tokens>\n<events tag> <event>": the events, imported once.
+    std::vector<absl::string_view> lines = absl::StrSplit(av(text), absl::MaxSplits('\n', 2));
+    uint64_t events_tag = 0;
+    if (lines.size() != 3 || lines[0] != "done" ||
+        !absl::SimpleAtoi(lines[2].substr(0, lines[2].find(' ')), &events_tag)) {
+      return false;
+    }
+    absl::MutexLock lock(&mu_);
+    auto in = imports_.find(peer);
+    return in == imports_.end() || in->second.events.count(events_tag) == 0;
+  }
+
   absl::Status on_notice(int peer, std::string_view text) override {
     std::vector<absl::string_view> lines = absl::StrSplit(av(text), absl::MaxSplits('\n', 2));
     if (lines.size() != 3) return absl::DataLossError("a cuda_ipc notice without its three lines");
@@ -295,6 +323,10 @@ class CudaIpcChannel final : public DeviceChannel {
       tokens.push_back(token);
     }
     std::vector<Tensor> released;
+    // Notices may be handled on two threads at once (on the pool, when
+    // notice_awaits_descriptor): one imports the peer's events, as import_once does,
+    // while the other waits for it rather than for a descriptor that was taken already.
+    absl::MutexLock setup(&import_mu_);
     absl::MutexLock lock(&mu_);
     if (lines[0] == "refused") {
       refused_[peer] = absl::StrCat("it refused to import: ", lines[2]);
@@ -544,7 +576,7 @@ class CudaIpcChannel final : public DeviceChannel {
   std::atomic<uint64_t> next_token_{0};
   std::atomic<uint64_t> small_staged_{0};  // messages under min_bytes, handed to staging
   absl::Mutex setup_mu_;   // one pass_once at a time (ordered before mu_)
-  absl::Mutex import_mu_;  // one import_once at a time (ordered before mu_)
+  absl::Mutex import_mu_;  // one import (import_once, a notice's) at a time; before mu_
   mutable absl::Mutex mu_;
   mutable std::optional<std::string> exportable_ ABSL_GUARDED_BY(mu_);  // "" when it can export
   std::vector<Device> devices_ ABSL_GUARDED_BY(mu_);

@@ -2,7 +2,13 @@
 // (agents/core/transport.h), driven through recording events, and what the core's
 // handshake does over it against a hostile peer. A new transport adds one line to
 // kinds(): a name and a way to make one.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -393,6 +399,142 @@ TEST_P(TransportConformance, TwoAgentsWithTheTokenServeCallsOverIt) {
   EXPECT_EQ(refused(*a), 0u);
   (*b)->shutdown();
   a->shutdown();
+}
+
+// A TCP proxy on loopback in front of `port` that closes the first `close_first`
+// connections it accepts at once, unread (what an acceptor making room under its cap
+// of unauthenticated connections does), and forwards the rest both ways.
+class ClosingProxy {
+ public:
+  ClosingProxy(uint16_t port, int close_first) : port_(port), close_first_(close_first) {
+    listener_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in at = loopback(0);
+    socklen_t len = sizeof(at);
+    if (bind(listener_, reinterpret_cast<sockaddr*>(&at), sizeof(at)) != 0 || listen(listener_, 16) != 0 ||
+        getsockname(listener_, reinterpret_cast<sockaddr*>(&at), &len) != 0) {
+      throw std::runtime_error(absl::StrCat("proxy: ", std::strerror(errno)));
+    }
+    own_port_ = ntohs(at.sin_port);
+    acceptor_ = std::thread([this] { run(); });
+  }
+  ~ClosingProxy() {
+    ::shutdown(listener_, SHUT_RDWR);
+    acceptor_.join();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (int fd : open_) ::shutdown(fd, SHUT_RDWR);
+    }
+    for (std::thread& t : pumps_) t.join();
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int fd : open_) ::close(fd);
+    ::close(listener_);
+  }
+  uint16_t port() const { return own_port_; }
+  int accepted() const { return accepted_.load(); }
+
+ private:
+  static sockaddr_in loopback(uint16_t port) {
+    sockaddr_in at{};
+    at.sin_family = AF_INET;
+    at.sin_port = htons(port);
+    inet_pton(AF_INET, "127.0.0.1", &at.sin_addr);
+    return at;
+  }
+  void run() {
+    for (;;) {
+      int in = accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (in < 0) return;
+      if (accepted_.fetch_add(1) < close_first_) {
+        ::close(in);
+        continue;
+      }
+      int out = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      sockaddr_in to = loopback(port_);
+      if (connect(out, reinterpret_cast<sockaddr*>(&to), sizeof(to)) != 0) {
+        ::close(in);
+        ::close(out);
+        continue;
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      open_.push_back(in);
+      open_.push_back(out);
+      pumps_.emplace_back([in, out] { pump(in, out); });
+      pumps_.emplace_back([in, out] { pump(out, in); });
+    }
+  }
+  static void pump(int from, int to) {
+    char buffer[1 << 16];
+    for (;;) {
+      ssize_t n = read(from, buffer, sizeof(buffer));
+      if (n <= 0) break;
+      for (ssize_t sent = 0; sent < n;) {
+        ssize_t m = send(to, buffer + sent, static_cast<size_t>(n - sent), MSG_NOSIGNAL);
+        if (m <= 0) return (void)::shutdown(from, SHUT_RDWR);
+        sent += m;
+      }
+    }
+    ::shutdown(to, SHUT_WR);
+  }
+
+  const uint16_t port_;
+  const int close_first_;
+  int listener_ = -1;
+  uint16_t own_port_ = 0;
+  std::atomic<int> accepted_{0};
+  std::thread acceptor_;
+  std::mutex mu_;
+  std::vector<int> open_;
+  std::vector<std::thread> pumps_;
+};
+
+// The tcp transport's record of `address` with its port replaced.
+std::string with_port(const std::string& address, uint16_t port) {
+  return address.substr(0, address.rfind(':') + 1) + std::to_string(port);
+}
+
+uint16_t port_of(const std::string& address) {
+  return static_cast<uint16_t>(std::stoi(address.substr(address.rfind(':') + 1)));
+}
+
+TransportKind tcp_kind() {
+  for (TransportKind& kind : kinds()) {
+    if (kind.name == "tcp") return kind;
+  }
+  throw std::runtime_error("no tcp kind");
+}
+
+// A worker's first connection, closed by the acceptor before its handshake (an
+// acceptor evicting the oldest unauthenticated connection does this), is no loss: the
+// opener opens another, and the calls that waited behind the handshake go on it.
+TEST(OpenerReopens, AConnectionClosedBeforeItsHandshakeIsOpenedAgainAndNoCallFails) {
+  auto victim = start_agent(tcp_kind(), "job-secret", WorkerInfo{"victim", 0});
+  ASSERT_OK(victim.status());
+  ClosingProxy proxy(port_of((*victim)->address()), /*close_first=*/1);
+  auto caller = start_agent(tcp_kind(), "job-secret", WorkerInfo{"caller", 1});
+  ASSERT_OK(caller.status());
+  ASSERT_OK((*caller)->set_members({{WorkerInfo{"victim", 0}, with_port((*victim)->address(), proxy.port())},
+                                    {WorkerInfo{"caller", 1}, (*caller)->address()}}));
+  for (int i = 0; i < 3; ++i) EXPECT_OK((*caller)->send(0, Message(MessageType::kRequest, 0), seconds(20)).status());
+  EXPECT_EQ(proxy.accepted(), 2);
+  (*caller)->shutdown();
+  (*victim)->shutdown();
+}
+
+// The reopens are bounded: an address where every connection is closed at once fails
+// the call, naming the worker, after 1 + 2 connections.
+TEST(OpenerReopens, AnAcceptorThatClosesEveryConnectionFailsTheCallAfterTwoReopens) {
+  auto victim = start_agent(tcp_kind(), "job-secret", WorkerInfo{"victim", 0});
+  ASSERT_OK(victim.status());
+  ClosingProxy proxy(port_of((*victim)->address()), /*close_first=*/1000);
+  auto caller = start_agent(tcp_kind(), "job-secret", WorkerInfo{"caller", 1});
+  ASSERT_OK(caller.status());
+  ASSERT_OK((*caller)->set_members({{WorkerInfo{"victim", 0}, with_port((*victim)->address(), proxy.port())},
+                                    {WorkerInfo{"caller", 1}, (*caller)->address()}}));
+  EXPECT_THAT((*caller)->send(0, Message(MessageType::kRequest, 0), seconds(20)).result(),
+              testing::StatusIs(absl::StatusCode::kUnavailable, HasSubstr("\"victim\"")));
+  EXPECT_EQ(proxy.accepted(), 3);
+  (*caller)->shutdown();
+  (*victim)->shutdown();
 }
 
 TEST_P(TransportConformance, AWrongTokenIsRefusedWithBothSidesSayingWhy) {
