@@ -604,12 +604,13 @@ int Endpoint::expire_hellos() {
       pending_hellos.pop_front();
     }
   }
+  // Counted before the peers can see their sockets end.
+  hello_timeouts.fetch_add(overdue.size());
+  refused.fetch_add(overdue.size());
   for (int fd : overdue) {
     epoll_ctl(epoll_fd, EPOLL_CTL_DEL, fd, nullptr);
     ::close(fd);
   }
-  hello_timeouts.fetch_add(overdue.size());
-  refused.fetch_add(overdue.size());
   return wait_ms;
 }
 
