@@ -84,7 +84,7 @@ Agent::Agent(WorkerInfo self, std::shared_ptr<Store> store, AgentOptions options
       transport_(std::move(transport)),
       activity_(std::make_shared<internal::Activity>()),
       channels_(options_.device_channels, options_.device_maps, options_.reverse_device_maps, options_.devices,
-                required_channel(options_.device_channel)),
+                required_channel(options_.device_channel), options_.device_channel_by_peer),
       handshake_(self_.name, self_.id, options_.auth_token) {}
 
 absl::StatusOr<std::shared_ptr<Agent>> Agent::start(WorkerInfo self, std::shared_ptr<Store> store,

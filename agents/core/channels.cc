@@ -58,13 +58,15 @@ std::string label(const std::string& v) {
 }  // namespace
 
 Channels::Channels(std::vector<std::shared_ptr<DeviceChannel>> channels, DeviceMaps device_maps,
-                   DeviceMaps reverse_device_maps, const std::vector<Device>& devices, std::string required)
+                   DeviceMaps reverse_device_maps, const std::vector<Device>& devices, std::string required,
+                   std::map<std::string, std::string> required_by_peer)
     : channels_(std::move(channels)),
       staging_(std::make_shared<CudaStaging>(devices.empty() ? devices_of(device_maps, reverse_device_maps)
                                                              : devices)),
       required_(std::move(required)),
       device_maps_(std::make_shared<const DeviceMaps>(std::move(device_maps))),
-      reverse_device_maps_(std::make_shared<const DeviceMaps>(std::move(reverse_device_maps))) {
+      reverse_device_maps_(std::make_shared<const DeviceMaps>(std::move(reverse_device_maps))),
+      required_by_peer_(std::move(required_by_peer)) {
   pin_if_cuda(staging_->devices());
 }
 
@@ -80,17 +82,26 @@ DeviceChannel& Channels::for_peer(const PeerAddress& peer) {
   return *staging_;
 }
 
+std::string Channels::required_channel_to(std::string_view peer) const {
+  auto it = required_by_peer_.find(std::string(peer));
+  return it == required_by_peer_.end() ? required_ : it->second;
+}
+
 absl::StatusOr<DeviceChannel*> Channels::choose(const PeerAddress& peer) {
-  if (required_ == staging_->name()) return staging_.get();
+  const std::string required = required_channel_to(peer.info.name);
+  if (required == staging_->name()) return staging_.get();
   DeviceChannel& chosen = for_peer(peer);
-  if (required_.empty() || chosen.name() == required_) return &chosen;
+  if (required.empty() || chosen.name() == required) return &chosen;
   std::string why = "no such channel is configured in this worker";
   for (const std::shared_ptr<DeviceChannel>& channel : channels_) {
-    if (channel->name() == required_) why = channel->why_not(peer.address);
+    if (channel->name() == required) why = channel->why_not(peer.address);
   }
+  const std::string by = required_by_peer_.count(peer.info.name) != 0
+                             ? absl::StrCat("set_device_channel(\"", peer.info.name, "\", ...) in the device map")
+                             : std::string("FERRY_DEVICE_CHANNEL / device_channel");
   return absl::FailedPreconditionError(absl::StrCat("device tensors to worker \"", peer.info.name,
                                                     "\" would take the ", std::string(chosen.name()), " channel, but this worker requires the ",
-                                                    required_, " channel (FERRY_DEVICE_CHANNEL / device_channel): ", why));
+                                                    required, " channel (", by, "): ", why));
 }
 
 void Channels::count(const std::string& peer, const std::vector<std::string>& targets) {
@@ -282,6 +293,7 @@ void Channels::debug_info(std::map<std::string, std::string>& info) const {
     for (const auto& [key, n] : counts_->by_peer) info[absl::StrCat("device_tensors.", key.first, ".", key.second)] = absl::StrCat(n);
   }
   if (!required_.empty()) info["device_channel_required"] = required_;
+  for (const auto& [peer, channel] : required_by_peer_) info[absl::StrCat("device_channel_required.", peer)] = channel;
   for (const std::shared_ptr<DeviceChannel>& channel : channels_) {
     for (const auto& [key, value] : channel->debug_info()) info[key] = value;
   }

@@ -11,7 +11,7 @@
 // peers pass are held here, bounded, until a message of that authenticated peer asks
 // for them; notices go to and come from the channels by name. It counts, per peer,
 // which channel each device tensor took (debug_info, prometheus), and enforces
-// AgentOptions::device_channel.
+// AgentOptions::device_channel and device_channel_by_peer.
 //
 // Threads: any; a dynamic group's set_device_maps may run beside calls, which then
 // see either the old maps or the new ones.
@@ -38,9 +38,12 @@ namespace ferry::internal {
 
 class Channels final : public ChannelPort {
  public:
-  // `devices` empty: those the maps name. `required`: AgentOptions::device_channel.
+  // `devices` empty: those the maps name. `required`: AgentOptions::device_channel;
+  // `required_by_peer`: AgentOptions::device_channel_by_peer, which takes its place
+  // towards the peers it names.
   Channels(std::vector<std::shared_ptr<DeviceChannel>> channels, DeviceMaps device_maps,
-           DeviceMaps reverse_device_maps, const std::vector<Device>& devices, std::string required = "");
+           DeviceMaps reverse_device_maps, const std::vector<Device>& devices, std::string required = "",
+           std::map<std::string, std::string> required_by_peer = {});
 
   // What the agent does for ChannelPort, given once before any call: pass a
   // descriptor to a member, write a message to a member, resolve a name.
@@ -104,6 +107,7 @@ class Channels final : public ChannelPort {
       ABSL_LOCKS_EXCLUDED(held_mu_);
   void notify(int peer, std::string_view channel, std::string payload) override;
   const std::string& required_channel() const override { return required_; }
+  std::string required_channel_to(std::string_view peer) const override;
   DeviceChannel& staging() override { return *staging_; }
   // Dynamic groups: the maps and devices change as workers join.
   void set_device_maps(DeviceMaps device_maps, DeviceMaps reverse_device_maps, std::vector<Device> devices);
@@ -134,6 +138,7 @@ class Channels final : public ChannelPort {
   std::map<uint64_t, Held> held_ ABSL_GUARDED_BY(held_mu_);  // by tag
   SharedSlot<const DeviceMaps> device_maps_;
   SharedSlot<const DeviceMaps> reverse_device_maps_;
+  const std::map<std::string, std::string> required_by_peer_;  // by peer name
 };
 
 }  // namespace ferry::internal
