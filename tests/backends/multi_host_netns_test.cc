@@ -63,6 +63,24 @@ std::string ip(const std::vector<std::string>& args) {
 }
 
 // Removes everything a run makes; quiet about what is not there.
+// Reads a worker's output until it closes (by `deadline`), waits for it to exit, and
+// echoes its output: what it said on stdout and stderr, and its exit code.
+struct Finished {
+  std::string out;
+  std::string err;
+  int code;
+};
+Finished finish(ferry::testing::Child& worker, std::chrono::steady_clock::time_point deadline) {
+  Finished f;
+  f.out = ferry::testing::read_until(worker.out, deadline);
+  f.err = ferry::testing::read_until(worker.err, deadline);
+  f.code = ferry::testing::wait_exit(worker.pid, std::chrono::seconds(10));
+  close(worker.out);
+  close(worker.err);
+  std::printf("%s", f.out.c_str());
+  return f;
+}
+
 void remove_all() {
   for (int i = 1; i <= kHosts; ++i) {
     (void)ip({"netns", "delete", ns(i)});  // takes its end of the veth pair with it
@@ -146,12 +164,7 @@ TEST(MultiHostNetns, DefaultOptionsWorkWhenHostNamesResolveToLoopback) {
     }
     auto deadline = std::chrono::steady_clock::now() + 60s;
     for (int i = 0; i < kHosts; ++i) {
-      std::string out = ferry::testing::read_until(workers[i].out, deadline);
-      std::string err = ferry::testing::read_until(workers[i].err, deadline);
-      int code = ferry::testing::wait_exit(workers[i].pid, 10s);
-      close(workers[i].out);
-      close(workers[i].err);
-      std::printf("%s", out.c_str());
+      auto [out, err, code] = finish(workers[i], deadline);
       if (size_t at = err.find("ferry listens on"); at != std::string::npos) {
         std::printf("rank %d: %s\n", i, err.substr(at, err.find('\n', at) - at).c_str());
       }
@@ -182,12 +195,7 @@ std::vector<std::string> run_job(const std::string& mode, int port, int killed =
   auto deadline = std::chrono::steady_clock::now() + 90s;
   std::vector<std::string> outs;
   for (int r = 0; r < world; ++r) {
-    std::string out = ferry::testing::read_until(workers[r].out, deadline);
-    std::string err = ferry::testing::read_until(workers[r].err, deadline);
-    int code = ferry::testing::wait_exit(workers[r].pid, 10s);
-    close(workers[r].out);
-    close(workers[r].err);
-    std::printf("%s", out.c_str());
+    auto [out, err, code] = finish(workers[r], deadline);
     if (r != killed) {
       EXPECT_EQ(code, 0) << "rank " << r << ":\n" << out << err;
     }
@@ -286,12 +294,7 @@ std::string run_cuda_job(const std::vector<std::string>& env, int port) {
   auto deadline = std::chrono::steady_clock::now() + 60s;
   std::string said;
   for (int r = 0; r < 3; ++r) {
-    std::string out = ferry::testing::read_until(workers[r].out, deadline);
-    std::string err = ferry::testing::read_until(workers[r].err, deadline);
-    int code = ferry::testing::wait_exit(workers[r].pid, 10s);
-    close(workers[r].out);
-    close(workers[r].err);
-    std::printf("%s", out.c_str());
+    auto [out, err, code] = finish(workers[r], deadline);
     EXPECT_EQ(code, 0) << "rank " << r << ":\n" << out << err;
     if (r == 0) said = out;
   }
