@@ -96,7 +96,7 @@ TSAN_TESTS := tsan_absl_sync_test base_test stats_test call_stats_test metrics_s
   elastic_test process_group_test process_group_work_test \
   process_group_module_test process_group_unit_test gloo_store_test store_test file_store_test \
   tcp_store_core_test store_bind_test rendezvous_test function_registry_test rref_context_test \
-  process_group_bytes_test emulated_cuda_test emulated_ipc_test cuda_ordering_test cuda_ipc_test
+  process_group_bytes_test emulated_cuda_test emulated_ipc_test cuda_ordering_test cuda_ipc_test cuda_ipc_peer_test
 TSAN_ENV := TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/scripts/tsan.supp"
 
 $(TSAN_BUILD)/build.ninja: | deps
