@@ -238,8 +238,10 @@ void Links::open(const PeerAddress& peer, std::shared_ptr<Session> session) {
     connection->close();
     return;
   }
+  // Read before the hello goes: the challenge it brings is handled on another thread.
+  const bool no_token = session->stage == Stage::kOpen;
   connection->write(handshake_.hello(*session));
-  if (session->stage == Stage::kOpen) {
+  if (no_token) {
     connection->authenticated();  // no token in use: nothing more will be proved
     flush(connection);
   } else {

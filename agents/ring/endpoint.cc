@@ -496,12 +496,13 @@ void Endpoint::accept_hello(uint64_t id, int fd) {
   reply.slot = pipe->own_slot;
   pipe->set_peer_reads_me(hello.reads_you != 0);
   // No bell: the peer gets it once the core authenticated it (Pipe::authenticated).
+  accepted.fetch_add(1);  // before the peer can see the reply
   if (!send_with_fds(fd, &reply, sizeof(reply), {})) {
+    accepted.fetch_sub(1);
     refused.fetch_add(1);
     give_slot(pipe->own_slot);
     return;  // the pipe, never shared, closes the socket
   }
-  accepted.fetch_add(1);
   post({Command::kAdd, pipe, absl::OkStatus()});
   std::lock_guard<std::mutex> lock(mu);  // already in the epoll set, under this id
   sockets[id] = Socket{fd, pipe, false};
