@@ -193,7 +193,7 @@ absl::Status JoinBarrier::leave(const Round& round, int64_t arrived, Clock::time
   return lost;
 }
 
-absl::Status JoinBarrier::lost_in(const Round& round, int64_t arrived, Clock::time_point deadline) {
+absl::Status JoinBarrier::lost_in(const Round& round, int64_t& arrived, Clock::time_point deadline) {
   const std::string& prefix = round.prefix;
   const int n = round.size;
   // Some worker was lost: say which, wherever it was seen.
@@ -210,6 +210,12 @@ absl::Status JoinBarrier::lost_in(const Round& round, int64_t arrived, Clock::ti
     std::string why;
     if (std::optional<absl::Status> lost = lost_status(members[i].id)) why = absl::StrCat(": ", lost->message());
     names.push_back(absl::StrCat("\"", members[i].name, "\" (id ", members[i].id, ")", why));
+  }
+  // The fates are what is true: a worker slow between its claim and its count (the
+  // round's probe may end the round on the fates alone) is no loss, and it will leave.
+  if (names.empty() && members.size() == static_cast<size_t>(n)) {
+    arrived = n;
+    return absl::OkStatus();
   }
   return absl::UnavailableError(absl::StrCat(self_.name, ": joined the rest of the group, but ", n - arrived,
                                              " worker(s) were lost: ", absl::StrJoin(names, "; ")));

@@ -79,8 +79,10 @@ class JoinBarrier {
   absl::Status leave(const Round& round, int64_t arrived, std::chrono::steady_clock::time_point deadline);
 
  private:
-  // Which workers of the round were lost, as the error leave() returns.
-  absl::Status lost_in(const Round& round, int64_t arrived, std::chrono::steady_clock::time_point deadline);
+  // Which workers of the round were lost, as the error leave() returns; OK, with
+  // `arrived` set to the round's size, when every worker's fate says it arrived (the
+  // last had claimed its fate and not yet counted itself when `arrived` was read).
+  absl::Status lost_in(const Round& round, int64_t& arrived, std::chrono::steady_clock::time_point deadline);
   // Claims the fate of worker `id` ("arrived" for itself, else "lost") once per round;
   // the claim that accounts for the last worker sets "done". The order of this worker's
   // arrival (1: first) for its own claim, else 0; kUnavailable when its own claim finds
