@@ -167,29 +167,35 @@ bool Channels::awaits_descriptor(const std::vector<std::string>& targets) const 
   return false;
 }
 
-bool Channels::notice_awaits_descriptor(int peer, const Wire& wire) const {
+DeviceChannel* Channels::notice_channel(const Wire& wire, std::string_view& name, std::string_view& payload) const {
+  // A notice's body: the channel's name, a NUL, what that channel said.
   std::string_view body(wire.metadata);
   body.remove_prefix(std::min(body.size(), Message::kHeaderSize));
   const size_t nul = body.find('\0');
-  if (nul == std::string_view::npos) return false;
+  name = body.substr(0, nul);
+  if (nul == std::string_view::npos) return nullptr;
+  payload = body.substr(nul + 1);
   for (const std::shared_ptr<DeviceChannel>& channel : channels_) {
-    if (channel->name() == body.substr(0, nul)) return channel->notice_awaits_descriptor(peer, body.substr(nul + 1));
+    if (channel->name() == name) return channel.get();
   }
-  return false;
+  return nullptr;
+}
+
+bool Channels::notice_awaits_descriptor(int peer, const Wire& wire) const {
+  std::string_view name, payload;
+  DeviceChannel* channel = notice_channel(wire, name, payload);
+  return channel != nullptr && channel->notice_awaits_descriptor(peer, payload);
 }
 
 void Channels::on_notice(int peer, const Wire& wire) {
-  std::string_view body(wire.metadata);
-  body.remove_prefix(std::min(body.size(), Message::kHeaderSize));
-  size_t nul = body.find('\0');
-  std::string_view name = body.substr(0, nul);
-  for (const std::shared_ptr<DeviceChannel>& channel : channels_) {
-    if (nul == std::string_view::npos || channel->name() != name) continue;
-    absl::Status handled = channel->on_notice(peer, body.substr(nul + 1));
-    if (!handled.ok()) FERRY_LOG(WARNING) << "a " << name << " notice from worker id " << peer << ": " << handled;
+  std::string_view name, payload;
+  DeviceChannel* channel = notice_channel(wire, name, payload);
+  if (channel == nullptr) {
+    FERRY_LOG(WARNING) << "a notice from worker id " << peer << " for no channel of this worker (\"" << name << "\")";
     return;
   }
-  FERRY_LOG(WARNING) << "a notice from worker id " << peer << " for no channel of this worker (\"" << name << "\")";
+  absl::Status handled = channel->on_notice(peer, payload);
+  if (!handled.ok()) FERRY_LOG(WARNING) << "a " << name << " notice from worker id " << peer << ": " << handled;
 }
 
 absl::Status Channels::pass_descriptor(int peer, uint64_t tag, int fd, std::string_view note) {

@@ -114,6 +114,8 @@ class Channels final : public ChannelPort {
   void debug_info(std::map<std::string, std::string>& info) const;
 
  private:
+  // The channel notice `wire` is for (null: none of this worker's), its name and payload.
+  DeviceChannel* notice_channel(const Wire& wire, std::string_view& name, std::string_view& payload) const;
   // Counts the channel of every device tensor of a message staged for `peer`.
   void count(const std::string& peer, const std::vector<std::string>& targets);
 
