@@ -244,7 +244,8 @@ struct ProcessGroupTransport::State : std::enable_shared_from_this<State> {
   std::vector<std::shared_ptr<Link>> in_links ABSL_GUARDED_BY(mu);
   std::vector<std::thread> senders;
   std::vector<std::thread> receivers;
-  std::vector<std::unique_ptr<std::atomic<bool>>> said_goodbye;  // by rank
+  // By rank: it said goodbye, for good (set under mu, so connect() and departed() agree).
+  std::vector<std::unique_ptr<std::atomic<bool>>> said_goodbye;
   // By rank: bumped by disconnect(), which gives up on the sends in flight. A sender
   // whose send failed across a bump leaves the verdict to whoever disconnected.
   std::vector<std::unique_ptr<std::atomic<uint64_t>>> disconnects;
@@ -301,6 +302,38 @@ struct ProcessGroupTransport::State : std::enable_shared_from_this<State> {
     absl::Status status = absl::UnavailableError(why.message());
     if (out) report(out, status);
     if (in) report(in, status);
+  }
+
+  // What a link to or from rank `r`, which said goodbye, ends with; `more` is added.
+  absl::Status goodbye_status(int r, const char* more = "") const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    auto it = names_by_rank.find(r);
+    const std::string who = it == names_by_rank.end() ? absl::StrCat("rank ", r)
+                                                      : absl::StrCat("\"", it->second, "\" (rank ", r, ")");
+    return absl::UnavailableError(absl::StrCat("worker ", who, " shut down: it said goodbye", more));
+  }
+
+  // Rank `r` said goodbye (its transport closed): both its links end, as a closed
+  // connection does on the other transports, so the core hears that it went (left,
+  // once join() saw every worker arrive). The frames before the goodbye were delivered first, so a
+  // call it answered is not failed. A goodbye while we close ourselves reports nothing
+  // (the core is shutting down, and fails what is pending itself).
+  void departed(int r, const std::string& sender) ABSL_LOCKS_EXCLUDED(mu) {
+    std::shared_ptr<Link> out;
+    std::shared_ptr<Link> in;
+    absl::Status why;
+    {
+      absl::MutexLock lock(&mu);
+      // Under mu, as connect() reads it: a link it registers before this is ended
+      // here, and one it makes after is refused there.
+      said_goodbye[static_cast<size_t>(r)]->store(true);
+      if (!sender.empty()) names_by_rank.try_emplace(r, sender);
+      if (closing) return;
+      out = std::move(out_links[static_cast<size_t>(r)]);
+      in = std::move(in_links[static_cast<size_t>(r)]);
+      why = goodbye_status(r);
+    }
+    if (out) report(out, why);
+    if (in) report(in, why);
   }
 
   void report(const std::shared_ptr<Link>& link, absl::Status why) {
@@ -480,11 +513,11 @@ struct ProcessGroupTransport::State : std::enable_shared_from_this<State> {
       FERRY_LOG(WARNING) << name << ": dropping a frame from " << name_of(r) << ": " << frame.status();
       return true;
     }
-    if (!e) return true;
     if (frame->kind == FrameKind::kGoodbye) {
-      said_goodbye[static_cast<size_t>(r)]->store(true);
+      departed(r, frame->sender);
       return false;
     }
+    if (!e) return true;
     const bool request = frame->kind == FrameKind::kRequest;
     std::shared_ptr<Link> previous;
     std::shared_ptr<Link> link;
@@ -580,15 +613,27 @@ std::shared_ptr<Connection> ProcessGroupTransport::connect(std::shared_ptr<Sessi
     return link;
   }
   std::shared_ptr<State::Link> loop;
+  absl::Status gone;
   {
     absl::MutexLock lock(&s.mu);
     s.names_by_rank[*rank] = peer_name;
-    s.out_links[static_cast<size_t>(*rank)] = link;
+    if (s.said_goodbye[static_cast<size_t>(*rank)]->load()) {
+      // Its group is shut down and a group's mesh is fixed: it cannot come back, so
+      // nothing is queued for it.
+      gone = s.goodbye_status(*rank, " earlier, and a process group cannot reconnect to a rank that left");
+    } else {
+      s.out_links[static_cast<size_t>(*rank)] = link;
+    }
     if (*rank == s.rank) {
       // To ourselves: the other end is a link of our own, served without the network.
       loop = std::make_shared<State::Link>(nullptr, state_, s.rank, /*outgoing=*/false);
       s.in_links[static_cast<size_t>(s.rank)] = loop;
     }
+  }
+  if (!gone.ok()) {
+    link->closed.store(true);
+    s.report(link, std::move(gone));
+    return link;
   }
   if (loop) {
     TransportThreadScope transport_thread;

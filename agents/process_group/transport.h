@@ -24,6 +24,18 @@
 // requests and our replies) over the group's one connection to that rank; a request
 // frame from a rank with no open incoming Link starts one (on_accepted). The mesh is
 // fixed when the group is created, so connects_on_demand() is false.
+//
+// Departures: the group's connections outlive every Link, so the end of a rank is told
+// by what comes on its connection. A rank that closes says goodbye after everything it
+// sent; on the goodbye, its Links both ways end (on_closed, once each) with kUnavailable
+// `worker "w1" (rank 1) shut down: it said goodbye`, after the frames that came before
+// it were delivered (a call it answered is not failed), and the core reports the
+// worker left (once join() saw every worker arrive) or lost. A rank that dies without
+// a goodbye breaks the group's connection to it: its receive fails and its Links end
+// with kUnavailable. A goodbye that comes while this transport closes reports nothing.
+// A goodbye is for good, since that rank's group is shut down: connect() to it
+// afterwards returns a Link that has already ended (on_closed inline, kUnavailable,
+// "said goodbye earlier"), and queues nothing.
 #pragma once
 
 #include <memory>
@@ -55,12 +67,14 @@ class ProcessGroupTransport final : public Transport {
   absl::StatusOr<std::string> listen(std::weak_ptr<TransportEvents> events) override;
   // Closing an outgoing Link drops the frames queued for its rank, and the sends to it
   // in flight return (their messages stay posted in Gloo); the group's connection
-  // outlives it, and a later connect() to the same rank goes out as usual.
+  // outlives it, and a later connect() to the same rank goes out as usual, unless that
+  // rank said goodbye: then the Link ends before connect() returns (kUnavailable).
   std::shared_ptr<Connection> connect(std::shared_ptr<Session> session, const std::string& peer_name,
                                       const std::string& address) override;
   bool connects_on_demand() const override { return false; }
-  // Sends what is queued, says goodbye to every rank (so a worker that leaves on
-  // purpose is not taken for lost), then shuts the group down and joins its threads.
+  // Sends what is queued, says goodbye to every rank that has not said goodbye to us
+  // (each of them then ends its Links with this rank, see Departures above), then shuts
+  // the group down and joins its threads.
   // A rank that does not drain is given up on after the group's timeout (its goodbye
   // after at most 5 s).
   void close() override;
