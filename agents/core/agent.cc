@@ -152,7 +152,7 @@ void Agent::build(RequestHandler handler) {
   barrier_ = std::make_unique<internal::JoinBarrier>(self_, *store_, members_, options_.store_prefix, options_.heartbeat);
   links_ = std::make_unique<Links>(
       self_.name, *transport_, *calls_, handshake_,
-      Links::Settings{options_.max_requests_in_flight, options_.heartbeat, options_.handshake_timeout,
+      Links::Settings{self_.id, options_.max_requests_in_flight, options_.heartbeat, options_.handshake_timeout,
                       options_.max_unsent_bytes, unsent_deadline(options_)},
       owner, lost);
   outbox_ = std::make_unique<internal::Outbox>(self_, options_.rpc_timeout, members_, *barrier_, channels_, *calls_,
@@ -359,6 +359,16 @@ void Agent::on_message(const std::shared_ptr<Connection>& connection, Wire wire)
     handshake(connection, wire);
     return;
   }
+  if (!s.outgoing && internal::is_auth_message(wire.metadata)) {
+    // Its opener retiring one of two connections between us (Links::settle); no
+    // other such message comes once the handshake is over.
+    if (!links_->on_retire(connection, wire)) {
+      FERRY_LOG(WARNING) << self_.name << ": closing the connection from " << internal::describe(s)
+                         << ": a handshake message after its handshake";
+      connection->close();
+    }
+    return;
+  }
   // Chunks land as they come, and the message naming them takes what landed, here on
   // the delivering thread: the connection's order guarantees they came first.
   if (is_notice(wire.metadata)) {
@@ -412,7 +422,10 @@ void Agent::handshake(const std::shared_ptr<Connection>& connection, const Wire&
       // with it what it keeps from strangers (Connection::authenticated).
       if (step.flush) connection->authenticated();
       connection->write(*std::move(step.reply));
-      if (step.flush) links_->flush(connection);
+      if (step.flush) {
+        links_->flush(connection);
+        links_->settle(s.peer);
+      }
       return;
     case HandshakeStep::Kind::kAdmit:
       links_->admit(connection, /*replace=*/handshake_.uses_token());
@@ -420,6 +433,7 @@ void Agent::handshake(const std::shared_ptr<Connection>& connection, const Wire&
       if (step.reply) connection->write(*std::move(step.reply));
       // Only behind the verdict may our own calls follow on it.
       links_->allow_sharing(*connection);
+      links_->settle(s.peer);
       return;
     case HandshakeStep::Kind::kRefuse:
       links_->refuse(connection, step.why, step.tell);
@@ -447,6 +461,7 @@ absl::Status Agent::check_claim(int id, const std::string& claimed) const {
 }
 
 void Agent::on_descriptor(const std::shared_ptr<Connection>& connection, uint64_t tag, int fd, std::string note) {
+  links_->carried_descriptor(*connection);
   channels_.on_descriptor(connection, tag, fd, std::move(note));
 }
 
@@ -468,6 +483,11 @@ void Agent::attach_channels() {
       return theirs->pass_descriptor(tag, fd, note);
     }
     std::shared_ptr<Connection> connection = links_->descriptor_route(*m);
+    // One being retired (Links::settle) is not the peer's connection any more.
+    if (connection != nullptr && !links_->carry_descriptor(*connection)) {
+      connection = links_->connection_to(*m);
+      if (connection != nullptr && !links_->carry_descriptor(*connection)) connection = nullptr;
+    }
     if (connection == nullptr) {
       return absl::UnavailableError(absl::StrCat("no connection to worker \"", m->info.name, "\""));
     }

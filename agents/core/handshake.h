@@ -33,7 +33,16 @@
 
 namespace ferry::internal {
 
-enum class AuthKind : char { kHello = 'H', kChallenge = 'C', kProof = 'P', kAccepted = 'A', kRefused = 'R' };
+// kRetire {} is no part of the handshake: on a connection already open, its opener asks
+// the acceptor to retire it (Links::settle).
+enum class AuthKind : char {
+  kHello = 'H',
+  kChallenge = 'C',
+  kProof = 'P',
+  kAccepted = 'A',
+  kRefused = 'R',
+  kRetire = 'T',
+};
 
 // The largest handshake message: a hello carries a worker name, an id and a nonce.
 inline constexpr uint64_t kMaxHandshakeBytes = 4096;

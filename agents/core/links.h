@@ -45,6 +45,7 @@ class CallTable;
 class Links {
  public:
   struct Settings {
+    int self_id = -1;  // for settle's tie-break
     int max_requests_in_flight = 1024;
     std::chrono::milliseconds heartbeat{0};
     std::chrono::milliseconds handshake_timeout{0};
@@ -112,6 +113,29 @@ class Links {
   // Closes the authenticated connection `peer` opened here, if any.
   void close_incoming(int peer);
 
+  // ---- Two connections to one peer.
+  // Two workers that open to each other at once each get a connection the other
+  // admits; both would stay. The higher id gives way: once it holds both its own open
+  // link to `peer` and the peer's connection (admitted, able to carry its calls), its
+  // calls move to the peer's, and its own is retired: when nothing of ours is left to
+  // write on it, a kRetire goes on it behind everything written there, and the peer
+  // closes it once it has answered what came before. A connection that carried a
+  // descriptor is kept. Called when a connection of `peer`'s is admitted and when this
+  // worker's own link to it opens; does nothing for a lower id or a single connection.
+  void settle(int peer);
+  // A descriptor is about to go on `connection`: false if it is retiring (take another
+  // route); else it is counted, and the connection is never retired.
+  bool carry_descriptor(Connection& connection);
+  // One came on `connection`: counted the same.
+  void carried_descriptor(Connection& connection);
+  // An authentication-framed message on an open connection a peer opened: handles it if
+  // it is the opener's kRetire (then true).
+  bool on_retire(const std::shared_ptr<Connection>& connection, const Wire& wire);
+  // The server took a request or control message from `connection` to answer, and
+  // wrote its reply: a retired connection closes when nothing is left to answer.
+  void answering(Connection& connection);
+  void reply_written(const std::shared_ptr<Connection>& connection);
+
   // ---- Serving's flow control.
   // A request was taken from `connection`: whether there was room under the cap (if
   // not, it is not counted, and must be refused unrun); at the cap its reads pause.
@@ -153,7 +177,9 @@ class Links {
   // The link to `peer`, made on its first use: on the peer's own connection when that
   // carries our calls too, else with a session this worker opens (`opens` set: the
   // caller calls open()).
-  Link link_to(const PeerAddress& peer, bool& opens);
+  // `writing`: the caller writes to the link next, and then calls done_writing.
+  Link link_to(const PeerAddress& peer, bool& opens, bool writing = false);
+  static void done_writing(Session& s) { s.writers.fetch_sub(1, std::memory_order_acq_rel); }
   std::shared_ptr<Connection> share_incoming(const PeerAddress& peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(links_mu_);
   void open(const PeerAddress& peer, std::shared_ptr<Session> session);
   void expect_challenge(const PeerAddress& peer, const std::shared_ptr<Session>& session);
@@ -169,6 +195,13 @@ class Links {
   // The timer's look at a backlogged connection, `tries` looks after it became so.
   void watch_backlog(const std::weak_ptr<Connection>& connection, int tries);
   void close_backlogged(const std::shared_ptr<Connection>& connection, Connection::Backlog backlog, std::string_view why);
+  // Sends the kRetire on `old` once nothing of ours is left to write on it, trying
+  // again every few milliseconds up to a second (a burst of held requests); after that
+  // it stays.
+  void retire(const std::weak_ptr<Connection>& old, int tries);
+  // An outgoing connection this worker retired (or was retiring) ended: out of
+  // retiring_, and whatever it still carried failed. Whether it was one.
+  bool retired_closed(const std::shared_ptr<Connection>& connection, const absl::Status& why);
   // Records, and logs at info level, the transport a new link to `peer` goes over.
   void note_route(const PeerAddress& peer);
 
@@ -185,6 +218,8 @@ class Links {
   // one peer never gets two connections from us.
   mutable RankedMutex links_mu_{LockRank::kLinks};
   absl::flat_hash_map<int, Link> links_ ABSL_GUARDED_BY(links_mu_);
+  // This worker's connections that settle() took the calls off, until they close.
+  absl::flat_hash_map<const Connection*, std::shared_ptr<Connection>> retiring_ ABSL_GUARDED_BY(links_mu_);
   // Each linked peer's name and the transport it is reached by, by id. A leaf lock;
   // shared with prometheus()'s function.
   struct Routes {
@@ -202,6 +237,8 @@ class Links {
 
   std::atomic<uint64_t> handshakes_refused_{0};
   std::atomic<uint64_t> links_shared_{0};
+  std::atomic<uint64_t> pairs_settled_{0};     // our connections retired for the peer's
+  std::atomic<uint64_t> retired_for_peers_{0};  // peers' connections retired at their word
   std::atomic<uint64_t> reads_paused_{0};
   std::atomic<uint64_t> requests_refused_{0};
   std::atomic<uint64_t> backlog_pauses_{0};

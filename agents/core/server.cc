@@ -100,6 +100,9 @@ void Server::on_request(const std::shared_ptr<Connection>& from, Wire wire) {
                              " in flight (max_requests_in_flight); this one was refused unrun"))));
     return;
   }
+  // Its reply is owed on `from` from here on (a connection retired under it stays open
+  // until none is).
+  links_.answering(*from);
   if (counted && !any_device_target(wire.targets) && settings_.serves_inline && !driving_for_user() &&
       settings_.serves_inline(*request)) {
     // No hop: the handler promised not to block. Counted like a pool task, so sync()
@@ -222,6 +225,7 @@ void Server::send_reply(const std::shared_ptr<Connection>& from, const Member* m
                    AgentStats::Clock::now(), std::move(device));
   }
   from->write(std::move(wire));
+  links_.reply_written(from);
 }
 
 }  // namespace ferry::internal

@@ -93,6 +93,20 @@ struct Session {
   std::atomic<bool> shared{false};  // read without flow_mu
   // Outgoing: the peer's own calls came on it too (the peer shares it).
   std::atomic<bool> serves{false};
+  // Two connections to one peer, each side having opened one at once (Links::settle):
+  // the one the higher id opened is retired. Outgoing: `retiring` once this worker asked
+  // the peer to retire it; incoming: once the opener asked and this worker agreed. Either
+  // way nothing of this worker's goes on it any more. `descriptors`: passed or received
+  // on it; a connection that carried one is kept, since one still in flight would be
+  // lost with it. Both changed under flow_mu.
+  std::atomic<bool> retiring{false};
+  int descriptors ABSL_GUARDED_BY(flow_mu) = 0;
+  // Outgoing: senders between taking this link from the table and writing to it.
+  std::atomic<int> writers{0};
+  // Incoming: requests and control messages taken from it whose reply is not written
+  // yet, and whether it was closed once retired and answered.
+  std::atomic<int> answering{0};
+  std::atomic<bool> retired{false};
   // Set when the transport reported its end (under flow_mu, so that share_incoming
   // never shares a connection whose end was already handled as unshared); outgoing,
   // even before the core had it in its table (a connect that failed at once).

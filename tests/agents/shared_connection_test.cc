@@ -356,5 +356,72 @@ TEST(SharedConnection, APeerKilledWhileItsConnectionCarriesOurCallsFailsThemAtOn
   EXPECT_EQ(results[1].term_signal, SIGKILL) << results[1].describe();
 }
 
+// Both workers call each other for the first time at one instant, so that each opens
+// its own connection before the other's arrives. The higher id moves its calls onto the
+// lower's connection and retires its own (Links::settle): afterwards each pair has one
+// connection, no call failed, and neither worker heard of a loss. Rounds of fresh
+// workers, with and without a job token (the handshake opens a link at another point).
+void settle_rounds(const std::string& dir, const std::string& token, int rounds) {
+  ferry::testing::expect_all_succeed(ferry::testing::run_processes(2, [&](int rank) {
+    int64_t settled = 0;
+    for (int round = 0; round < rounds; ++round) {
+      const std::string here = absl::StrCat(dir, "/", round);
+      mkdir(here.c_str(), 0700);
+      std::shared_ptr<Agent> agent = make(here, rank, Options{.token = token});
+      std::shared_ptr<Store> store = file_store(here);
+      std::atomic<int> changes{0};
+      agent->add_membership_listener([&](const WorkerInfo&, MembershipChange) { changes.fetch_add(1); });
+      // One instant for both, some way ahead of the slower one's arrival here.
+      if (rank == 0) {
+        ASSERT_OK(store->wait({"ready"}, seconds(30)));
+        const auto go = std::chrono::system_clock::now() + milliseconds(50);
+        ASSERT_OK(store->set("go", to_bytes(std::to_string(go.time_since_epoch().count()))));
+      } else {
+        ASSERT_OK(store->set("ready", to_bytes("1")));
+      }
+      absl::StatusOr<Bytes> go = store->get("go", seconds(30));
+      ASSERT_OK(go.status());
+      const std::chrono::system_clock::time_point at{std::chrono::system_clock::duration(std::stoll(to_string(*go)))};
+      while (std::chrono::system_clock::now() < at) {
+      }
+      std::vector<Future<Message>> calls;
+      for (int i = 0; i < 4; ++i) calls.push_back(agent->send(1 - rank, request(absl::StrCat(i))));
+      for (int i = 0; i < 4; ++i) EXPECT_EQ(payload_of(calls[static_cast<size_t>(i)]), absl::StrCat(i, " from ", name_of(rank)));
+      // The retired connection closes once its last reply is written.
+      int64_t out = 0, in = 0, retiring = 0;
+      for (int i = 0; i < 500; ++i) {
+        out = counter(*agent, "connections_out");
+        in = counter(*agent, "connections_in");
+        retiring = counter(*agent, "connections_retiring");
+        if (out + in == 1 && retiring == 0) break;
+        std::this_thread::sleep_for(milliseconds(10));
+      }
+      EXPECT_EQ(out + in, 1) << "round " << round << ": " << out << " connection(s) opened here, " << in
+                             << " from the peer";
+      EXPECT_EQ(retiring, 0) << "round " << round;
+      EXPECT_EQ(payload_of(agent->send(1 - rank, request("after"))), absl::StrCat("after from ", name_of(rank)));
+      settled += counter(*agent, rank == 1 ? "pairs_settled" : "retired_for_peers");
+      ASSERT_OK(store->set(absl::StrCat("done", rank), to_bytes("1")));
+      ASSERT_OK(store->wait({"done0", "done1"}, seconds(30)));
+      EXPECT_EQ(changes.load(), 0) << "round " << round << ": a membership change was reported";
+      EXPECT_OK(agent->join(seconds(30)));
+      agent->shutdown();
+    }
+    // A figure: how many rounds opened two connections (the rest were not simultaneous
+    // enough). Both ends count the same rounds.
+    std::cerr << name_of(rank) << ": " << settled << " of " << rounds << " rounds settled two connections\n";
+  }, seconds(120)));
+}
+
+TEST(SharedConnection, TwoWorkersOpeningToEachOtherAtOnceKeepOneConnection) {
+  ferry::testing::TempDir dir;
+  settle_rounds(dir.path(), "", 10);
+}
+
+TEST(SharedConnection, WithAJobTokenTwoWorkersOpeningAtOnceKeepOneConnection) {
+  ferry::testing::TempDir dir;
+  settle_rounds(dir.path(), "shared-secret", 10);
+}
+
 }  // namespace
 }  // namespace ferry
