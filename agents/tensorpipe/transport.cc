@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <mutex>
+#include <thread>
+#include <utility>
 
 #include <tensorpipe/tensorpipe.h>
 
@@ -14,9 +17,12 @@
 #include "agents/core/buffer_pool.h"
 #include "agents/core/held_reads.h"
 #include "agents/core/thread_pool.h"
+#include "agents/tensorpipe/address_hold.h"
 #include "agents/tensorpipe/wire.h"
 #include "base/future.h"
 #include "base/logging.h"
+#include "base/status.h"
+#include "base/thread_name.h"
 
 namespace ferry::internal {
 namespace {
@@ -31,12 +37,31 @@ ThreadPool& drainer() {
   return *pool;
 }
 
+// How long a listener that failed waits before it is replaced: at once the first time,
+// then 10 ms doubling to 1 s while replacements keep failing before they accept a pipe.
+std::chrono::milliseconds relisten_delay(int failed_in_a_row) {
+  if (failed_in_a_row <= 1) return std::chrono::milliseconds(0);
+  return std::chrono::milliseconds(std::min(1000, 10 << std::min(failed_in_a_row - 2, 7)));
+}
+
+// How long a replacement waits for the failed listener's sockets to close (TensorPipe
+// closes them on its loops, just after the failed accept is reported).
+constexpr std::chrono::seconds kAddressWait{2};
+
 }  // namespace
 
+// The listener. A TensorPipe listener that fails one accept is dead: TensorPipe fails
+// its own listener when any connection it accepted fails before TensorPipe's hello (a
+// peer that connects and hangs up does it), and from then on every accept fails at
+// once. So a failed listener is not armed again: keep_listening() replaces it with one
+// on the same addresses (docs/security.md, "TensorPipe listeners").
 struct TensorPipeTransport::State : std::enable_shared_from_this<State> {
   std::string name;
   BuiltContext built;
-  std::shared_ptr<tp::Listener> listener;
+  // Fixed by listen(): the first listener's URLs, ports and shm names included, in
+  // transport order and per transport. Every replacement listens on these.
+  std::vector<std::string> bound_urls;
+  std::map<std::string, std::string> urls;
   std::shared_ptr<BufferPool> buffers = BufferPool::create(max_cached_receive_bytes());
   std::weak_ptr<TransportEvents> events;
   std::atomic<bool> closing{false};
@@ -45,8 +70,22 @@ struct TensorPipeTransport::State : std::enable_shared_from_this<State> {
   mutable absl::Mutex mu;
   absl::flat_hash_set<std::shared_ptr<Pipe>> pipes ABSL_GUARDED_BY(mu);
   uint64_t pipes_opened ABSL_GUARDED_BY(mu) = 0;
+  std::shared_ptr<tp::Listener> listener ABSL_GUARDED_BY(mu);
+  uint64_t listener_id ABSL_GUARDED_BY(mu) = 0;  // which listener `listener` is
+  bool listener_failed ABSL_GUARDED_BY(mu) = false;
+  int failed_in_a_row ABSL_GUARDED_BY(mu) = 0;  // listeners that failed before accepting a pipe
+  uint64_t listeners ABSL_GUARDED_BY(mu) = 0;
+  uint64_t listener_failures ABSL_GUARDED_BY(mu) = 0;
+  std::thread relistener ABSL_GUARDED_BY(mu);  // started at the first failure; close() joins it
 
-  void accept_next();
+  void accept_next(const std::shared_ptr<tp::Listener>& on, uint64_t id);
+  void on_accept_failed(uint64_t id, const tp::Error& error) ABSL_LOCKS_EXCLUDED(mu);
+  void keep_listening() ABSL_LOCKS_EXCLUDED(mu);
+  absl::Status listen_again() ABSL_LOCKS_EXCLUDED(mu);
+  // Waits `delay` unless the transport closes first; false when it does.
+  bool pause(std::chrono::milliseconds delay) ABSL_LOCKS_EXCLUDED(mu);
+  bool is_closing() const { return closing.load(); }
+  bool relisten_due() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return closing.load() || listener_failed; }
   void forget(const std::shared_ptr<Pipe>& pipe) ABSL_LOCKS_EXCLUDED(mu);
 };
 
@@ -186,23 +225,26 @@ class TensorPipeTransport::State::Pipe final : public Connection, public std::en
   HeldReads held_;  // what is read while paused; the drainer delivers it
 };
 
-void TensorPipeTransport::State::accept_next() {
+void TensorPipeTransport::State::accept_next(const std::shared_ptr<tp::Listener>& on, uint64_t id) {
   std::weak_ptr<State> weak = weak_from_this();
-  listener->accept([weak](const tp::Error& error, std::shared_ptr<tp::Pipe> accepted) {
+  // Weak: the state holds the current listener, and a listener's callbacks must not.
+  std::weak_ptr<tp::Listener> weak_on = on;
+  on->accept([weak, weak_on, id](const tp::Error& error, std::shared_ptr<tp::Pipe> accepted) {
     TransportThreadScope transport_thread;
     AgentThreadScope agent_thread;
     std::shared_ptr<State> state = weak.lock();
     if (!state) return;
     if (error) {
-      if (!state->closing.load()) FERRY_LOG(WARNING) << state->name << ": accept failed: " << error.what();
+      state->on_accept_failed(id, error);
       return;
     }
-    state->accept_next();
+    if (std::shared_ptr<tp::Listener> again = weak_on.lock()) state->accept_next(again, id);
     auto pipe = std::make_shared<Pipe>(nullptr, weak, /*outgoing=*/false);
     pipe->attach(std::move(accepted));
     {
       absl::MutexLock lock(&state->mu);
       state->pipes.insert(pipe);
+      if (id == state->listener_id) state->failed_in_a_row = 0;
     }
     std::shared_ptr<TransportEvents> events = state->events.lock();
     if (!events || state->closing.load()) {
@@ -212,6 +254,95 @@ void TensorPipeTransport::State::accept_next() {
     events->on_accepted(pipe);
     pipe->start_reading();
   });
+}
+
+void TensorPipeTransport::State::on_accept_failed(uint64_t id, const tp::Error& error) {
+  if (closing.load()) return;
+  {
+    absl::MutexLock lock(&mu);
+    // close() sets `closing` before it takes `mu` to collect the thread: checked here,
+    // no thread starts after that.
+    if (closing.load() || id != listener_id) return;
+    ++listener_failures;
+    ++failed_in_a_row;
+    listener_failed = true;
+    if (!relistener.joinable()) relistener = std::thread([this] { keep_listening(); });
+  }
+  FERRY_LOG(WARNING) << name << ": accept failed: " << error.what()
+                     << "; TensorPipe accepts nothing more on that listener, so another listens on "
+                     << absl::StrJoin(bound_urls, ", ");
+}
+
+// The relistener's thread. `this` outlives it: close() joins it before the transport,
+// which owns the state, is gone.
+void TensorPipeTransport::State::keep_listening() {
+  name_this_thread("ferry-tp-listen");
+  for (;;) {
+    std::chrono::milliseconds delay;
+    {
+      absl::MutexLock lock(&mu);
+      mu.Await(absl::Condition(this, &State::relisten_due));
+      if (closing.load()) return;
+      delay = relisten_delay(failed_in_a_row);
+    }
+    if (!pause(delay)) return;
+    absl::Status done = listen_again();
+    if (done.ok()) continue;
+    if (closing.load()) return;
+    FERRY_LOG(WARNING) << name << ": listening again failed: " << done;
+    absl::MutexLock lock(&mu);
+    ++failed_in_a_row;
+  }
+}
+
+absl::Status TensorPipeTransport::State::listen_again() {
+  const auto deadline = std::chrono::steady_clock::now() + kAddressWait;
+  absl::StatusOr<AddressHold> hold = AddressHold::take(bound_urls);
+  while (!hold.ok() && absl::IsUnavailable(hold.status()) && std::chrono::steady_clock::now() < deadline) {
+    if (!pause(std::chrono::milliseconds(2))) return absl::CancelledError("the transport is closing");
+    hold = AddressHold::take(bound_urls);
+  }
+  FERRY_RETURN_IF_ERROR(hold.status());
+  std::shared_ptr<tp::Listener> fresh;
+  try {
+    fresh = built.context->listen(bound_urls);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("TensorPipe refused a listener on ", absl::StrJoin(bound_urls, ", "),
+                                               ": ", e.what()));
+  }
+  for (size_t i = 0; i < bound_urls.size(); ++i) {
+    const std::string at = fresh->url(built.transport_names[i]);
+    if (at != bound_urls[i]) {
+      fresh->close();
+      return absl::UnavailableError(absl::StrCat("the new listener is at ", at, ", not ", bound_urls[i]));
+    }
+  }
+  std::shared_ptr<tp::Listener> old;
+  uint64_t id = 0;
+  {
+    absl::MutexLock lock(&mu);
+    if (!closing.load()) {
+      old = std::exchange(listener, fresh);
+      id = ++listener_id;
+      ++listeners;
+      listener_failed = false;
+    }
+  }
+  if (id == 0) {
+    fresh->close();
+    return absl::CancelledError("the transport is closing");
+  }
+  // The failed listener accepts nothing; closing it only lets it go. The pipes it
+  // accepted that finished TensorPipe's setup do not need it and stay open.
+  if (old != nullptr) old->close();
+  accept_next(fresh, id);
+  return absl::OkStatus();
+}
+
+bool TensorPipeTransport::State::pause(std::chrono::milliseconds delay) {
+  absl::MutexLock lock(&mu);
+  if (delay.count() > 0) mu.AwaitWithTimeout(absl::Condition(this, &State::is_closing), absl::FromChrono(delay));
+  return !closing.load();
 }
 
 void TensorPipeTransport::State::forget(const std::shared_ptr<Pipe>& pipe) {
@@ -234,8 +365,19 @@ absl::StatusOr<std::unique_ptr<TensorPipeTransport>> TensorPipeTransport::create
 absl::StatusOr<std::string> TensorPipeTransport::listen(std::weak_ptr<TransportEvents> events) {
   State& s = *state_;
   s.events = std::move(events);
-  s.listener = s.built.context->listen(s.built.listen_urls);
-  s.accept_next();
+  std::shared_ptr<tp::Listener> listener = s.built.context->listen(s.built.listen_urls);
+  for (const std::string& t : s.built.transport_names) {
+    s.urls[t] = listener->url(t);
+    s.bound_urls.push_back(s.urls[t]);
+  }
+  uint64_t id = 0;
+  {
+    absl::MutexLock lock(&s.mu);
+    s.listener = listener;
+    id = ++s.listener_id;
+    ++s.listeners;
+  }
+  s.accept_next(listener, id);
   return encode_address(addresses());
 }
 
@@ -282,7 +424,18 @@ bool TensorPipeTransport::reaches(const std::string& address) const {
 void TensorPipeTransport::close() {
   State& s = *state_;
   if (s.closing.exchange(true)) return;
-  if (s.listener) s.listener->close();
+  std::thread relistener;
+  {
+    absl::MutexLock lock(&s.mu);  // releasing it wakes the relistener's waits
+    relistener = std::move(s.relistener);
+  }
+  if (relistener.joinable()) relistener.join();
+  std::shared_ptr<tp::Listener> listener;
+  {
+    absl::MutexLock lock(&s.mu);
+    listener = s.listener;
+  }
+  if (listener) listener->close();
   s.built.context->close();
   s.built.context->join();
   absl::MutexLock lock(&s.mu);
@@ -300,16 +453,15 @@ std::map<std::string, std::string> TensorPipeTransport::debug_info() const {
       {"pipes_out", std::to_string(out)},
       {"pipes_in", std::to_string(s.pipes.size() - out)},
       {"pipes_opened", std::to_string(s.pipes_opened)},
+      {"listeners", std::to_string(s.listeners)},
+      {"listener_failures", std::to_string(s.listener_failures)},
       {"receive_buffer_hits", std::to_string(s.buffers->hits())},
       {"receive_buffer_misses", std::to_string(s.buffers->misses())},
   };
 }
 
 std::map<std::string, std::string> TensorPipeTransport::addresses() const {
-  std::map<std::string, std::string> out;
-  if (state_->listener == nullptr) return out;
-  for (const std::string& t : state_->built.transport_names) out[t] = state_->listener->url(t);
-  return out;
+  return state_->urls;
 }
 
 const std::vector<std::string>& TensorPipeTransport::transports() const { return state_->built.transport_names; }

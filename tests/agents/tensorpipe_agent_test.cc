@@ -2,6 +2,15 @@
 // client sending what a ferry worker never would.
 #include "agents/tensorpipe/factory.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
 #include <functional>
 #include <future>
 #include <memory>
@@ -11,6 +20,7 @@
 
 #include <tensorpipe/tensorpipe.h>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "serialization/error.h"
 #include "store/hash_store.h"
@@ -243,6 +253,116 @@ TEST(TensorPipeAgent, APayloadFromARawClientClosesOnlyThatPipe) {
     agents[0]->shutdown();
   }));
 }
+
+}  // namespace
+}  // namespace ferry
+
+namespace ferry {
+namespace {
+
+// Connects to a worker's TensorPipe listener at `url` ("uv://127.0.0.1:41234" or
+// "shm://name") and hangs up before TensorPipe's hello: over TCP with a reset
+// (SO_LINGER 0), over the shm transport's unix socket with a close. Anyone who reaches
+// the port can do this. TensorPipe fails the listener's accept on it ("connection reset
+// by peer", "eof"), and a TensorPipe listener that failed one accept fails every other.
+absl::Status hang_up_before_hello(const std::string& url) {
+  const size_t scheme = url.find("://");
+  if (scheme == std::string::npos) return absl::InvalidArgumentError("no scheme in " + url);
+  const std::string kind = url.substr(0, scheme);
+  const std::string where = url.substr(scheme + 3);
+  int fd = -1;
+  if (kind == "shm") {
+    sockaddr_un at{};
+    at.sun_family = AF_UNIX;
+    // An abstract name: a NUL, then the name, and no terminator.
+    const size_t len = std::min(where.size(), sizeof(at.sun_path) - 1);
+    std::memcpy(at.sun_path + 1, where.data(), len);
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    const auto at_len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + len);
+    if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&at), at_len) != 0) {
+      const int err = errno;
+      if (fd >= 0) close(fd);
+      return absl::UnavailableError(absl::StrCat("connect to ", url, ": ", std::strerror(err)));
+    }
+  } else {
+    const size_t colon = where.rfind(':');
+    sockaddr_in at{};
+    at.sin_family = AF_INET;
+    if (colon == std::string::npos || inet_pton(AF_INET, where.substr(0, colon).c_str(), &at.sin_addr) != 1) {
+      return absl::InvalidArgumentError("not an IPv4 address: " + url);
+    }
+    at.sin_port = htons(static_cast<uint16_t>(std::stoi(where.substr(colon + 1))));
+    fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&at), sizeof(at)) != 0) {
+      const int err = errno;
+      if (fd >= 0) close(fd);
+      return absl::UnavailableError(absl::StrCat("connect to ", url, ": ", std::strerror(err)));
+    }
+    linger reset{1, 0};
+    setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof(reset));
+  }
+  close(fd);
+  return absl::OkStatus();
+}
+
+uint64_t info_count(const Agent& agent, const std::string& key, uint64_t otherwise) {
+  std::map<std::string, std::string> info = agent.debug_info();
+  auto found = info.find(key);
+  return found == info.end() ? otherwise : std::stoull(found->second);
+}
+
+class TensorPipeListener : public ::testing::TestWithParam<std::string> {};
+
+// A worker whose listener failed accepts keeps accepting: a peer that connects after
+// the failures gets in and is served, at the same address, and the pipe accepted
+// before them stays open.
+TEST_P(TensorPipeListener, AHangUpBeforeTensorPipesHelloDoesNotStopTheWorkerAccepting) {
+  TensorPipeAgentOptions options;
+  options.transports = std::vector<std::string>{GetParam()};
+  auto agents = start_group(3, options);
+  ASSERT_EQ(agents.size(), 3u);
+  Agent& victim = *agents[0];
+  auto call = [](Agent& from, const std::string& text) {
+    Message m(MessageType::kRequest, 0);
+    m.buffer() += text;
+    return from.send(0, std::move(m), std::chrono::seconds(10)).result();
+  };
+  // a1's pipe is accepted by the first listener.
+  ASSERT_OK(call(*agents[1], "before").status());
+  const std::string opened_by_a1 = agents[1]->debug_info().at("pipes_opened");
+  ASSERT_EQ(agents[2]->debug_info().at("pipes_opened"), "0") << "a2 must open its pipe after the failures";
+  const std::map<std::string, std::string> addresses = TensorPipeAgent::addresses(victim);
+  const std::string url = addresses.at(GetParam());
+
+  constexpr uint64_t kHangUps = 3;
+  for (uint64_t i = 1; i <= kHangUps; ++i) {
+    ASSERT_OK(hang_up_before_hello(url));
+    // The listener that failed is replaced by one on the same address; each hang-up
+    // below hits the replacement. (Without replacements the count stays at 1, and a2's
+    // call below fails.)
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (info_count(victim, "listeners", 1) < 1 + i && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+
+  absl::StatusOr<Message> reply = call(*agents[2], "after");
+  ASSERT_OK(reply.status());
+  EXPECT_EQ(reply->payload(), "after from a2 via a0");
+  EXPECT_EQ(TensorPipeAgent::addresses(victim), addresses);
+  // One failed accept per hang-up: a failed listener is not re-armed (it would fail
+  // again at once, forever).
+  EXPECT_EQ(info_count(victim, "listener_failures", 0), kHangUps);
+  // a1's pipe from before the failures still serves, and a1 opened no other.
+  reply = call(*agents[1], "still");
+  ASSERT_OK(reply.status());
+  EXPECT_EQ(reply->payload(), "still from a1 via a0");
+  EXPECT_EQ(agents[1]->debug_info().at("pipes_opened"), opened_by_a1);
+  for (auto& a : agents) a->shutdown();
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, TensorPipeListener, ::testing::Values("uv", "shm"),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 }  // namespace
 }  // namespace ferry

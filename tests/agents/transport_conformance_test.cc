@@ -283,9 +283,16 @@ TEST_P(TransportConformance, ASilentConnectionIsClosedAfterTheHandshakeTimeout) 
 
 TEST_P(TransportConformance, UnauthenticatedConnectionsAreCapped) {
   if (GetParam().name == "tensorpipe_shm") {
-    // Under this flood, TensorPipe's shm listener fails an accept ("connection reset by
-    // peer"), and a TensorPipe listener accepts nothing more after one failed accept.
-    GTEST_SKIP() << "TensorPipe's shm listener stops for good after one failed accept";
+    // Under this flood TensorPipe's shm transport takes seconds to set the pipes up, and
+    // the cap evicts pipes TensorPipe has not finished setting up. TensorPipe hands
+    // pipes over in the order their setup finishes, so the victim's oldest need not be
+    // the attacker's first. And an evicted peer that resets a connection the victim's
+    // listener still holds fails that listener: the worker listens again
+    // (TensorPipeListener in tensorpipe_agent_test), but every pipe still in TensorPipe's
+    // setup closes with the failed listener, so more than kOver close. In 10 runs, 8
+    // passed, one closed all 68 that way, one closed connection 58 of 68 as the oldest.
+    GTEST_SKIP() << "TensorPipe's shm setup under this flood: pipes are accepted out of order, and a failed "
+                    "listener closes every pipe still in setup";
   }
   // Long enough that the first connections are all still waiting when the last arrive.
   auto victim = start_agent(GetParam(), "job-secret", WorkerInfo{"victim", 0}, seconds(60));
