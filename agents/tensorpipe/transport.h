@@ -3,7 +3,10 @@
 // The TensorPipe adapter (see agents/tensorpipe/factory.h for the transports and
 // channels it offers and their priorities): a Connection is one TensorPipe pipe. Pipes
 // this worker opens carry its requests out and the replies back; pipes peers open
-// carry their requests in and our replies out. Every pipe keeps one read armed.
+// carry their requests in and our replies out. Every pipe keeps one read armed. A
+// TensorPipe listener that fails an accept accepts nothing more; the transport replaces
+// it with one on the same addresses, so what listen() returned stays valid
+// (docs/hardening.md, "TensorPipe listeners").
 #pragma once
 
 #include <map>
@@ -33,7 +36,8 @@ class TensorPipeTransport final : public Transport {
   void close() override;
   std::map<std::string, std::string> debug_info() const override;
 
-  // After listen(): the URL per transport ("uv" -> "uv://127.0.0.1:41234").
+  // After listen(): the URL per transport ("uv" -> "uv://127.0.0.1:41234"); the same for
+  // the transport's life, across replaced listeners.
   std::map<std::string, std::string> addresses() const;
   // The transports and channels registered, in priority order.
   const std::vector<std::string>& transports() const;

@@ -1,6 +1,7 @@
 // TensorPipeAgent in one process: several agents side by side, and a raw TensorPipe
 // client sending what a ferry worker never would.
 #include "agents/tensorpipe/factory.h"
+#include "agents/tensorpipe/address_hold.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -359,6 +360,71 @@ TEST_P(TensorPipeListener, AHangUpBeforeTensorPipesHelloDoesNotStopTheWorkerAcce
   EXPECT_EQ(reply->payload(), "still from a1 via a0");
   EXPECT_EQ(agents[1]->debug_info().at("pipes_opened"), opened_by_a1);
   for (auto& a : agents) a->shutdown();
+}
+
+// A TCP socket bound to 127.0.0.1:`port` (0: any) with SO_REUSEADDR, as libuv binds,
+// listening when `listening`; -1 when the bind fails.
+int tcp_socket(uint16_t port, bool reuse, bool listening) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int on = 1;
+  if (reuse) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
+  sockaddr_in at{};
+  at.sin_family = AF_INET;
+  at.sin_port = htons(port);
+  inet_pton(AF_INET, "127.0.0.1", &at.sin_addr);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&at), sizeof(at)) != 0 || (listening && listen(fd, 8) != 0)) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+uint16_t port_of(int fd) {
+  sockaddr_in at{};
+  socklen_t len = sizeof(at);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&at), &len);
+  return ntohs(at.sin_port);
+}
+
+// What the replacement of a failed listener relies on: the hold is refused while the
+// old listener still listens, and once taken it keeps the port from sockets that do not
+// share it, while a listener that binds as TensorPipe's uv transport does still can.
+TEST(AddressHold, WaitsForTheOldListenerAndLetsTheNewOneListen) {
+  int old_listener = tcp_socket(0, /*reuse=*/true, /*listening=*/true);
+  ASSERT_GE(old_listener, 0);
+  const uint16_t port = port_of(old_listener);
+  const std::string url = "uv://127.0.0.1:" + std::to_string(port);
+  EXPECT_THAT(internal::AddressHold::take({url}),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("cannot bind " + url + ": Address already in use")));
+  close(old_listener);
+  absl::StatusOr<internal::AddressHold> hold = internal::AddressHold::take({url});
+  ASSERT_OK(hold.status());
+  EXPECT_EQ(tcp_socket(port, /*reuse=*/false, /*listening=*/false), -1) << "the port is held";
+  int new_listener = tcp_socket(port, /*reuse=*/true, /*listening=*/true);
+  EXPECT_GE(new_listener, 0) << "a listener binding with SO_REUSEADDR is let in: " << std::strerror(errno);
+  if (new_listener >= 0) close(new_listener);
+
+  EXPECT_THAT(internal::AddressHold::take({"carrier://pigeon"}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unknown transport in carrier://pigeon")));
+}
+
+TEST(AddressHold, AShmNameIsFreeOnlyOnceItsListenerIsClosed) {
+  const std::string name = "ferry-address-hold-test-" + std::to_string(getpid());
+  sockaddr_un at{};
+  at.sun_family = AF_UNIX;
+  std::memcpy(at.sun_path + 1, name.data(), name.size());
+  const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  int old_listener = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_EQ(bind(old_listener, reinterpret_cast<sockaddr*>(&at), len), 0) << std::strerror(errno);
+  ASSERT_EQ(listen(old_listener, 8), 0);
+  EXPECT_THAT(internal::AddressHold::take({"shm://" + name}),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("Address already in use")));
+  close(old_listener);
+  EXPECT_OK(internal::AddressHold::take({"shm://" + name}).status());
+  // A name is not held: the new listener binds it next.
+  int new_listener = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  EXPECT_EQ(bind(new_listener, reinterpret_cast<sockaddr*>(&at), len), 0) << std::strerror(errno);
+  close(new_listener);
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, TensorPipeListener, ::testing::Values("uv", "shm"),
