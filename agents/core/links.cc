@@ -86,7 +86,7 @@ void Links::send(const PeerAddress& peer, Wire wire, uint64_t counted) {
     }
   }
   if (opens) {
-    open(peer, std::move(link.session));
+    open(peer, link.session);  // a copy: `done` still needs the session
     return;
   }
   if (link.connection == nullptr) {
