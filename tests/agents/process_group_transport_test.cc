@@ -203,9 +203,11 @@ TEST(ProcessGroupTransport, ACallToAWorkerThatSaidGoodbyeFailsAtOnceNamingIt) {
     ASSERT_OK(made.status());
     std::shared_ptr<Agent> agent = *made;
     if (rank == 1) {
+      wait_until_set(*store, "up");  // w0 is past create(), its receivers long posted
       agent->shutdown();
       return;
     }
+    ASSERT_OK(store->set("up", to_bytes("1")));
     // The goodbye is the only frame w0 receives.
     for (int i = 0; i < 2000 && agent->transport().debug_info().at("frames_received") != "1"; ++i) {
       std::this_thread::sleep_for(milliseconds(10));
