@@ -13,6 +13,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -279,6 +280,48 @@ TEST_P(TransportConformance, ASilentConnectionIsClosedAfterTheHandshakeTimeout) 
   ASSERT_TRUE(attacker.events->wait_for([&] { return !attacker.events->closed_.empty(); }, milliseconds(10000)));
   EXPECT_GE(refused(*victim), 1u);
   victim->shutdown();
+}
+
+// kRetire (Links::settle) from an opener: the acceptor answers what came before it,
+// then closes the connection, counting no loss; any other handshake message once the
+// handshake is over ends the connection at once.
+TEST_P(TransportConformance, ARetiredConnectionClosesOnceWhatCameBeforeIsAnswered) {
+  auto victim = start_agent(GetParam(), "", WorkerInfo{"victim", 0});
+  ASSERT_OK(victim.status());
+  KindSide opener(GetParam(), "opener");
+  std::shared_ptr<Connection> out = opener.transport->connect(nullptr, "victim", (*victim)->address());
+  out->write(internal::auth_message(internal::AuthKind::kHello, {"opener", "1", ""}));
+  out->write(Wire{Message(MessageType::kRequest, 7).seal(), {}, {}});
+  out->write(internal::auth_message(internal::AuthKind::kRetire, {}));
+  ASSERT_TRUE(opener.events->wait_for([&] { return !opener.events->closed_.empty(); }));
+  {
+    std::lock_guard<std::mutex> lock(opener.events->mu_);
+    bool answered = false;
+    for (const auto& r : opener.events->received_) {
+      absl::StatusOr<Message> m = Message::parse(r.wire.metadata, {});
+      answered = answered || (m.ok() && m->type() == MessageType::kResponse && m->id() == 7);
+    }
+    EXPECT_TRUE(answered) << "the request before the kRetire was not answered before the close";
+  }
+  std::map<std::string, std::string> info = (*victim)->debug_info();
+  EXPECT_EQ(info["retired_for_peers"], "1");
+  EXPECT_EQ(info["connections_in"], "0");
+
+  KindSide odd(GetParam(), "odd");
+  std::shared_ptr<Connection> again = odd.transport->connect(nullptr, "victim", (*victim)->address());
+  again->write(internal::auth_message(internal::AuthKind::kHello, {"odd", "2", ""}));
+  again->write(internal::auth_message(internal::AuthKind::kChallenge, {"x", "y"}));
+  again->write(Wire{Message(MessageType::kRequest, 8).seal(), {}, {}});
+  ASSERT_TRUE(odd.events->wait_for([&] { return !odd.events->closed_.empty(); }));
+  {
+    std::lock_guard<std::mutex> lock(odd.events->mu_);
+    for (const auto& r : odd.events->received_) {
+      absl::StatusOr<Message> m = Message::parse(r.wire.metadata, {});
+      EXPECT_FALSE(m.ok() && m->id() == 8) << "a request after a stray handshake message was served";
+    }
+  }
+  EXPECT_EQ((*victim)->debug_info()["retired_for_peers"], "1");
+  (*victim)->shutdown();
 }
 
 TEST_P(TransportConformance, UnauthenticatedConnectionsAreCapped) {
