@@ -89,7 +89,7 @@ test-san: deps $(SAN_BUILD)/build.ninja
 # share (docs/checks.md says which and why). Only the binaries listed are built; ctest
 # runs every test they hold.
 TSAN_TESTS := tsan_absl_sync_test base_test stats_test call_stats_test metrics_server_test trace_test thread_pool_test buffer_pool_test call_table_test core_stack_test transport_registry_test \
-  tensorpipe_agent_test agent_conformance_test transport_conformance_test ring_transport_test tcp_transport_test shared_connection_test backlog_test agent_auth_test \
+  tensorpipe_agent_test agent_conformance_test transport_conformance_test ring_transport_test tcp_transport_test shared_connection_test backlog_test agent_auth_test process_group_transport_test \
   call_test process_group_rpc_test \
   rpc_test device_map_test dynamic_group_test remote_function_test rref_test inline_test rpc_auth_test \
   init_failures_test store_multiprocess_test tcp_store_test tcp_store_auth_test etcd_store_test etcd_job_test etcd_rendezvous_test rendezvous_multiprocess_test \
