@@ -65,6 +65,17 @@ size_t closes(Recorder& events) {
 
 void wait_until_set(Store& store, const std::string& key) { ASSERT_OK(store.wait({key}, seconds(20))); }
 
+// Opens this rank's link to the other one and sends a request on it; returns that link
+// once the other rank's request came in here (null if it did not).
+std::shared_ptr<Connection> call_each_other(Side& me, int rank) {
+  std::shared_ptr<Connection> out =
+      me.transport->connect(nullptr, absl::StrCat("w", 1 - rank), internal::process_group_address(1 - rank));
+  out->write(text(absl::StrCat("request from w", rank)));
+  Recorder& events = *me.events;
+  if (!events.wait_for([&] { return events.accepted_.size() == 1 && !events.received_.empty(); })) return nullptr;
+  return out;
+}
+
 // w0 and w1 call each other; w1 answers w0's request, then closes. w0 gets the answer,
 // and then both of its links with w1 end, once each, saying w1 said goodbye.
 TEST(ProcessGroupTransport, AGoodbyeEndsBothLinksOnceAfterWhatCameBefore) {
@@ -73,10 +84,8 @@ TEST(ProcessGroupTransport, AGoodbyeEndsBothLinksOnceAfterWhatCameBefore) {
     std::shared_ptr<Store> store = file_store(dir.path());
     std::unique_ptr<Side> me = side(store, rank, 2);
     Recorder& events = *me->events;
-    std::shared_ptr<Connection> out = me->transport->connect(nullptr, absl::StrCat("w", 1 - rank),
-                                                             internal::process_group_address(1 - rank));
-    out->write(text(absl::StrCat("request from w", rank)));
-    ASSERT_TRUE(events.wait_for([&] { return events.accepted_.size() == 1 && !events.received_.empty(); }));
+    std::shared_ptr<Connection> out = call_each_other(*me, rank);
+    ASSERT_NE(out, nullptr) << "no request came from the other rank";
     if (rank == 1) {
       std::shared_ptr<Connection> in;
       {
@@ -163,10 +172,8 @@ TEST(ProcessGroupTransport, ARankThatDiesWithoutAGoodbyeEndsItsLinksAsLost) {
     std::shared_ptr<Store> store = file_store(dir.path());
     std::unique_ptr<Side> me = side(store, rank, 2);
     Recorder& events = *me->events;
-    std::shared_ptr<Connection> out = me->transport->connect(nullptr, absl::StrCat("w", 1 - rank),
-                                                             internal::process_group_address(1 - rank));
-    out->write(text(absl::StrCat("request from w", rank)));
-    ASSERT_TRUE(events.wait_for([&] { return events.accepted_.size() == 1 && !events.received_.empty(); }));
+    std::shared_ptr<Connection> out = call_each_other(*me, rank);
+    ASSERT_NE(out, nullptr) << "no request came from the other rank";
     // Each has the other's request, so both links are open when w1 dies.
     ASSERT_OK(store->set(absl::StrCat("got/", rank), to_bytes("1")));
     wait_until_set(*store, absl::StrCat("got/", 1 - rank));
