@@ -483,11 +483,6 @@ void Agent::attach_channels() {
       return theirs->pass_descriptor(tag, fd, note);
     }
     std::shared_ptr<Connection> connection = links_->descriptor_route(*m);
-    // One being retired (Links::settle) is not the peer's connection any more.
-    if (connection != nullptr && !links_->carry_descriptor(*connection)) {
-      connection = links_->connection_to(*m);
-      if (connection != nullptr && !links_->carry_descriptor(*connection)) connection = nullptr;
-    }
     if (connection == nullptr) {
       return absl::UnavailableError(absl::StrCat("no connection to worker \"", m->info.name, "\""));
     }

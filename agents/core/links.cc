@@ -128,16 +128,21 @@ std::shared_ptr<Connection> Links::admitted(int peer, std::string_view name) {
 }
 
 std::shared_ptr<Connection> Links::descriptor_route(const PeerAddress& peer) {
-  if (std::shared_ptr<Connection> theirs = admitted(peer.info.id, peer.info.name)) return theirs;
+  // Each candidate is counted as carrying a descriptor (never retired) unless it is
+  // being retired already (settle), which makes it no route.
+  std::shared_ptr<Connection> theirs = admitted(peer.info.id, peer.info.name);
+  if (theirs != nullptr && carry_descriptor(*theirs)) return theirs;
+  std::shared_ptr<Connection> ours;
   {
     Locked lock(links_mu_);
     auto it = links_.find(peer.info.id);
     if (it != links_.end() && it->second.connection != nullptr &&
         it->second.session->open.load(std::memory_order_acquire)) {
-      return it->second.connection;
+      ours = it->second.connection;
     }
   }
-  return connection_to(peer);
+  if (ours == nullptr) ours = connection_to(peer);
+  return ours != nullptr && carry_descriptor(*ours) ? ours : nullptr;
 }
 
 std::shared_ptr<Connection> Links::share_incoming(const PeerAddress& peer) {

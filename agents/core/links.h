@@ -73,7 +73,8 @@ class Links {
   // proven id whichever connection the message naming it takes. The one the peer
   // opened, once this worker admitted it (the peer's end opened before that), else
   // this worker's link if open (two workers that do not share a connection, in two
-  // pid namespaces say, each call on their own), else connection_to's.
+  // pid namespaces say, each call on their own), else connection_to's. Never one being
+  // retired (settle); the one returned is never retired (carry_descriptor).
   std::shared_ptr<Connection> descriptor_route(const PeerAddress& peer);
   // The connection worker `peer` opened here, once admitted and while open (named
   // `name`, unless empty); null if none.
@@ -123,9 +124,6 @@ class Links {
   // descriptor is kept. Called when a connection of `peer`'s is admitted and when this
   // worker's own link to it opens; does nothing for a lower id or a single connection.
   void settle(int peer);
-  // A descriptor is about to go on `connection`: false if it is retiring (take another
-  // route); else it is counted, and the connection is never retired.
-  bool carry_descriptor(Connection& connection);
   // One came on `connection`: counted the same.
   void carried_descriptor(Connection& connection);
   // An authentication-framed message on an open connection a peer opened: handles it if
@@ -195,6 +193,9 @@ class Links {
   // The timer's look at a backlogged connection, `tries` looks after it became so.
   void watch_backlog(const std::weak_ptr<Connection>& connection, int tries);
   void close_backlogged(const std::shared_ptr<Connection>& connection, Connection::Backlog backlog, std::string_view why);
+  // A descriptor is about to go on `connection`: false if it is retiring (take another
+  // route); else it is counted, and the connection is never retired.
+  bool carry_descriptor(Connection& connection);
   // Sends the kRetire on `old` once nothing of ours is left to write on it, trying
   // again every few milliseconds up to a second (a burst of held requests); after that
   // it stays.

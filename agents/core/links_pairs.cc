@@ -165,14 +165,18 @@ bool Links::on_retire(const std::shared_ptr<Connection>& connection, const Wire&
   return true;
 }
 
+// Only a connection a peer opened is ever retired here: one this worker opened is not
+// counted.
 void Links::answering(Connection& connection) {
-  connection.session()->answering.fetch_add(1, std::memory_order_seq_cst);
+  Session& s = *connection.session();
+  if (!s.outgoing) s.answering.fetch_add(1, std::memory_order_seq_cst);
 }
 
 void Links::reply_written(const std::shared_ptr<Connection>& connection) {
   Session& s = *connection->session();
-  if (s.answering.fetch_sub(1, std::memory_order_seq_cst) == 1 && !s.outgoing &&
-      s.retiring.load(std::memory_order_seq_cst) && !s.retired.exchange(true)) {
+  if (s.outgoing) return;
+  if (s.answering.fetch_sub(1, std::memory_order_seq_cst) == 1 && s.retiring.load(std::memory_order_seq_cst) &&
+      !s.retired.exchange(true)) {
     connection->close_after_writes();
   }
 }
